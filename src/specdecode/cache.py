@@ -1,0 +1,122 @@
+"""Static KV cache: preallocated once, written at positions, rolled back by moving a length.
+
+Rollback never copies: ``trim(n)`` only moves the host-side length of a row, and
+stale entries past a row's length are never attended (the causal mask admits
+key j for a query at position p only if j <= p) and get overwritten by the next
+write. Lengths live on the host as plain ints so the decode loop needs no
+device sync to know where to write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+class ContextLengthError(ValueError):
+    """A sequence would exceed the cache (the model's context window)."""
+
+
+@dataclass
+class AttentionMeta:
+    """Everything a forward pass needs to know about where its tokens go.
+
+    Built once per forward (not per layer): positions for RoPE, the slice of
+    rows written, how many keys are live, and the attention mask (None when a
+    single query attends to everything before it).
+    """
+
+    positions: torch.Tensor  # [B, T] int64
+    rows: slice
+    starts: list[int]  # per-row write offset
+    n_new: int  # T
+    kv_len: int  # number of cache slots attention reads
+    mask: Optional[torch.Tensor]  # [B, 1, T, kv_len] bool, True = attend
+    contiguous: bool  # all rows start at the same offset -> slice write
+
+
+class KVCache:
+    """Keys and values for every layer: ``[layers, batch, kv_heads, max_len, head_dim]``."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.batch_size = batch_size
+        self.lengths: list[int] = [0] * batch_size
+        self.device = torch.device(device)
+        self._arange = torch.arange(max_len, device=device)
+
+    def length(self, row: int = 0) -> int:
+        return self.lengths[row]
+
+    def trim(self, n: int, row: int = 0) -> int:
+        """Forget the last ``n`` tokens of ``row``; returns the new length."""
+        if n < 0 or n > self.lengths[row]:
+            raise ValueError(f"cannot trim {n} tokens from a row holding {self.lengths[row]}")
+        self.lengths[row] -= n
+        return self.lengths[row]
+
+    def set_length(self, length: int, row: int = 0) -> None:
+        if length < 0 or length > self.lengths[row]:
+            raise ValueError(f"set_length({length}) would grow row {row} beyond its {self.lengths[row]} written tokens")
+        self.lengths[row] = length
+
+    def reset(self, row: Optional[int] = None) -> None:
+        if row is None:
+            self.lengths = [0] * self.batch_size
+        else:
+            self.lengths[row] = 0
+
+    def prepare(self, n_new: int, rows: Optional[slice] = None) -> AttentionMeta:
+        """Plan a forward that appends ``n_new`` tokens to each row in ``rows``."""
+        rows = rows if rows is not None else slice(0, self.batch_size)
+        starts = self.lengths[rows]
+        end = max(starts) + n_new
+        if end > self.max_len:
+            raise ContextLengthError(
+                f"sequence of {end} tokens exceeds the context window of {self.max_len}; "
+                "use a shorter prompt or fewer new tokens"
+            )
+        contiguous = all(s == starts[0] for s in starts)
+        if contiguous:
+            positions = self._arange[starts[0] : starts[0] + n_new].unsqueeze(0).expand(len(starts), n_new)
+        else:
+            offs = torch.tensor(starts, device=self.device).unsqueeze(1)
+            positions = offs + self._arange[:n_new].unsqueeze(0)
+        if n_new == 1 and contiguous:
+            mask = None
+        else:
+            mask = (self._arange[:end].view(1, 1, 1, end) <= positions.view(len(starts), 1, n_new, 1))
+        return AttentionMeta(positions, rows, list(starts), n_new, end, mask, contiguous)
+
+    def commit(self, meta: AttentionMeta) -> None:
+        """Advance the lengths of the rows a forward wrote."""
+        for i, r in enumerate(range(*meta.rows.indices(self.batch_size))):
+            self.lengths[r] = meta.starts[i] + meta.n_new
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over."""
+        kc = self.k[layer, meta.rows]
+        vc = self.v[layer, meta.rows]
+        if meta.contiguous:
+            s = meta.starts[0]
+            kc[:, :, s : s + meta.n_new] = k
+            vc[:, :, s : s + meta.n_new] = v
+        else:
+            b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.positions)
+            kc[b_idx, :, meta.positions] = k.transpose(1, 2)
+            vc[b_idx, :, meta.positions] = v.transpose(1, 2)
+        return kc[:, :, : meta.kv_len], vc[:, :, : meta.kv_len]

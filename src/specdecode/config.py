@@ -1,0 +1,123 @@
+"""Dataclass configs: the single source of defaults, validation and CLI flags.
+
+Each field's ``metadata["help"]`` becomes the ``--help`` text of the flag that
+``add_dataclass_args`` derives from it, so the CLI and the server can never
+disagree with the library about a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, TypeVar
+
+
+class ConfigError(ValueError):
+    """A user-supplied value is invalid; the message names the value and the fix."""
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a token is drawn from logits (applied identically to target and draft)."""
+
+    temperature: float = field(
+        default=0.0, metadata=_help("sampling temperature; 0 means greedy (argmax) decoding")
+    )
+    top_k: Optional[int] = field(
+        default=None, metadata=_help("keep only the k most likely tokens (applied after temperature)")
+    )
+    top_p: Optional[float] = field(
+        default=None, metadata=_help("nucleus sampling: keep the smallest set with cumulative prob >= top_p")
+    )
+    min_p: Optional[float] = field(
+        default=None, metadata=_help("drop tokens whose prob is below min_p times the top token's prob")
+    )
+    seed: Optional[int] = field(default=None, metadata=_help("random seed; the same seed reproduces a run"))
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ConfigError(f"top_k must be a positive integer or None to disable it, got {self.top_k!r}")
+        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1] or None to disable it, got {self.top_p!r}")
+        if self.min_p is not None and not (isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p <= 1.0):
+            raise ConfigError(f"min_p must be in [0, 1] or None to disable it, got {self.min_p!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """When generation stops."""
+
+    max_new_tokens: int = field(default=128, metadata=_help("maximum number of tokens to generate"))
+    ignore_eos: bool = field(default=False, metadata=_help("keep generating past the end-of-sequence token"))
+    stop: tuple[str, ...] = field(default=(), metadata=_help("stop when the text contains this string (repeatable)"))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
+
+
+@dataclass(frozen=True)
+class ModelLoadConfig:
+    """Where and how a checkpoint is run."""
+
+    device: str = field(default="cpu", metadata=_help("torch device: cpu, cuda, cuda:0 ..."))
+    dtype: str = field(default="auto", metadata=_help("weights dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16"):
+            raise ConfigError(f"dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
+
+
+C = TypeVar("C")
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
+    """Add one ``--flag`` per dataclass field, with its default and help text."""
+    for f in dataclasses.fields(cls):
+        name = "--" + prefix + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        default = f.default
+        if f.type in ("bool", bool):
+            parser.add_argument(name, action="store_true", default=default, help=help_text)
+        elif f.name == "stop":
+            parser.add_argument(name, action="append", default=None, help=help_text)
+        else:
+            parser.add_argument(name, type=_parse_type(f.type), default=default,
+                                help=f"{help_text} (default: {default})")
+
+
+def _parse_type(annotation: Any) -> Any:
+    text = str(annotation)
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str
+
+
+def from_args(cls: type[C], args: argparse.Namespace, prefix: str = "") -> C:
+    """Build a dataclass from parsed flags; validation happens in ``__post_init__``."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        v = getattr(args, (prefix + f.name).replace("-", "_"))
+        if f.name == "stop":
+            v = tuple(v or ())
+        values[f.name] = v
+    return cls(**values)

@@ -1,0 +1,179 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) in plain PyTorch, gpt-fast style.
+
+q/k/v and gate/up projections are fused into one matrix each: fewer kernel
+launches per layer, which is most of the cost of a small model on a CPU.
+RoPE follows transformers' rotate-half convention so HF weights load as is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache import AttentionMeta, KVCache
+from ..ops import linear, rms_norm
+from .config import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    # llama3: keep high frequencies, divide low ones by `factor`, blend in between.
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    old_ctx = float(scaling["original_max_position_embeddings"])
+    low_wavelen = old_ctx / low
+    high_wavelen = old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(cfg: ModelConfig, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = rope_inv_freq(cfg)
+    t = torch.arange(max_len, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, D]; cos/sin: [B, 1, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.wqkv = nn.Parameter(torch.empty(qkv_out, cfg.dim))
+        self.bqkv = nn.Parameter(torch.empty(qkv_out)) if cfg.qkv_bias else None
+        self.wo = nn.Parameter(torch.empty(cfg.dim, cfg.n_heads * cfg.head_dim))
+        self.w13 = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.dim))
+        self.w2 = nn.Parameter(torch.empty(cfg.dim, cfg.intermediate_size))
+        self.attn_norm = nn.Parameter(torch.ones(cfg.dim))
+        self.mlp_norm = nn.Parameter(torch.ones(cfg.dim))
+        self.eps = cfg.norm_eps
+        self.ffn = cfg.intermediate_size
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: Optional[AttentionMeta], cache: Optional[KVCache]) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = rms_norm(x, self.attn_norm, self.eps)
+        qkv = linear(h, self.wqkv, self.bqkv)
+        q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
+        q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
+        k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        if cache is None or meta is None:  # training / scoring: full causal attention, no cache
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        else:
+            keys, values = cache.update(self.layer, k, v, meta)
+            attn = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=meta.mask, enable_gqa=self.n_kv != self.n_heads
+            )
+        x = x + linear(attn.transpose(1, 2).reshape(b, t, self.n_heads * self.hd), self.wo)
+        h = rms_norm(x, self.mlp_norm, self.eps)
+        gate, up = linear(h, self.w13).split(self.ffn, dim=-1)
+        return x + linear(F.silu(gate) * up, self.w2)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_len: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.dim))
+        self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.n_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.dim))
+        self.lm_head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.dim))
+        cos, sin = rope_tables(cfg, max_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training)."""
+        x = F.embedding(tokens, self.embed)
+        if meta is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+        else:
+            positions = meta.positions
+        cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)
+        sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta, cache)
+        if last_only:
+            x = x[:, -1:]
+        x = rms_norm(x, self.norm, self.cfg.norm_eps)
+        return linear(x, self.embed if self.lm_head is None else self.lm_head)
+
+    @staticmethod
+    def convert_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        """Map transformers' parameter names onto ours, fusing q/k/v and gate/up."""
+        out: dict[str, torch.Tensor] = {"embed": sd["model.embed_tokens.weight"], "norm": sd["model.norm.weight"]}
+        if not cfg.tie_embeddings:
+            out["lm_head"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
+        for i in range(cfg.n_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            out[f"layers.{i}.wqkv"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]])
+            if cfg.qkv_bias:
+                out[f"layers.{i}.bqkv"] = torch.cat([sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"]])
+            out[f"layers.{i}.wo"] = sd[a + "o_proj.weight"]
+            out[f"layers.{i}.w13"] = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+            out[f"layers.{i}.w2"] = sd[p + "mlp.down_proj.weight"]
+            out[f"layers.{i}.attn_norm"] = sd[p + "input_layernorm.weight"]
+            out[f"layers.{i}.mlp_norm"] = sd[p + "post_attention_layernorm.weight"]
+        return out
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Inverse of ``convert_hf_state_dict``: our fused names back to transformers' (for saving)."""
+    q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    out = {"model.embed_tokens.weight": sd["embed"], "model.norm.weight": sd["norm"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["lm_head"]
+    for i in range(cfg.n_layers):
+        p, a, ours = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"layers.{i}."
+        q, k, v = sd[ours + "wqkv"].split([q_out, kv_out, kv_out])
+        out[a + "q_proj.weight"], out[a + "k_proj.weight"], out[a + "v_proj.weight"] = q, k, v
+        if cfg.qkv_bias:
+            qb, kb, vb = sd[ours + "bqkv"].split([q_out, kv_out, kv_out])
+            out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = qb, kb, vb
+        out[a + "o_proj.weight"] = sd[ours + "wo"]
+        gate, up = sd[ours + "w13"].split(cfg.intermediate_size)
+        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
+        out[p + "mlp.down_proj.weight"] = sd[ours + "w2"]
+        out[p + "input_layernorm.weight"] = sd[ours + "attn_norm"]
+        out[p + "post_attention_layernorm.weight"] = sd[ours + "mlp_norm"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def llama_param_count(cfg: ModelConfig) -> int:
+    per_layer = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim * cfg.dim + cfg.n_heads * cfg.head_dim * cfg.dim
+    per_layer += 3 * cfg.intermediate_size * cfg.dim + 2 * cfg.dim
+    emb = cfg.vocab_size * cfg.dim * (1 if cfg.tie_embeddings else 2)
+    return cfg.n_layers * per_layer + emb + cfg.dim
+
+
+__all__ = ["LlamaModel", "llama_param_count", "rope_tables", "apply_rope", "to_hf_state_dict"]
+

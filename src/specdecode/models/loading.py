@@ -1,0 +1,175 @@
+"""Load a Hugging Face checkpoint directory into our runtime: config, weights, tokenizer, EOS."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+from torch import nn
+
+from ..cache import KVCache
+from .config import ModelConfig
+from .gpt2 import GPT2Model
+from .llama import LlamaModel
+
+# RoPE/position tables and caches are sized to this many tokens at most, so a
+# 128k-context config does not allocate 128k-row tables on a laptop.
+MAX_RUNTIME_CONTEXT = 16384
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16,
+}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+class Model:
+    """A loaded checkpoint: the module plus what the engine needs around it."""
+
+    def __init__(self, module: nn.Module, config: ModelConfig, tokenizer: Optional[Tokenizer],
+                 eos_token_ids: Sequence[int], path: str, max_seq_len: int) -> None:
+        self.module = module
+        self.config = config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.path = path
+        self.max_seq_len = max_seq_len
+        p = next(module.parameters())
+        self.device, self.dtype = p.device, p.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name or self.path
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def new_cache(self, batch_size: int = 1, max_len: Optional[int] = None) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layers, batch_size, c.n_kv_heads, max_len or self.max_seq_len, c.head_dim,
+                       self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Append ``tokens`` [B, T] to the cache rows and return float32 logits [B, T or 1, V]."""
+        meta = cache.prepare(tokens.shape[1], rows)
+        logits = self.module(tokens, meta, cache, last_only=last_only)
+        cache.commit(meta)
+        return logits.float()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok().encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok().decode(list(ids), skip_special_tokens=True)
+
+    def _tok(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.path} has no tokenizer.json; pass the prompt as a list of token ids")
+        return self.tokenizer
+
+
+def resolve_model_path(path_or_id: str) -> Path:
+    """A local directory, or a hub id found in the local Hugging Face cache (no network here)."""
+    p = Path(path_or_id).expanduser()
+    if p.is_dir():
+        return p
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub").expanduser()
+    if "/" in path_or_id and not p.exists():
+        repo = hub / ("models--" + path_or_id.replace("/", "--"))
+        snapshots = repo / "snapshots"
+        if snapshots.is_dir():
+            ref = repo / "refs" / "main"
+            if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+                return snapshots / ref.read_text().strip()
+            candidates = sorted(snapshots.iterdir())
+            if candidates:
+                return candidates[-1]
+    raise ModelNotFoundError(
+        f"model {path_or_id!r} not found: it is not a local directory and not in the Hugging Face cache ({hub}). "
+        "Pass the path of a directory holding config.json and *.safetensors (this tool never downloads)."
+    )
+
+
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        sd: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            sd.update(load_file(str(path / shard)))
+        return sd
+    single = path / "model.safetensors"
+    if single.is_file():
+        return load_file(str(single))
+    if any(path.glob("*.bin")):
+        raise ModelNotFoundError(f"{path} holds PyTorch .bin weights only; convert them to safetensors "
+                                 "(transformers: model.save_pretrained(dir, safe_serialization=True))")
+    raise ModelNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
+
+
+def _eos_ids(path: Path, cfg: ModelConfig) -> list[int]:
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if isinstance(eos, int):
+            return [eos]
+        if isinstance(eos, list):
+            return [int(e) for e in eos]
+    return list(cfg.eos_token_ids)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, fp32, bf16, fp16")
+    return _DTYPES[dtype]
+
+
+def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | torch.dtype = "auto") -> Model:
+    """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime."""
+    root = resolve_model_path(str(path))
+    cfg_file = root / "config.json"
+    if not cfg_file.is_file():
+        raise ModelNotFoundError(f"{root} has no config.json; is it a Hugging Face model directory?")
+    cfg = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but no CUDA GPU is available; use --device cpu")
+    dt = resolve_dtype(dtype, dev)
+    max_len = min(cfg.max_position_embeddings, MAX_RUNTIME_CONTEXT)
+    cls = GPT2Model if cfg.family == "gpt2" else LlamaModel
+    with torch.device("meta"):
+        module = cls(cfg, max_len)
+    sd = cls.convert_hf_state_dict(_load_weights(root), cfg)
+    sd = {k: v.to(device=dev, dtype=dt) for k, v in sd.items()}
+    module.load_state_dict(sd, strict=False, assign=True)
+    missing = [n for n, p in module.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"checkpoint {root} lacks weights for {missing[:5]}")
+    if cfg.family == "llama":  # buffers were created on meta; rebuild them for real
+        from .llama import rope_tables
+
+        cos, sin = rope_tables(cfg, max_len)
+        module.rope_cos, module.rope_sin = cos.to(dev), sin.to(dev)
+    module.eval().requires_grad_(False)
+    tok_file = root / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
+    return Model(module, cfg, tokenizer, _eos_ids(root, cfg), str(root), max_len)

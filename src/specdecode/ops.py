@@ -1,0 +1,36 @@
+"""Dense ops on the decode path, with one switch for the fast small-M CPU kernel.
+
+Every projection in the models goes through ``linear`` so that a faster kernel
+(issue: small-M linear on the CPU) can be swapped in for all of them at once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+LinearFn = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+
+_linear_impl: LinearFn = F.linear
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _linear_impl(x, weight, bias)
+
+
+def set_linear_impl(fn: Optional[LinearFn]) -> LinearFn:
+    """Install a linear implementation (None restores ``F.linear``); returns the previous one."""
+    global _linear_impl
+    previous = _linear_impl
+    _linear_impl = fn if fn is not None else F.linear
+    return previous
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same arithmetic as transformers' LlamaRMSNorm: normalise in fp32, cast, then scale.
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
