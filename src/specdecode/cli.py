@@ -1,0 +1,185 @@
+"""`specdecode` command line: generate, plus the subcommands other modules register (lazy imports)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
+
+# Subcommand modules: each exposes add_subcommands(subparsers). Imported only
+# when present so a missing optional dependency never breaks `generate`.
+SUBCOMMAND_MODULES = ("specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli")
+
+REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+def default_model_dir(name: str) -> Path:
+    """The bundled default models: $SPECDECODE_MODELS_DIR, else models/ beside the source tree."""
+    root = Path(os.environ.get("SPECDECODE_MODELS_DIR", REPO_MODELS))
+    return root / name
+
+
+DEFAULT_TARGET = "code-target"
+DEFAULT_DRAFT = "code-draft"
+
+
+class CLIError(Exception):
+    """A user error the CLI reports in one line, without a traceback."""
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help=f"target model directory or cached hub id (default: bundled models/{DEFAULT_TARGET})")
+    p.add_argument("--draft", help=f"draft model directory (default with --drafter model: bundled models/{DEFAULT_DRAFT})")
+    p.add_argument("--drafter", choices=("model", "ngram", "none"), default=None,
+                   help="how tokens are proposed: a draft model, prompt lookup (n-gram), or none = plain decoding "
+                        "(default: model)")
+    p.add_argument("--gamma", type=int, default=4, help="draft tokens proposed per target pass (default: 4)")
+    p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest n-gram to match (default: 3)")
+    p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest n-gram to match (default: 1)")
+    add_dataclass_args(p, ModelLoadConfig)
+
+
+def resolve_target(args: argparse.Namespace) -> str:
+    if args.target:
+        return args.target
+    path = default_model_dir(DEFAULT_TARGET)
+    if not (path / "config.json").is_file():
+        raise CLIError(f"no --target given and the bundled default model is missing at {path}; "
+                       "pass --target DIR or train one with `specdecode train`")
+    return str(path)
+
+
+def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> object:
+    """The drafter named by --drafter/--draft/--gamma (None for plain decoding)."""
+    from .drafters import DraftModelDrafter, PromptLookupDrafter
+
+    kind = args.drafter or "model"
+    if kind == "none":
+        return None
+    if kind == "ngram":
+        return PromptLookupDrafter(max_ngram=args.ngram_max, min_ngram=args.ngram_min, num_draft_tokens=args.gamma)
+    draft_path = args.draft
+    if draft_path is None:
+        if args.target and args.drafter is None:
+            raise CLIError("--target given without --draft: pass --draft DIR, or --drafter ngram / --drafter none")
+        draft_path = str(default_model_dir(DEFAULT_DRAFT))
+        if not (Path(draft_path) / "config.json").is_file():
+            raise CLIError(f"no --draft given and the bundled draft is missing at {draft_path}; pass --draft DIR")
+    return DraftModelDrafter(load(draft_path), gamma=args.gamma)  # type: ignore[arg-type]
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompt_file is not None:
+        try:
+            return Path(args.prompt_file).read_text()
+        except OSError as e:
+            raise CLIError(f"cannot read --prompt-file: {e}") from e
+    if sys.stdin.isatty():
+        raise CLIError("no prompt: pass --prompt TEXT, --prompt-file FILE, or pipe text on stdin")
+    return sys.stdin.read()
+
+
+GREEN, RESET = "\033[32m", "\033[0m"
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import FinishEvent, StepEvent, stream
+    from .models import load_model
+
+    sampling = from_args(SamplingConfig, args)
+    generation = from_args(GenerationConfig, args)
+    load_cfg = from_args(ModelLoadConfig, args)
+    prompt = _read_prompt(args)
+
+    def load(path: str) -> object:
+        return load_model(path, device=load_cfg.device, dtype=load_cfg.dtype)
+
+    target = load(resolve_target(args))
+    drafter = build_drafter(args, load)
+    colour = sys.stdout.isatty() and not args.no_color and not args.json
+    if not args.json and not args.stream:
+        sys.stdout.write(prompt)
+    finish: Optional[FinishEvent] = None
+    for ev in stream(target, prompt, drafter, sampling, generation):  # type: ignore[arg-type]
+        if isinstance(ev, StepEvent):
+            if args.json:
+                continue
+            for piece, from_draft in zip(ev.pieces, ev.from_draft + [False] * (len(ev.pieces) - len(ev.from_draft))):
+                sys.stdout.write(f"{GREEN}{piece}{RESET}" if colour and from_draft and piece else piece)
+            if args.stream:
+                sys.stdout.flush()
+        else:
+            finish = ev
+    assert finish is not None
+    if args.json:
+        print(json.dumps({"text": finish.text, "token_ids": finish.token_ids, "finish_reason": finish.reason,
+                          "stats": finish.stats.to_dict()}))
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        drafter_name = type(drafter).__name__ if drafter is not None else "none (plain decoding)"
+        legend = f" | {GREEN}green{RESET} = accepted draft tokens" if colour else ""
+        print(f"[{drafter_name}] {finish.stats.summary()} | finish: {finish.reason}{legend}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdecode",
+        description="Exact speculative decoding: a small drafter proposes tokens, the target verifies them in "
+                    "one pass; the output follows the target's distribution exactly.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    g = sub.add_parser("generate", help="generate text with speculative decoding",
+                       description="Complete a prompt with the target model, drafting with a small model "
+                                   "(default), prompt lookup, or nothing. With no model flags the bundled "
+                                   "code-target/code-draft pair is used.")
+    g.add_argument("--prompt", help="prompt text")
+    g.add_argument("--prompt-file", help="read the prompt from this file")
+    add_model_args(g)
+    add_dataclass_args(g, SamplingConfig)
+    add_dataclass_args(g, GenerationConfig)
+    g.add_argument("--stream", action="store_true", help="print text as it is generated")
+    g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
+    g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")
+    g.set_defaults(func=cmd_generate)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and name.startswith(e.name):
+                continue  # that part of the package is not built yet
+            raise
+        module.add_subcommands(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from .cache import ContextLengthError
+    from .config import ConfigError
+    from .drafters import VocabularyMismatchError
+    from .models import ModelNotFoundError, UnsupportedModelError
+
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, ConfigError, ContextLengthError, ModelNotFoundError, UnsupportedModelError,
+            VocabularyMismatchError) as e:
+        print(f"specdecode: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

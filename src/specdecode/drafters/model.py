@@ -1,0 +1,117 @@
+"""Draft with a separate small model that shares the target's tokenizer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from ..config import ConfigError
+from ..sampling import draw, probs_from_logits
+from .base import Draft, DraftContext, VocabularyMismatchError
+
+if TYPE_CHECKING:
+    from ..cache import KVCache
+    from ..models import Model
+
+
+def check_vocab_compatible(draft: "Model", target: "Model") -> None:
+    """Raise unless a draft token id means the same string to the target."""
+    if draft.tokenizer is not None and target.tokenizer is not None:
+        dv, tv = draft.tokenizer.get_vocab(with_added_tokens=True), target.tokenizer.get_vocab(with_added_tokens=True)
+        if dv != tv:
+            diff = len(set(dv.items()) ^ set(tv.items()))
+            raise VocabularyMismatchError(
+                f"vocab mismatch between draft ({draft.path}, {len(dv)} tokens) and target ({target.path}, "
+                f"{len(tv)} tokens): {diff} entries differ. The draft must use the target's tokenizer; "
+                "train one with `specdecode distill --target <target>` or use `--drafter ngram`."
+            )
+    elif draft.vocab_size != target.vocab_size:
+        raise VocabularyMismatchError(
+            f"vocab mismatch: draft ({draft.path}) has {draft.vocab_size} tokens, target ({target.path}) has "
+            f"{target.vocab_size}; the draft must share the target's tokenizer"
+        )
+
+
+class DraftModelDrafter:
+    """Runs ``gamma`` autoregressive steps of a small model per target pass.
+
+    The draft keeps its own KV cache in step with the verified sequence: after a
+    step it holds the sequence plus its own accepted tokens, so the next
+    proposal feeds only what it has not seen (the target's correction, or the
+    last draft token plus the bonus token after a fully accepted block).
+    """
+
+    def __init__(self, model: "Model", gamma: int = 4) -> None:
+        if not isinstance(gamma, int) or gamma < 1:
+            raise ConfigError(f"gamma (draft length) must be a positive integer, got {gamma!r}")
+        self.model = model
+        self.gamma = gamma
+        self._cache: Optional["KVCache"] = None
+        self._target_vocab = model.vocab_size
+        self._n_cached = 0  # tokens of the sequence held in the draft cache
+        self._base = 0  # sequence length when the last draft started
+        self._drafted = 0
+
+    def prepare(self, target: "Model") -> None:
+        check_vocab_compatible(self.model, target)
+        if self.model.device != target.device:
+            raise ConfigError(f"draft is on {self.model.device} but target is on {target.device}; load both on one device")
+        self._target_vocab = target.vocab_size
+        if self._cache is None:
+            self._cache = self.model.new_cache(1, self.model.max_seq_len)
+        self.reset()
+
+    def reset(self) -> None:
+        if self._cache is not None:
+            self._cache.reset()
+        self._n_cached = self._base = self._drafted = 0
+
+    def _logits(self, new_tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor([new_tokens], dtype=torch.long, device=self.model.device)
+        logits = self.model.forward(ids, self._cache, last_only=True)[0, -1]
+        v = self._target_vocab
+        if logits.shape[-1] != v:  # same tokenizer, differently padded embedding matrices
+            fixed = torch.full((v,), float("-inf"), device=logits.device)
+            m = min(v, logits.shape[-1])
+            fixed[:m] = logits[:m]
+            logits = fixed
+        return logits
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        if self._cache is None:
+            raise RuntimeError("DraftModelDrafter.prepare(target) must be called before propose()")
+        n = len(ctx.tokens)
+        g = min(self.gamma, ctx.max_tokens, self._cache.max_len - n)
+        self._base, self._drafted = n, 0
+        if g <= 0:
+            return Draft()
+        if self._n_cached > n:  # sequence rolled back beyond what we know: resync
+            self._cache.set_length(0)
+            self._n_cached = 0
+        logits = self._logits(ctx.tokens[self._n_cached :])
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        greedy = ctx.sampling.greedy
+        for i in range(g):
+            if greedy:
+                t = int(logits.argmax())
+            else:
+                q = probs_from_logits(logits.unsqueeze(0), ctx.sampling)
+                t = int(draw(q, ctx.generator)[0])
+                probs.append(q[0])
+            tokens.append(t)
+            if i < g - 1:
+                logits = self._logits([t])
+        self._drafted = g
+        self._n_cached = n + g - 1
+        return Draft(tokens, torch.stack(probs) if probs else None)
+
+    def on_verified(self, n_accepted: int) -> None:
+        """Keep the sequence plus the accepted draft tokens that are in the cache (at most gamma - 1)."""
+        if self._cache is None or self._drafted == 0:
+            return
+        keep = self._base + min(n_accepted, self._drafted - 1)
+        self._cache.set_length(keep)
+        self._n_cached = keep
+        self._drafted = 0

@@ -1,0 +1,73 @@
+"""Prompt lookup (n-gram) drafting: no second model, copy what followed the last match.
+
+Input-grounded tasks (editing, summarising, answering about a document) repeat
+long spans of the context; finding the sequence's last n tokens earlier on and
+proposing what followed them costs microseconds and is often right.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..config import ConfigError
+from .base import Draft, DraftContext
+
+if TYPE_CHECKING:
+    from ..models import Model
+
+
+class PromptLookupDrafter:
+    """Propose up to ``num_draft_tokens`` tokens that followed the most recent earlier match of
+    the sequence's last n tokens, trying n from ``max_ngram`` down to ``min_ngram``."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_draft_tokens: int = 10) -> None:
+        if not (1 <= min_ngram <= max_ngram):
+            raise ConfigError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        if num_draft_tokens < 1:
+            raise ConfigError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        self.max_ngram, self.min_ngram, self.num_draft_tokens = max_ngram, min_ngram, num_draft_tokens
+        self._buf = np.zeros(1024, dtype=np.int64)
+        self._len = 0
+
+    @property
+    def gamma(self) -> int:
+        return self.num_draft_tokens
+
+    def prepare(self, target: "Model") -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._len = 0
+
+    def on_verified(self, n_accepted: int) -> None:
+        """Nothing to roll back: the buffer mirrors the sequence, which only grows with verified tokens."""
+
+    def _sync(self, tokens: list[int]) -> int:
+        n = len(tokens)
+        if n < self._len:  # a new sequence without reset(): start over
+            self._len = 0
+        if n > self._buf.shape[0]:
+            grown = np.zeros(max(n, 2 * self._buf.shape[0]), dtype=np.int64)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        self._buf[self._len : n] = tokens[self._len : n]
+        self._len = n
+        return n
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        k = min(self.num_draft_tokens, ctx.max_tokens)
+        n_tok = self._sync(ctx.tokens)
+        if k <= 0:
+            return Draft()
+        buf = self._buf[:n_tok]
+        for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
+            pattern = buf[n_tok - n :]
+            windows = sliding_window_view(buf[: n_tok - 1], n)  # every earlier n-gram with a continuation
+            hits = np.flatnonzero((windows == pattern).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return Draft(buf[start : start + k].tolist())
+        return Draft()

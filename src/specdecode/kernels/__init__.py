@@ -1,0 +1,150 @@
+"""Fast small-M linear for the CPU (the target verifying gamma+1 tokens at once).
+
+``fast_linear(x, weight, bias)`` is a drop-in for ``F.linear``: when x is fp32 on
+the CPU with at most 16 rows (product of its leading dims) and the weight is a
+contiguous fp32 or bf16 [N, K] matrix, it runs a C++ AVX2/FMA kernel that reads
+each weight row once for all rows of x; anything else goes to ``F.linear`` (a
+bf16 weight with fp32 x is cast to fp32 there).
+
+The extension is compiled on first use with ``torch.utils.cpp_extension.load``
+and cached under ``$TORCH_EXTENSIONS_DIR`` if set, else
+``~/.cache/specdecode/torch_extensions``. If it cannot be built (no compiler, no
+ninja, a non-x86 CPU without AVX2), one warning is logged and everything falls
+back to ``F.linear``. ``SPECDECODE_FAST_LINEAR=0`` turns the fast path off.
+
+Nothing enables it by default: call ``enable_fast_linear()`` (it installs the
+kernel with ``specdecode.ops.set_linear_impl``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+
+__all__ = ["enable_fast_linear", "fast_linear", "fast_linear_available", "fast_linear_enabled", "load_extension"]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "SPECDECODE_FAST_LINEAR"
+_SOURCE = Path(__file__).with_name("smallm_linear.cpp")
+
+_lock = threading.Lock()
+_ext: Optional[ModuleType] = None
+_load_error: Optional[str] = None  # set once a build failed: never retried in this process
+_warned = False
+
+
+def _env_disabled() -> bool:
+    return os.environ.get(ENV_VAR, "").strip().lower() in {"0", "false", "no", "off"}
+
+
+def _build_dir() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    base = Path(root).expanduser() if root else Path("~/.cache/specdecode/torch_extensions").expanduser()
+    # One build per torch/python version: torch's own versioning only hashes sources and flags.
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", f"torch{torch.__version__}_py{sys.version_info[0]}{sys.version_info[1]}")
+    return base / f"specdecode_smallm_linear_{tag}"
+
+
+def _warn_once(msg: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        logger.warning("fast small-M linear is off, using F.linear: %s", msg)
+
+
+def _summarise(exc: BaseException) -> str:
+    """One line for the log: the compiler's first error line if there is one."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"\berror\b", ln, re.IGNORECASE) and not ln.startswith("Error building")]
+    line = (errors or lines or [type(exc).__name__])[0]
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def load_extension() -> Optional[ModuleType]:
+    """The compiled extension (built on first call, then cached), or None if it cannot be built."""
+    global _ext, _load_error
+    if _ext is not None or _load_error is not None:
+        return _ext
+    with _lock:
+        if _ext is not None or _load_error is not None:
+            return _ext
+        try:
+            from torch.utils.cpp_extension import load
+
+            build_dir = _build_dir()
+            build_dir.mkdir(parents=True, exist_ok=True)
+            ext = load(
+                name="specdecode_smallm_linear",
+                sources=[str(_SOURCE)],
+                extra_cflags=["-O3", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        except Exception as exc:  # no compiler / ninja / headers: fall back to eager, once
+            _load_error = f"could not build the C++ kernel ({type(exc).__name__}: {_summarise(exc)})"
+            return None
+        if not ext.has_avx2():
+            _load_error = "this CPU has no AVX2/FMA"
+            return None
+        _ext = ext
+        return _ext
+
+
+def fast_linear_available() -> bool:
+    """Whether the kernel is usable here (builds it on first call); logs one warning if not."""
+    if _env_disabled():
+        return False
+    if load_extension() is None:
+        _warn_once(_load_error or "unknown error")
+        return False
+    return True
+
+
+def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear`` drop-in; the small-M kernel when it applies (see the module docstring)."""
+    if not _env_disabled() and (_ext is not None or fast_linear_available()):
+        return _ext.linear(x, weight, bias)  # type: ignore[union-attr]
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+        if bias is not None:
+            bias = bias.to(x.dtype)
+    elif bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    return F.linear(x, weight, bias)
+
+
+def fast_linear_enabled() -> bool:
+    """Whether the kernel is the installed ``specdecode.ops.linear`` implementation."""
+    return _ext is not None and ops._linear_impl is _ext.linear
+
+
+def enable_fast_linear(enabled: bool = True) -> bool:
+    """Install (or, with False, remove) the kernel as ``specdecode.ops.linear``; True if it is active.
+
+    Returns False, leaving ``F.linear`` in place, when ``SPECDECODE_FAST_LINEAR=0``
+    or the kernel cannot be built here.
+    """
+    if not enabled:
+        if fast_linear_enabled():
+            ops.set_linear_impl(None)
+        return False
+    if not fast_linear_available():
+        return False
+    assert _ext is not None
+    # The extension's own entry point: checks and the eager fallback are in C++,
+    # so the per-call cost over F.linear is one pybind call.
+    ops.set_linear_impl(_ext.linear)
+    return True
