@@ -86,9 +86,9 @@ class DraftModelDrafter:
         self._base, self._drafted = n, 0
         if g <= 0:
             return Draft()
-        if self._n_cached > n:  # sequence rolled back beyond what we know: resync
-            self._cache.set_length(0)
-            self._n_cached = 0
+        if self._n_cached >= n:  # nothing new (or a rollback): re-feed the last token for its logits
+            self._n_cached = n - 1 if self._n_cached == n else 0
+            self._cache.set_length(self._n_cached)
         logits = self._logits(ctx.tokens[self._n_cached :])
         tokens: list[int] = []
         probs: list[torch.Tensor] = []

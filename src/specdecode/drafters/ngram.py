@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 class PromptLookupDrafter:
     """Propose up to ``num_draft_tokens`` tokens that followed the most recent earlier match of
-    the sequence's last n tokens, trying n from ``max_ngram`` down to ``min_ngram``."""
+    the sequence's last n tokens (preferring one with a full-length continuation), trying n
+    from ``max_ngram`` down to ``min_ngram``."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_draft_tokens: int = 10) -> None:
         if not (1 <= min_ngram <= max_ngram):
@@ -68,6 +69,8 @@ class PromptLookupDrafter:
             windows = sliding_window_view(buf[: n_tok - 1], n)  # every earlier n-gram with a continuation
             hits = np.flatnonzero((windows == pattern).all(axis=1))
             if hits.size:
-                start = int(hits[-1]) + n
+                # the latest match that still has k tokens after it; else the latest match
+                full = hits[hits + n + k <= n_tok]
+                start = int(full[-1] if full.size else hits[-1]) + n
                 return Draft(buf[start : start + k].tolist())
         return Draft()

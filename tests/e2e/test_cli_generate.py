@@ -1,0 +1,59 @@
+"""`specdecode generate` end to end in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import specdecode as sd
+
+PROMPT = "def fib(n):"
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specdecode.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+
+
+def test_json_output_equals_library(tiny_dirs: dict[str, Path]) -> None:
+    p = run("generate", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["draft"]), "--gamma", "3",
+            "--prompt", PROMPT, "--max-new-tokens", "12", "--ignore-eos", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    ref = sd.generate(sd.load_model(tiny_dirs["llama"]), PROMPT, max_new_tokens=12, ignore_eos=True)
+    assert out["token_ids"] == ref.token_ids and out["text"] == ref.text
+    assert out["stats"]["target_passes"] >= 1 and "alpha" in out["stats"] and "tau" in out["stats"]
+
+
+def test_stdin_prompt_ngram_and_summary(tiny_dirs: dict[str, Path]) -> None:
+    p = run("generate", "--target", str(tiny_dirs["llama"]), "--drafter", "ngram", "--max-new-tokens", "8",
+            "--ignore-eos", "--stream", stdin=PROMPT)
+    assert p.returncode == 0, p.stderr
+    assert "[PromptLookupDrafter]" in p.stderr and "tok/s" in p.stderr and "tau" in p.stderr
+
+
+def test_cli_errors_are_one_line(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    p = run("generate", "--target", str(tmp_path / "missing"), "--prompt", "x")
+    assert p.returncode == 2 and p.stderr.startswith("specdecode: error: model") and "Traceback" not in p.stderr
+    p = run("generate", "--target", str(tiny_dirs["llama"]), "--drafter", "none", "--prompt", "x", "--top-p", "0")
+    assert p.returncode == 2 and "top_p must be in (0, 1]" in p.stderr
+    p = run("generate", "--target", str(tiny_dirs["llama"]), "--prompt", "x")
+    assert p.returncode == 2 and "--target given without --draft" in p.stderr
+    p = run("generate", "--target", str(tiny_dirs["llama"]), "--prompt-file", str(tmp_path / "none.txt"))
+    assert p.returncode == 2 and "cannot read --prompt-file" in p.stderr
+
+
+def test_draft_of_another_architecture_with_the_same_tokenizer(tiny_dirs: dict[str, Path]) -> None:
+    """A GPT-2 draft for a llama target works when they share the tokenizer; output is the target's."""
+    p = run("generate", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["gpt2_draft"]),
+            "--prompt", PROMPT, "--max-new-tokens", "10", "--ignore-eos", "--json")
+    assert p.returncode == 0, p.stderr
+    ref = sd.generate(sd.load_model(tiny_dirs["llama"]), PROMPT, max_new_tokens=10, ignore_eos=True)
+    assert json.loads(p.stdout)["token_ids"] == ref.token_ids
+
+
+def test_help_explains() -> None:
+    p = run("generate", "--help")
+    assert p.returncode == 0 and "--gamma" in p.stdout and "greedy" in p.stdout

@@ -1,0 +1,81 @@
+"""Our runtime's logits equal transformers' for each architecture: prefill, cached decode, after trim."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import specdecode as sd
+from tiny import build_model
+
+ARCHS = ["llama", "qwen2", "gpt2", "mistral"]
+
+
+def hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def check_parity(path: Path) -> None:
+    ours = sd.load_model(path)
+    torch.manual_seed(0)
+    ids = torch.randint(0, ours.vocab_size, (1, 14))
+    ref = hf_logits(path, ids)
+    cache = ours.new_cache(1, 32)
+    prefill = ours.forward(ids[:, :8], cache)
+    torch.testing.assert_close(prefill, ref[:, :8], atol=1e-4, rtol=0)
+    for i in range(8, 11):  # step by step with the cache
+        step = ours.forward(ids[:, i : i + 1], cache)
+        torch.testing.assert_close(step, ref[:, i : i + 1], atol=1e-4, rtol=0)
+    # write 3 wrong tokens, roll them back, then continue with the right ones
+    ours.forward(torch.tensor([[1, 2, 3]]), cache)
+    assert cache.trim(3) == 11
+    rest = ours.forward(ids[:, 11:], cache)
+    torch.testing.assert_close(rest, ref[:, 11:], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_transformers(tiny_dirs: dict[str, Path], arch: str) -> None:
+    check_parity(tiny_dirs[arch])
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(tie_word_embeddings=True),
+    dict(num_key_value_heads=4),  # plain multi-head attention
+    dict(num_key_value_heads=1),  # multi-query attention
+    dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8}, rope_theta=500000.0),
+    dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+], ids=["tied", "mha", "mqa", "llama3-rope", "linear-rope"])
+def test_llama_variants(tmp_path: Path, overrides: dict) -> None:
+    check_parity(build_model(tmp_path / "m", "llama", **overrides))
+
+
+def test_batched_rows_with_different_lengths_match_single_rows(tiny_dirs: dict[str, Path]) -> None:
+    """Per-row cache lengths: a batch whose rows sit at different positions equals each row alone."""
+    model = sd.load_model(tiny_dirs["llama"])
+    torch.manual_seed(1)
+    a, b = torch.randint(0, 300, (1, 9)), torch.randint(0, 300, (1, 5))
+    ref_a = model.forward(a, model.new_cache(1, 32))
+    ref_b = model.forward(b, model.new_cache(1, 32))
+    cache = model.new_cache(2, 32)
+    model.forward(a[:, :6], cache, rows=slice(0, 1))
+    model.forward(b[:, :2], cache, rows=slice(1, 2))
+    step = model.forward(torch.cat([a[:, 6:9], b[:, 2:5]]), cache)  # rows at positions 6 and 2
+    torch.testing.assert_close(step[0], ref_a[0, 6:9], atol=1e-4, rtol=0)
+    torch.testing.assert_close(step[1], ref_b[0, 2:5], atol=1e-4, rtol=0)
+
+
+def test_bf16_runs_close_to_fp32(tiny_dirs: dict[str, Path]) -> None:
+    fp32 = sd.load_model(tiny_dirs["llama"])
+    bf16 = sd.load_model(tiny_dirs["llama"], dtype="bf16")
+    assert bf16.dtype == torch.bfloat16
+    ids = torch.randint(0, 300, (1, 6))
+    a = fp32.forward(ids, fp32.new_cache(1, 16))
+    b = bf16.forward(ids, bf16.new_cache(1, 16))
+    assert b.dtype == torch.float32
+    assert (a - b).abs().max() < 0.1 * a.abs().max()

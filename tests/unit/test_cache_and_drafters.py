@@ -1,0 +1,69 @@
+"""KV cache bookkeeping and drafter behaviour without a target pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdecode as sd
+from specdecode.cache import ContextLengthError, KVCache
+from specdecode.config import SamplingConfig
+from specdecode.drafters import DraftContext
+
+
+def test_cache_trim_and_context_limit() -> None:
+    c = KVCache(1, 2, 1, 8, 4, torch.float32, "cpu")
+    meta = c.prepare(5)
+    c.commit(meta)
+    assert c.lengths == [5, 5]
+    assert c.trim(2, row=1) == 3
+    meta = c.prepare(2)  # rows at 5 and 3: non-contiguous write, causal mask per row
+    assert not meta.contiguous and meta.mask is not None and meta.mask.shape == (2, 1, 2, 7)
+    assert meta.positions.tolist() == [[5, 6], [3, 4]]
+    with pytest.raises(ValueError, match="cannot trim 9"):
+        c.trim(9)
+    with pytest.raises(ContextLengthError, match="exceeds the context window of 8"):
+        c.prepare(4)
+
+
+def ctx(tokens: list[int], max_tokens: int = 10) -> DraftContext:
+    return DraftContext(tokens, max_tokens, SamplingConfig(), None)
+
+
+def test_prompt_lookup_proposes_continuation_of_latest_match() -> None:
+    d = sd.PromptLookupDrafter(max_ngram=2, num_draft_tokens=3)
+    assert d.propose(ctx([1, 2, 3, 4, 9, 1, 2, 7, 8, 1, 2])).tokens == [7, 8, 1]
+    d.reset()
+    assert d.propose(ctx([5, 6, 7])).tokens == []  # no earlier occurrence of anything
+    d.reset()
+    assert d.propose(ctx([1, 2, 3, 4, 1, 2], max_tokens=1)).tokens == [3]
+
+
+def test_prompt_lookup_tracks_a_growing_sequence() -> None:
+    d = sd.PromptLookupDrafter(max_ngram=1, num_draft_tokens=2)
+    seq = [4, 5, 6, 4]
+    assert d.propose(ctx(seq)).tokens == [5, 6]
+    seq += [5, 9, 5]
+    assert d.propose(ctx(seq)).tokens == [9, 5]
+    seq = [4] * 3000  # longer than the initial buffer
+    d.reset()
+    assert d.propose(ctx(seq)).tokens == [4, 4]
+
+
+def test_draft_model_cache_stays_in_sync(tiny_dirs: dict[str, Path]) -> None:
+    """After any acceptance pattern the draft's cache equals a fresh prefill of the same tokens."""
+    draft = sd.load_model(tiny_dirs["draft"])
+    target = sd.load_model(tiny_dirs["llama"])
+    d = sd.DraftModelDrafter(draft, gamma=3)
+    d.prepare(target)
+    seq = [5, 6, 7]
+    for n_acc, correction in [(0, 11), (3, 12), (1, 13), (2, 14)]:
+        prop = d.propose(ctx(seq))
+        d.on_verified(n_acc)
+        seq = seq + prop.tokens[:n_acc] + [correction]
+        fresh = sd.DraftModelDrafter(draft, gamma=3)
+        fresh.prepare(target)
+        assert d.propose(ctx(seq)).tokens == fresh.propose(ctx(seq)).tokens
+        d.on_verified(0)

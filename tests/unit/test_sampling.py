@@ -1,0 +1,71 @@
+"""Our filters must match transformers' warpers exactly (same order, same semantics)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+)
+
+from specdecode.config import ConfigError, SamplingConfig
+from specdecode.sampling import draw, filter_logits, make_generator, probs_from_logits
+
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=5),
+    dict(temperature=1.3, top_p=0.8),
+    dict(temperature=0.9, min_p=0.1),
+    dict(temperature=0.8, top_k=10, top_p=0.9, min_p=0.05),
+    dict(temperature=2.0, top_k=1),
+    dict(temperature=1.0, top_p=0.01),
+]
+
+
+def reference(logits: torch.Tensor, s: dict) -> torch.Tensor:
+    scores = TemperatureLogitsWarper(s["temperature"])(None, logits.clone())
+    if s.get("top_k"):
+        scores = TopKLogitsWarper(s["top_k"])(None, scores)
+    if s.get("top_p"):
+        scores = TopPLogitsWarper(s["top_p"])(None, scores)
+    if s.get("min_p"):
+        scores = MinPLogitsWarper(s["min_p"])(None, scores)
+    return scores
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_filters_match_transformers(setting: dict) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3
+    ours = filter_logits(logits, SamplingConfig(**setting))
+    ref = reference(logits, setting)
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    finite = ~torch.isinf(ref)
+    torch.testing.assert_close(ours[finite], ref[finite])
+
+
+def test_probs_sum_to_one_and_keep_at_least_one_token() -> None:
+    logits = torch.randn(4, 30)
+    p = probs_from_logits(logits, SamplingConfig(temperature=1.0, top_p=1e-6, min_p=1.0))
+    torch.testing.assert_close(p.sum(-1), torch.ones(4))
+    assert ((p > 0).sum(-1) >= 1).all()
+
+
+def test_seed_reproduces_draws() -> None:
+    probs = torch.softmax(torch.randn(3, 100), -1)
+    a = draw(probs, make_generator(7))
+    b = draw(probs, make_generator(7))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (dict(top_k=0), "top_k must be a positive integer"),
+    (dict(top_p=0.0), "top_p must be in (0, 1]"),
+    (dict(top_p=1.5), "top_p must be in (0, 1]"),
+    (dict(min_p=-0.1), "min_p must be in [0, 1]"),
+])
+def test_invalid_sampling_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        SamplingConfig(**kwargs)
