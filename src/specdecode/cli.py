@@ -39,10 +39,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=("model", "ngram", "none"), default=None,
                    help="how tokens are proposed: a draft model, prompt lookup (n-gram), or none = plain decoding "
                         "(default: model)")
-    p.add_argument("--gamma", type=int, default=4, help="draft tokens proposed per target pass (default: 4)")
+    p.add_argument("--gamma", type=parse_gamma, default="auto",
+                   help="draft tokens proposed per target pass, or 'auto': chosen each step from the measured "
+                        "cost model and the running acceptance rate (default: auto; prompt lookup: 10)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest n-gram to match (default: 3)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest n-gram to match (default: 1)")
     add_dataclass_args(p, ModelLoadConfig)
+
+
+def parse_gamma(text: str) -> object:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gamma must be a positive integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"gamma must be a positive integer or 'auto', got {text!r}")
+    return value
 
 
 def resolve_target(args: argparse.Namespace) -> str:
@@ -63,7 +77,7 @@ def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> ob
     if kind == "none":
         return None
     if kind == "ngram":
-        return PromptLookupDrafter(max_ngram=args.ngram_max, min_ngram=args.ngram_min, num_draft_tokens=args.gamma)
+        return PromptLookupDrafter(max_ngram=args.ngram_max, min_ngram=args.ngram_min, num_draft_tokens=10 if args.gamma == "auto" else args.gamma)
     draft_path = args.draft
     if draft_path is None:
         if args.target and args.drafter is None:
@@ -163,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="specdecode: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

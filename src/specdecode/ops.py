@@ -28,6 +28,11 @@ def set_linear_impl(fn: Optional[LinearFn]) -> LinearFn:
     return previous
 
 
+def linear_impl_name() -> str:
+    """Which linear runs now (part of the cost model's cache key: timings differ per kernel)."""
+    return "F.linear" if _linear_impl is F.linear else getattr(_linear_impl, "__qualname__", repr(_linear_impl))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Same arithmetic as transformers' LlamaRMSNorm: normalise in fp32, cast, then scale.
     dtype = x.dtype

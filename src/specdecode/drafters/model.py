@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 import torch
 
 from ..config import ConfigError
+from ..costmodel import MAX_GAMMA, AdaptiveGamma, load_or_measure_costs
 from ..sampling import draw, probs_from_logits
 from .base import Draft, DraftContext, VocabularyMismatchError
 
@@ -42,11 +43,13 @@ class DraftModelDrafter:
     last draft token plus the bonus token after a fully accepted block).
     """
 
-    def __init__(self, model: "Model", gamma: int = 4) -> None:
-        if not isinstance(gamma, int) or gamma < 1:
-            raise ConfigError(f"gamma (draft length) must be a positive integer, got {gamma!r}")
+    def __init__(self, model: "Model", gamma: Union[int, Literal["auto"]] = "auto", max_gamma: int = MAX_GAMMA) -> None:
+        if gamma != "auto" and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
+            raise ConfigError(f"gamma (draft length) must be a positive integer or 'auto', got {gamma!r}")
         self.model = model
         self.gamma = gamma
+        self.max_gamma = max_gamma
+        self.policy: Optional[AdaptiveGamma] = None  # set by prepare() when gamma == "auto"
         self._cache: Optional["KVCache"] = None
         self._target_vocab = model.vocab_size
         self._n_cached = 0  # tokens of the sequence held in the draft cache
@@ -58,6 +61,8 @@ class DraftModelDrafter:
         if self.model.device != target.device:
             raise ConfigError(f"draft is on {self.model.device} but target is on {target.device}; load both on one device")
         self._target_vocab = target.vocab_size
+        if self.gamma == "auto":
+            self.policy = AdaptiveGamma(load_or_measure_costs(target, self.model), self.max_gamma)
         if self._cache is None:
             self._cache = self.model.new_cache(1, self.model.max_seq_len)
         self.reset()
@@ -66,6 +71,8 @@ class DraftModelDrafter:
         if self._cache is not None:
             self._cache.reset()
         self._n_cached = self._base = self._drafted = 0
+        if self.policy is not None:
+            self.policy.reset()
 
     def _logits(self, new_tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor([new_tokens], dtype=torch.long, device=self.model.device)
@@ -82,7 +89,8 @@ class DraftModelDrafter:
         if self._cache is None:
             raise RuntimeError("DraftModelDrafter.prepare(target) must be called before propose()")
         n = len(ctx.tokens)
-        g = min(self.gamma, ctx.max_tokens, self._cache.max_len - n)
+        want = self.policy.choose() if self.policy is not None else int(self.gamma)
+        g = min(want, ctx.max_tokens, self._cache.max_len - n)
         self._base, self._drafted = n, 0
         if g <= 0:
             return Draft()
@@ -111,6 +119,8 @@ class DraftModelDrafter:
         """Keep the sequence plus the accepted draft tokens that are in the cache (at most gamma - 1)."""
         if self._cache is None or self._drafted == 0:
             return
+        if self.policy is not None:
+            self.policy.update(self._drafted, n_accepted)
         keep = self._base + min(n_accepted, self._drafted - 1)
         self._cache.set_length(keep)
         self._n_cached = keep

@@ -1,0 +1,189 @@
+"""A measured cost model for choosing γ: speedup(γ) = E(α, γ) / (γ c + v(γ)).
+
+E(α, γ) = (1 − α^(γ+1)) / (1 − α) is Leviathan et al.'s expected tokens per
+target pass; c is the draft pass cost relative to a target pass; v(γ) is what
+a target pass over γ+1 tokens costs relative to a pass over one token (≈1 on a
+GPU, 2–4 in eager PyTorch on a CPU: the hardware's share of the speedup).
+v and c are measured once per machine, model pair, dtype and thread count,
+and cached on disk so later runs start at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+
+from . import ops
+
+if TYPE_CHECKING:
+    from .models import Model
+
+MAX_GAMMA = 15
+log = logging.getLogger(__name__)
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E(α, γ): expected tokens per target pass with γ draft tokens (γ=0 gives 1)."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> float:
+    """E(α, γ) / (γ c + v(γ)): walltime speedup over plain decoding."""
+    return expected_tokens(alpha, gamma) / (gamma * c + v)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """c and v(k) for k = 0..MAX_GAMMA (v[0] = 1 by definition)."""
+
+    c: float
+    v: tuple[float, ...]
+
+    def speedup(self, alpha: float, gamma: int) -> float:
+        return predicted_speedup(alpha, gamma, self.c, self.v[min(gamma, len(self.v) - 1)])
+
+    def best_gamma(self, alpha: float, max_gamma: int = MAX_GAMMA) -> int:
+        """The γ in 0..max_gamma maximising the predicted speedup; 0 means speculation does not pay."""
+        best, best_s = 0, 1.0
+        for g in range(1, min(max_gamma, len(self.v) - 1) + 1):
+            s = self.speedup(alpha, g)
+            if s > best_s * 1.0001:
+                best, best_s = g, s
+        return best
+
+
+def _median_pass_time(model: "Model", n_tokens: int, reps: int, context: int = 64) -> float:
+    cache = model.new_cache(1, context + n_tokens + 1)
+    with torch.inference_mode():
+        model.forward(torch.arange(context, device=model.device).unsqueeze(0) % model.vocab_size, cache)
+        ids = torch.arange(n_tokens, device=model.device).unsqueeze(0) % model.vocab_size
+        times = []
+        for i in range(reps + 2):
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            logits = model.forward(ids, cache)
+            float(logits[0, -1, 0])  # the engine reads the logits back every step; so do we
+            dt = time.perf_counter() - t
+            cache.trim(n_tokens)
+            if i >= 2:
+                times.append(dt)
+    return statistics.median(times)
+
+
+def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 7) -> Costs:
+    """Time target passes over 1..max_gamma+1 tokens and one draft pass (c = 0 without a draft model)."""
+    t1 = _median_pass_time(target, 1, reps)
+    v = [1.0] + [_median_pass_time(target, k + 1, reps) / t1 for k in range(1, max_gamma + 1)]
+    # v should not decrease with k; take the running max to damp timing noise
+    for k in range(1, len(v)):
+        v[k] = max(v[k], v[k - 1])
+    c = _median_pass_time(draft, 1, reps) / t1 if draft is not None else 0.0
+    return Costs(c=c, v=tuple(v))
+
+
+def _fingerprint(models: Sequence[Optional["Model"]]) -> str:
+    parts = [platform.processor() or platform.machine(), _cpu_name(), str(torch.get_num_threads()),
+             torch.__version__, ops.linear_impl_name()]
+    for m in models:
+        if m is None:
+            parts.append("none")
+            continue
+        weights = sorted(Path(m.path).glob("*.safetensors"))
+        stamp = ",".join(f"{w.name}:{w.stat().st_size}:{int(w.stat().st_mtime)}" for w in weights)
+        parts += [str(Path(m.path).resolve()), stamp, str(m.dtype), str(m.device)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDECODE_CACHE", Path.home() / ".cache" / "specdecode")) / "costs"
+
+
+_MEMO: dict[str, Costs] = {}
+
+
+def load_or_measure_costs(target: "Model", draft: Optional["Model"]) -> Costs:
+    """Costs for this machine and pair, measured on first use and cached as JSON."""
+    key = _fingerprint([target, draft])
+    if key in _MEMO:
+        return _MEMO[key]
+    path = cache_dir() / f"{key}.json"
+    if path.is_file():
+        try:
+            d = json.loads(path.read_text())
+            _MEMO[key] = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]))
+            return _MEMO[key]
+        except (ValueError, KeyError):
+            pass  # a corrupt cache file is re-measured
+    log.info("gamma=auto: measuring target pass costs v(k) and draft cost c (once per machine and model pair)")
+    costs = _MEMO[key] = measure_costs(target, draft)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(costs)))
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return costs
+
+
+class AdaptiveGamma:
+    """Picks γ each step from the running acceptance estimate and the measured costs.
+
+    α is estimated as accepted / evaluated, where evaluated counts the accepted
+    tokens plus the one rejected token per step (later draft tokens were never
+    judged): the maximum-likelihood estimate for i.i.d. acceptance. A weak
+    prior keeps the first steps sane. When no γ pays, it still drafts one token
+    every ``probe_every`` steps so the estimate can recover.
+    """
+
+    def __init__(self, costs: Costs, max_gamma: int = MAX_GAMMA, prior_alpha: float = 0.7,
+                 prior_weight: float = 4.0, probe_every: int = 16) -> None:
+        self.costs = costs
+        self.max_gamma = max_gamma
+        self.prior_alpha, self.prior_weight, self.probe_every = prior_alpha, prior_weight, probe_every
+        self.reset()
+
+    def reset(self) -> None:
+        self.accepted = 0
+        self.evaluated = 0
+        self._steps_off = 0
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.evaluated + self.prior_weight)
+
+    def choose(self) -> int:
+        g = self.costs.best_gamma(self.alpha, self.max_gamma)
+        if g == 0:
+            self._steps_off += 1
+            if self._steps_off >= self.probe_every:
+                self._steps_off = 0
+                return 1
+        return g
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        if n_drafted == 0:
+            return
+        self.accepted += n_accepted
+        self.evaluated += n_accepted + (1 if n_accepted < n_drafted else 0)

@@ -1,0 +1,54 @@
+"""The cost model's arithmetic and the adaptive γ policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import specdecode as sd
+from specdecode.costmodel import AdaptiveGamma, Costs, expected_tokens, load_or_measure_costs, predicted_speedup
+
+
+@pytest.mark.parametrize("alpha, gamma, speedup", [
+    (0.6, 2, 1.96), (0.7, 3, 2.53), (0.8, 2, 2.44), (0.8, 5, 3.69), (0.9, 2, 2.71), (0.9, 10, 6.86),
+])
+def test_leviathan_table1(alpha: float, gamma: int, speedup: float) -> None:
+    assert round(predicted_speedup(alpha, gamma, c=0.0, v=1.0), 2) == speedup
+
+
+def test_expected_tokens_edges() -> None:
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+
+
+def test_best_gamma_follows_alpha_and_costs() -> None:
+    flat = Costs(c=0.05, v=tuple([1.0] * 16))
+    assert flat.best_gamma(0.9) > flat.best_gamma(0.6) > 0
+    assert flat.best_gamma(0.04) == 0  # alpha <= c: no gamma pays
+    steep = Costs(c=0.05, v=tuple(1.0 + 0.5 * k for k in range(16)))
+    assert steep.best_gamma(0.9) < flat.best_gamma(0.9)
+
+
+def test_adaptive_gamma_turns_off_and_probes() -> None:
+    policy = AdaptiveGamma(Costs(c=0.2, v=tuple(1.0 + 0.3 * k for k in range(16))), probe_every=4)
+    assert policy.choose() > 0  # optimistic prior
+    for _ in range(20):
+        policy.update(3, 0)  # everything rejected
+    picks = [policy.choose() for _ in range(8)]
+    assert picks.count(0) == 6 and picks.count(1) == 2
+    for _ in range(200):
+        policy.update(4, 4)
+    assert policy.choose() >= 4
+
+
+def test_auto_gamma_is_exact_and_cached(tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    target, draft = sd.load_model(tiny_dirs["llama"]), sd.load_model(tiny_dirs["draft"])
+    plain = sd.generate(target, "def fib(n):", max_new_tokens=20, ignore_eos=True)
+    auto = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
+    assert auto.token_ids == plain.token_ids
+    assert auto.stats.tau > 1.0  # draft == target: alpha = 1, so auto drafts
+    assert list((tmp_path / "costs").glob("*.json"))
+    costs = load_or_measure_costs(target, draft)
+    assert costs.v[0] == 1.0 and len(costs.v) == 16 and costs.c > 0
