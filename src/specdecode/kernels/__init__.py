@@ -23,6 +23,8 @@ import os
 import re
 import sys
 import threading
+import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
@@ -65,11 +67,24 @@ def _warn_once(msg: str) -> None:
 
 
 def _summarise(exc: BaseException) -> str:
-    """One line for the log: the compiler's first error line if there is one."""
+    """One line for the log: the compiler's first complaint, not ninja's echo of the command."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if re.search(r"\berror\b", ln, re.IGNORECASE) and not ln.startswith("Error building")]
-    line = (errors or lines or [type(exc).__name__])[0]
+    noise = re.compile(r"^(Error building extension|FAILED:|ninja:|\[\d+/\d+\])|\s-MMD\s|\s-shared\s")
+    useful = [ln for ln in lines if not noise.search(ln)]
+    keyed = [ln for ln in useful if re.search(r"error|not found|no such|cannot|fatal|undefined", ln, re.IGNORECASE)]
+    line = (keyed or useful or lines or [type(exc).__name__])[0]
     return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _clear_stale_lock(build_dir: Path, max_age_s: float = 600.0) -> None:
+    """torch's build lock is a plain file: a build killed midway leaves it and later loads wait forever."""
+    lock = build_dir / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > max_age_s:
+            lock.unlink()
+            logger.info("removed a stale build lock %s", lock)
+    except OSError:
+        pass
 
 
 def load_extension() -> Optional[ModuleType]:
@@ -85,14 +100,27 @@ def load_extension() -> Optional[ModuleType]:
 
             build_dir = _build_dir()
             build_dir.mkdir(parents=True, exist_ok=True)
-            ext = load(
-                name="specdecode_smallm_linear",
-                sources=[str(_SOURCE)],
-                extra_cflags=["-O3", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(build_dir),
-                verbose=False,
-            )
+            _clear_stale_lock(build_dir)
+            if not any(build_dir.glob("*.so")):
+                logger.info("compiling the small-M linear kernel into %s (first use only)", build_dir)
+            # Keep torch's own build chatter (compiler-ABI warnings etc.) out of the log:
+            # the one line below says whether the fast path is on.
+            torch_log = logging.getLogger("torch.utils.cpp_extension")
+            level = torch_log.level
+            torch_log.setLevel(logging.ERROR)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ext = load(
+                        name="specdecode_smallm_linear",
+                        sources=[str(_SOURCE)],
+                        extra_cflags=["-O3", "-fopenmp"],
+                        extra_ldflags=["-fopenmp"],
+                        build_directory=str(build_dir),
+                        verbose=False,
+                    )
+            finally:
+                torch_log.setLevel(level)
         except Exception as exc:  # no compiler / ninja / headers: fall back to eager, once
             _load_error = f"could not build the C++ kernel ({type(exc).__name__}: {_summarise(exc)})"
             return None

@@ -4,9 +4,11 @@
 // draft tokens) streams the weight matrix from memory about once per row.
 // Here every weight element is loaded once per call: the output rows N are cut
 // into tiles of TILE_N weight rows, and for each tile the M token rows are
-// processed in register blocks of at most 4 rows, so each 8-float chunk of W
-// loaded into a register feeds up to 4 FMAs (one per token row) and the tile
-// stays in L1/L2 between register blocks.
+// processed in register blocks of at most 6 rows, so each 8-float chunk of W
+// loaded into a register feeds one FMA per token row of the block, and the tile
+// stays in L1/L2 between register blocks (M > 6 takes 2-3 passes over a tile,
+// only the first from memory). While the first pass works on a tile it
+// prefetches the next tile into L2, so DRAM streaming overlaps the FMAs.
 //
 // W may be fp32 or bf16 (bf16 is widened to fp32 in registers: a 16-bit shift).
 // x, y and the bias are fp32; accumulation is fp32.
@@ -38,7 +40,7 @@ namespace {
 
 constexpr int64_t MAX_M = 16;
 constexpr int64_t TILE_N = 12;   // weight rows per task unit; multiple of every NB below
-constexpr int64_t MAX_MB = 4;    // token rows per register block
+constexpr int64_t MAX_MB = 6;    // token rows per register block
 
 inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -94,9 +96,9 @@ SMALLM_AVX2 inline float hsum8(__m256 v) {
 template <int MB, int NB, typename WT>
 SMALLM_AVX2 __attribute__((noinline)) void block_avx2(const float* x, int64_t K, const WT* w,
                                                       const float* bias, float* y, int64_t N,
-                                                      int64_t m0, int64_t n0) {
+                                                      int64_t m0, int64_t n0, const WT* pf) {
   __m256 acc[MB][NB];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int m = 0; m < MB; ++m)
 #pragma GCC unroll 16
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm256_setzero_ps();
@@ -105,10 +107,15 @@ SMALLM_AVX2 __attribute__((noinline)) void block_avx2(const float* x, int64_t K,
   const WT* wr = w + n0 * K;
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
+    if (pf && (k & (64 / sizeof(WT) - 1)) == 0) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + j * K + k), _MM_HINT_T1);
+    }
     __m256 wv[NB];
 #pragma GCC unroll 16
     for (int j = 0; j < NB; ++j) wv[j] = load_w8(wr + j * K + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const __m256 xv = _mm256_loadu_ps(xr + m * K + k);
 #pragma GCC unroll 16
@@ -128,35 +135,44 @@ SMALLM_AVX2 __attribute__((noinline)) void block_avx2(const float* x, int64_t K,
 // Weight rows per register block for a given token block size; MB*NB + spare
 // registers fits the 16 ymm registers, and every NB divides TILE_N.
 template <int MB> struct NBFor;
-template <> struct NBFor<1> { static constexpr int value = 6; };
+template <> struct NBFor<1> { static constexpr int value = 12; };
 template <> struct NBFor<2> { static constexpr int value = 6; };
 template <> struct NBFor<3> { static constexpr int value = 4; };
 template <> struct NBFor<4> { static constexpr int value = 3; };
+template <> struct NBFor<5> { static constexpr int value = 2; };
+template <> struct NBFor<6> { static constexpr int value = 2; };
 
 template <int MB, typename WT>
 SMALLM_AVX2 void mblock_avx2(const float* x, int64_t K, const WT* w, const float* bias, float* y,
-                             int64_t N, int64_t m0, int64_t n_begin, int64_t n_end) {
+                             int64_t N, int64_t m0, int64_t n_begin, int64_t n_end, const WT* pf) {
   constexpr int NB = NBFor<MB>::value;
   int64_t n = n_begin;
-  for (; n + NB <= n_end; n += NB) block_avx2<MB, NB, WT>(x, K, w, bias, y, N, m0, n);
-  for (; n < n_end; ++n) block_avx2<MB, 1, WT>(x, K, w, bias, y, N, m0, n);
+  // pf: the same rows one tile further on (prefetched into L2 during this pass), or null
+  for (; n + NB <= n_end; n += NB)
+    block_avx2<MB, NB, WT>(x, K, w, bias, y, N, m0, n, pf ? pf + (n - n_begin) * K : nullptr);
+  for (; n < n_end; ++n)
+    block_avx2<MB, 1, WT>(x, K, w, bias, y, N, m0, n, pf ? pf + (n - n_begin) * K : nullptr);
 }
 
 template <typename WT>
 void rows_avx2(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y,
                int64_t N, int64_t n_begin, int64_t n_end) {
-  // Split M into ceil(M/4) register blocks of near-equal size (M=5 -> 3+2, 9 -> 3+3+3).
+  // Split M into ceil(M/6) register blocks of near-equal size (M=7 -> 4+3, 9 -> 5+4, 16 -> 6+5+5).
   const int64_t nblocks = (M + MAX_MB - 1) / MAX_MB;
   for (int64_t t = n_begin; t < n_end; t += TILE_N) {
     const int64_t te = std::min(n_end, t + TILE_N);
     int64_t m0 = 0;
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t mb = (M - m0) / (nblocks - b) + (((M - m0) % (nblocks - b)) ? 1 : 0);
+      // the first pass over a tile prefetches the next tile (whole rows only)
+      const WT* pf = (b == 0 && te + TILE_N <= n_end) ? w + te * K : nullptr;
       switch (mb) {
-        case 1: mblock_avx2<1, WT>(x, K, w, bias, y, N, m0, t, te); break;
-        case 2: mblock_avx2<2, WT>(x, K, w, bias, y, N, m0, t, te); break;
-        case 3: mblock_avx2<3, WT>(x, K, w, bias, y, N, m0, t, te); break;
-        default: mblock_avx2<4, WT>(x, K, w, bias, y, N, m0, t, te); break;
+        case 1: mblock_avx2<1, WT>(x, K, w, bias, y, N, m0, t, te, pf); break;
+        case 2: mblock_avx2<2, WT>(x, K, w, bias, y, N, m0, t, te, pf); break;
+        case 3: mblock_avx2<3, WT>(x, K, w, bias, y, N, m0, t, te, pf); break;
+        case 4: mblock_avx2<4, WT>(x, K, w, bias, y, N, m0, t, te, pf); break;
+        case 5: mblock_avx2<5, WT>(x, K, w, bias, y, N, m0, t, te, pf); break;
+        default: mblock_avx2<6, WT>(x, K, w, bias, y, N, m0, t, te, pf); break;
       }
       m0 += mb;
     }
@@ -240,10 +256,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   bool ok = kHasAvx2 && x.dim() >= 1 && x.device().is_cpu() && w.device().is_cpu() &&
             x.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous() && w.size(1) == K &&
             (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) &&
-            !x.is_sparse() && !w.is_sparse();
+            x.layout() == at::kStrided && w.layout() == at::kStrided;
   if (ok && has_bias) {
-    ok = bias->device().is_cpu() && bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
-         bias->size(0) == w.size(0) && bias->is_contiguous();
+    ok = bias->device().is_cpu() && bias->layout() == at::kStrided && bias->scalar_type() == at::kFloat &&
+         bias->dim() == 1 && bias->size(0) == w.size(0) && bias->is_contiguous();
   }
   int64_t M = 0;
   if (ok) {
