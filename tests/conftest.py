@@ -14,6 +14,15 @@ from tiny import build_model  # noqa: E402
 torch.set_num_threads(1)  # tiny models gain nothing from threads; avoids oversubscription
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_path() -> None:
+    """Every test runs on the fast CPU kernel when it builds here (SPECDECODE_FAST_LINEAR=0: eager path),
+    so the exactness tests cover the code users run."""
+    from specdecode.kernels import enable_fast_linear
+
+    enable_fast_linear(True)
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Targets per architecture plus draft models that share the llama target's tokenizer."""

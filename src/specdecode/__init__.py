@@ -10,6 +10,7 @@
 from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig
 from .drafters import Draft, DraftContext, Drafter, DraftModelDrafter, PromptLookupDrafter, VocabularyMismatchError
+from .kernels import enable_fast_linear
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
 from .metrics import GenerationStats
 from .models import Model, ModelNotFoundError, UnsupportedModelError, load_model
@@ -20,5 +21,5 @@ __all__ = [
     "ConfigError", "ContextLengthError", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "KVCache", "Model", "ModelNotFoundError",
     "PromptLookupDrafter", "SamplingConfig", "StepEvent", "UnsupportedModelError", "VocabularyMismatchError",
-    "generate", "load_model", "stream",
+    "enable_fast_linear", "generate", "load_model", "stream",
 ]

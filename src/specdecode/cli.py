@@ -101,20 +101,32 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return sys.stdin.read()
 
 
+def model_loader(cfg: ModelLoadConfig) -> Callable[[str], object]:
+    """Turn the fast CPU kernel on or off as asked, then load models with the configured dtypes."""
+    from .kernels import enable_fast_linear
+    from .models import load_model
+
+    if cfg.device == "cpu" or cfg.device.startswith("cpu"):
+        enable_fast_linear(cfg.fast_linear)
+
+    def load(path: str) -> object:
+        return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype)
+
+    return load
+
+
 GREEN, RESET = "\033[32m", "\033[0m"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import FinishEvent, StepEvent, stream
-    from .models import load_model
 
     sampling = from_args(SamplingConfig, args)
     generation = from_args(GenerationConfig, args)
     load_cfg = from_args(ModelLoadConfig, args)
     prompt = _read_prompt(args)
 
-    def load(path: str) -> object:
-        return load_model(path, device=load_cfg.device, dtype=load_cfg.dtype)
+    load = model_loader(load_cfg)
 
     target = load(resolve_target(args))
     drafter = build_drafter(args, load)

@@ -73,16 +73,26 @@ class GenerationConfig:
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
 
 
+_DTYPE_NAMES = ("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+
+
 @dataclass(frozen=True)
 class ModelLoadConfig:
     """Where and how a checkpoint is run."""
 
     device: str = field(default="cpu", metadata=_help("torch device: cpu, cuda, cuda:0 ..."))
-    dtype: str = field(default="auto", metadata=_help("weights dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
+    dtype: str = field(default="auto", metadata=_help("compute dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
+    weight_dtype: str = field(default="auto", metadata=_help(
+        "storage dtype of weight matrices: auto (a bf16 checkpoint stays bf16 under fp32 compute when the fast CPU "
+        "kernel is on), same (= dtype), fp32, bf16"))
+    fast_linear: bool = field(default=True, metadata=_help(
+        "use the small-M CPU linear kernel (compiled on first use; falls back to PyTorch if it cannot build)"))
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16"):
+        if self.dtype not in _DTYPE_NAMES:
             raise ConfigError(f"dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
+        if self.weight_dtype not in _DTYPE_NAMES + ("same",):
+            raise ConfigError(f"weight_dtype must be one of auto, same, fp32, bf16, fp16; got {self.weight_dtype!r}")
 
 
 C = TypeVar("C")
@@ -94,7 +104,9 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str =
         name = "--" + prefix + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
         default = f.default
-        if f.type in ("bool", bool):
+        if f.type in ("bool", bool) and default:
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif f.type in ("bool", bool):
             parser.add_argument(name, action="store_true", default=default, help=help_text)
         elif f.name == "stop":
             parser.add_argument(name, action="append", default=None, help=help_text)

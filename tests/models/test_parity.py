@@ -79,3 +79,26 @@ def test_bf16_runs_close_to_fp32(tiny_dirs: dict[str, Path]) -> None:
     b = bf16.forward(ids, bf16.new_cache(1, 16))
     assert b.dtype == torch.float32
     assert (a - b).abs().max() < 0.1 * a.abs().max()
+
+
+def test_bf16_checkpoint_keeps_bf16_weights_under_fp32_compute(tmp_path: Path) -> None:
+    """weight_dtype=auto: a bf16 checkpoint's matrices stay bf16 with the fast kernel on, same logits as fp32."""
+    from specdecode.kernels import fast_linear_enabled
+
+    path = build_model(tmp_path / "m", "llama")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    hf.to(torch.bfloat16).save_pretrained(path)
+    narrow = sd.load_model(path)  # weight_dtype="auto"
+    wide = sd.load_model(path, weight_dtype="same")
+    assert narrow.dtype == wide.dtype == torch.float32 and wide.weight_dtype == torch.float32
+    if not fast_linear_enabled():
+        assert narrow.weight_dtype == torch.float32
+        return
+    assert narrow.weight_dtype == torch.bfloat16
+    ids = torch.randint(0, 300, (1, 7))
+    a = narrow.forward(ids, narrow.new_cache(1, 16))
+    b = wide.forward(ids, wide.new_cache(1, 16))
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    plain = sd.generate(narrow, "def", max_new_tokens=12, ignore_eos=True)
+    spec = sd.generate(narrow, "def", drafter=sd.DraftModelDrafter(narrow, 3), max_new_tokens=12, ignore_eos=True)
+    assert spec.token_ids == plain.token_ids

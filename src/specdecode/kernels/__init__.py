@@ -170,6 +170,7 @@ def enable_fast_linear(enabled: bool = True) -> bool:
             ops.set_linear_impl(None)
         return False
     if not fast_linear_available():
+        ops.set_linear_impl(None)  # as documented: F.linear is what runs now
         return False
     assert _ext is not None
     # The extension's own entry point: checks and the eager fallback are in C++,

@@ -58,7 +58,7 @@ class GPT2Model(nn.Module):
 
     def forward(self, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
                 last_only: bool = False) -> torch.Tensor:
-        x = F.embedding(tokens, self.wte) + F.embedding(meta.positions, self.wpe)
+        x = (F.embedding(tokens, self.wte) + F.embedding(meta.positions, self.wpe)).to(self.lnf_w.dtype)
         for layer in self.layers:
             x = layer(x, meta, cache)
         if last_only:

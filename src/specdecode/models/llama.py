@@ -112,7 +112,7 @@ class LlamaModel(nn.Module):
     def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
                 last_only: bool = False) -> torch.Tensor:
         """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training)."""
-        x = F.embedding(tokens, self.embed)
+        x = F.embedding(tokens, self.embed).to(self.norm.dtype)  # weights may be stored narrower
         if meta is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
         else:

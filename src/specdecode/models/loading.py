@@ -36,15 +36,16 @@ class Model:
     """A loaded checkpoint: the module plus what the engine needs around it."""
 
     def __init__(self, module: nn.Module, config: ModelConfig, tokenizer: Optional[Tokenizer],
-                 eos_token_ids: Sequence[int], path: str, max_seq_len: int) -> None:
+                 eos_token_ids: Sequence[int], path: str, max_seq_len: int, dtype: torch.dtype) -> None:
         self.module = module
         self.config = config
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.path = path
         self.max_seq_len = max_seq_len
-        p = next(module.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        self.device = next(module.parameters()).device
+        self.dtype = dtype  # compute (activation and KV cache) dtype
+        self.weight_dtype = next(p for p in module.parameters() if p.dim() == 2).dtype
 
     @property
     def vocab_size(self) -> int:
@@ -143,8 +144,33 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
-def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | torch.dtype = "auto") -> Model:
-    """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime."""
+def resolve_weight_dtype(weight_dtype: str | torch.dtype | None, dtype: torch.dtype, stored: torch.dtype,
+                         device: torch.device) -> torch.dtype:
+    """Storage dtype of the weight matrices.
+
+    "auto" keeps a bf16 checkpoint's matrices in bf16 under fp32 compute when the
+    small-M CPU kernel is active: it reads bf16 weights directly (half the memory
+    traffic of fp32, which is what a decode step costs) and loses nothing, since
+    those weights were bf16 to begin with. Otherwise weights follow ``dtype``.
+    """
+    if weight_dtype is None or weight_dtype == "same":
+        return dtype
+    if weight_dtype == "auto":
+        from ..kernels import fast_linear_enabled
+
+        if device.type == "cpu" and dtype == torch.float32 and stored == torch.bfloat16 and fast_linear_enabled():
+            return torch.bfloat16
+        return dtype
+    return resolve_dtype(weight_dtype, device)
+
+
+def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | torch.dtype = "auto",
+               weight_dtype: str | torch.dtype | None = "auto") -> Model:
+    """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime.
+
+    ``dtype`` is the compute dtype (activations, KV cache); ``weight_dtype`` the
+    storage dtype of the weight matrices ("auto": see ``resolve_weight_dtype``).
+    """
     root = resolve_model_path(str(path))
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
@@ -158,8 +184,11 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | t
     cls = GPT2Model if cfg.family == "gpt2" else LlamaModel
     with torch.device("meta"):
         module = cls(cfg, max_len)
-    sd = cls.convert_hf_state_dict(_load_weights(root), cfg)
-    sd = {k: v.to(device=dev, dtype=dt) for k, v in sd.items()}
+    raw = _load_weights(root)
+    stored = next(iter(raw.values())).dtype
+    wdt = resolve_weight_dtype(weight_dtype, dt, stored, dev)
+    sd = cls.convert_hf_state_dict(raw, cfg)
+    sd = {k: v.to(device=dev, dtype=wdt if v.dim() == 2 else dt) for k, v in sd.items()}
     module.load_state_dict(sd, strict=False, assign=True)
     missing = [n for n, p in module.named_parameters() if p.is_meta]
     if missing:
@@ -172,4 +201,4 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | t
     module.eval().requires_grad_(False)
     tok_file = root / "tokenizer.json"
     tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-    return Model(module, cfg, tokenizer, _eos_ids(root, cfg), str(root), max_len)
+    return Model(module, cfg, tokenizer, _eos_ids(root, cfg), str(root), max_len, dt)
