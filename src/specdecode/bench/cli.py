@@ -1,0 +1,405 @@
+"""`specdecode bench` and `specdecode theory`.
+
+bench: every method on the same prompts, token budgets and threads, interleaved
+per prompt, repeated; prints a table and writes bench.json plus PNG plots.
+theory: Leviathan's expected tokens per pass, speedup and optimal γ, no model needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..config import ConfigError, ModelLoadConfig, add_dataclass_args, from_args
+
+QUICK_HELP = ("smoke run in under 2 minutes: 1 prompt per category, 32-token budgets, γ in {2,4}, 2 repetitions, "
+              "1 thread unless --threads")
+
+
+@dataclass(frozen=True)
+class Defaults:
+    gammas: str
+    lookup_tokens: str
+    peer_gammas: str
+    reps: int
+    per_category: Optional[int]
+    max_new_tokens: Optional[int]
+    cost_repeats: int
+
+
+FULL = Defaults(gammas="1-8,auto", lookup_tokens="2,4,8", peer_gammas="4", reps=3, per_category=None,
+                max_new_tokens=None, cost_repeats=20)
+QUICK = Defaults(gammas="2,4", lookup_tokens="4", peer_gammas="4", reps=2, per_category=1,
+                 max_new_tokens=32, cost_repeats=5)
+
+
+def parse_gammas(text: str) -> tuple[list[int], bool]:
+    """--gammas: a list as for parse_int_list, optionally with 'auto' (γ chosen by the cost model)."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    auto = "auto" in parts
+    rest = ",".join(x for x in parts if x != "auto")
+    return (parse_int_list(rest, "--gammas") if rest else []), auto
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    """'1-8', '2,4,8' or '1-3,6' -> sorted distinct positive ints."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                out.update(range(lo, hi + 1))
+            else:
+                out.add(int(part))
+    except ValueError:
+        raise ConfigError(f"{what} must look like 1-8 or 2,4,8; got {text!r}") from None
+    if not out or min(out) < 1:
+        raise ConfigError(f"{what} must list positive integers, got {text!r}")
+    return sorted(out)
+
+
+def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from .runners import DEFAULT_METHODS, REGISTRY
+
+    b = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding and transformers",
+                       description="Run plain decoding, draft-model speculation (γ swept) and prompt lookup in "
+                                   "our runtime, and transformers' generate as the peer, on the same prompts; "
+                                   "print a table and write JSON + plots.")
+    b.add_argument("--target", help="target model directory (default: bundled models/code-target)")
+    b.add_argument("--draft", help="draft model directory (default: bundled models/code-draft)")
+    b.add_argument("--workload", help="JSONL file with id, category, prompt, max_new_tokens per line "
+                                      "(default: the bundled held-out stdlib workload)")
+    b.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"comma-separated method families; known: {', '.join(REGISTRY)} (default: %(default)s)")
+    b.add_argument("--gammas", help=f"draft lengths to sweep for 'draft'; 'auto' adds the draft-auto method "
+                                    f"(gamma='auto', chosen every step by the library's cost model) "
+                                    f"(default: {FULL.gammas}; quick: {QUICK.gammas})")
+    b.add_argument("--lookup-tokens", help=f"prompt-lookup draft lengths, ours and transformers' "
+                                           f"(default: {FULL.lookup_tokens}; quick: {QUICK.lookup_tokens})")
+    b.add_argument("--peer-gammas", help=f"γ for transformers' assistant_model (default: {FULL.peer_gammas})")
+    b.add_argument("--lookup-max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches (default: 3)")
+    b.add_argument("--lookup-min-ngram", type=int, default=1, help="shortest n-gram (ours; default: 1)")
+    b.add_argument("--reps", type=int, help=f"timed repetitions of every run (default: {FULL.reps}; quick: {QUICK.reps})")
+    b.add_argument("--per-category", type=int, help="use only the first N prompts of each category")
+    b.add_argument("--max-new-tokens", type=int, help="cap every prompt's token budget at this")
+    b.add_argument("--stop-at-eos", action="store_true",
+                   help="stop at end-of-sequence (default: generate the full budget so all methods emit the "
+                        "same number of tokens)")
+    b.add_argument("--threads", type=int, default=None,
+                   help="torch threads for every method, fixed for the whole run; 0 = decide once at the start: "
+                        "all cores if the machine is otherwise idle, else 1 (default: 0; quick: 1)")
+    add_dataclass_args(b, ModelLoadConfig)
+    b.add_argument("--cost-repeats", type=int, help="timed rounds when measuring c and v(γ) (default: 20)")
+    b.add_argument("--out", help="output directory (default: runs/bench-<timestamp>)")
+    b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser("theory", help="expected speedup of speculative decoding (Leviathan et al.'s model)",
+                       description="E = (1-α^(γ+1))/(1-α) tokens per target pass; speedup = E/(γc + v), with "
+                                   "c = draft/target pass cost and v = T_target(γ+1 tokens)/T_target(1 token).")
+    t.add_argument("--alpha", type=float, required=True, help="acceptance rate α in [0, 1]")
+    t.add_argument("--gamma", type=int, default=4, help="draft tokens per pass γ (default: 4)")
+    t.add_argument("--c", type=float, default=0.0, help="cost of a draft pass relative to a target pass (default: 0)")
+    t.add_argument("--v", default="1",
+                   help="cost of verifying γ+1 tokens relative to 1 (default: 1, free as on a GPU). One number: "
+                        "v(γ), interpolated linearly through v(0)=1 for the optimal-γ search. A list "
+                        "v(1),v(2),...: measured values (e.g. from `specdecode bench`); the search stays within them")
+    t.add_argument("--max-gamma", type=int, default=32, help="search γ in 1..this for the optimum (default: 32)")
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=cmd_theory)
+
+
+# ---------------------------------------------------------------------------
+# theory
+# ---------------------------------------------------------------------------
+
+def theory_report(alpha: float, gamma: int, c: float, v: Sequence[float], max_gamma: int = 32) -> dict[str, Any]:
+    """``v``: one value (v at ``gamma``, linear through v(0)=1) or measured v(1), v(2), ..."""
+    from .theory import expected_tokens, linear_v, optimal_gamma, speedup, tabulated_v
+
+    if gamma < 1:
+        raise ConfigError(f"--gamma must be >= 1, got {gamma}")
+    if not v or min(v) <= 0:
+        raise ConfigError(f"--v must be positive, got {list(v)}")
+    if len(v) == 1:
+        vf, v_shape = linear_v(v[0], gamma), f"linear through v(0)=1 and v({gamma})={v[0]:g}"
+    else:
+        vf, v_shape, max_gamma = tabulated_v(v), f"measured v(1..{len(v)})", min(max_gamma, len(v))
+    opt = optimal_gamma(alpha, c, vf, max_gamma)
+    return {"alpha": alpha, "gamma": gamma, "c": c, "v": vf(gamma), "v_shape": v_shape, "max_gamma": max_gamma,
+            "expected_tokens_per_pass": expected_tokens(alpha, gamma), "speedup": speedup(alpha, gamma, c, vf(gamma)),
+            "optimal_gamma": opt.gamma, "optimal_speedup": opt.speedup, "speculation_helps": opt.helps,
+            "table": [{"gamma": g, "expected_tokens": expected_tokens(alpha, g), "v": vf(g),
+                       "speedup": speedup(alpha, g, c, vf(g))} for g in range(1, max(gamma, 8) + 1)]}
+
+
+def cmd_theory(args: argparse.Namespace) -> int:
+    try:
+        v = [float(x) for x in str(args.v).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--v must be a number or a comma-separated list, got {args.v!r}") from None
+    r = theory_report(args.alpha, args.gamma, args.c, v, args.max_gamma)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"α = {r['alpha']:g}, γ = {r['gamma']}, c = {r['c']:g}, v(γ) = {r['v']:g}")
+    print(f"expected tokens per target pass  E = (1-α^(γ+1))/(1-α) = {r['expected_tokens_per_pass']:.2f}")
+    print(f"expected speedup  E/(γc + v)                      = {r['speedup']:.2f}x")
+    verdict = "speculation pays" if r["speculation_helps"] else "no γ beats plain decoding"
+    print(f"optimal γ in 1..{r['max_gamma']} = {r['optimal_gamma']} (speedup {r['optimal_speedup']:.2f}x; {verdict})")
+    if r["v"] != 1.0:
+        print(f"  (v(γ): {r['v_shape']})")
+    print("\n  γ     E   v(γ)  speedup")
+    for row in r["table"]:
+        print(f"{row['gamma']:3d}  {row['expected_tokens']:4.2f}  {row['v']:5.2f}  {row['speedup']:6.2f}x")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------
+
+def _maxrss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB, macOS bytes)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+def _git_commit() -> Optional[str]:
+    """HEAD of the source checkout, read from .git without running git (None when installed elsewhere)."""
+    git = Path(__file__).resolve().parents[3] / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        if (git / ref).is_file():
+            return (git / ref).read_text().strip()
+        packed = git / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+        return f"{ref} (no commit yet)"
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _versions() -> dict[str, Optional[str]]:
+    import numpy
+    import torch
+
+    import specdecode
+
+    out: dict[str, Optional[str]] = {"python": platform.python_version(), "torch": torch.__version__,
+                                     "numpy": numpy.__version__, "specdecode": specdecode.__version__}
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+    except ImportError:
+        out["transformers"] = None
+    return out
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The flags after --quick defaults are applied and every value is checked."""
+
+    families: list[str]
+    gammas: list[int]
+    auto_gamma: bool
+    lookup_tokens: list[int]
+    peer_gammas: list[int]
+    reps: int
+    per_category: Optional[int]
+    max_new_tokens: Optional[int]
+    cost_repeats: int
+    threads: int  # 0 = adaptive, decided once at the start
+
+
+def resolve_settings(args: argparse.Namespace) -> BenchSettings:
+    """Fail on a bad flag before a minute is spent loading models."""
+    from .runners import REGISTRY
+
+    d = QUICK if args.quick else FULL
+    families = [f.strip() for f in args.methods.split(",") if f.strip()]
+    unknown = [f for f in families if f not in REGISTRY]
+    if unknown:
+        raise ConfigError(f"unknown method(s) {unknown} in --methods; known: {', '.join(REGISTRY)}")
+    if "plain" not in families:
+        families.insert(0, "plain")  # the baseline every speedup and exact-match check is relative to
+    gammas, auto = parse_gammas(args.gammas or d.gammas)
+    if auto and "draft" in families and "draft-auto" not in families:
+        families.append("draft-auto")
+    s = BenchSettings(
+        families=families,
+        gammas=gammas,
+        auto_gamma=auto,
+        lookup_tokens=parse_int_list(args.lookup_tokens or d.lookup_tokens, "--lookup-tokens"),
+        peer_gammas=parse_int_list(args.peer_gammas or d.peer_gammas, "--peer-gammas"),
+        reps=args.reps if args.reps is not None else d.reps,
+        per_category=args.per_category if args.per_category is not None else d.per_category,
+        max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else d.max_new_tokens,
+        cost_repeats=args.cost_repeats if args.cost_repeats is not None else d.cost_repeats,
+        threads=args.threads if args.threads is not None else (1 if args.quick else 0),
+    )
+    if s.threads < 0:
+        raise ConfigError(f"--threads must be >= 0 (0 = adaptive), got {s.threads}")
+    for name, value in (("--reps", s.reps), ("--cost-repeats", s.cost_repeats),
+                        ("--per-category", s.per_category), ("--max-new-tokens", s.max_new_tokens)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    return s
+
+
+def adaptive_threads() -> int:
+    """All our cores when nothing else runs, else 1: on a contended CPU a multi-threaded op waits for
+    its descheduled sibling (we measured plain decoding 5-10x slower with 2 threads than with 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores if os.getloadavg()[0] < 0.75 else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from .. import ops
+    from ..cli import DEFAULT_DRAFT, default_model_dir, model_loader, resolve_target
+    from .measure import measure_costs
+    from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
+    from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
+    from .workloads import DEFAULT_WORKLOAD, load_workloads, select
+
+    started = time.time()
+    st = resolve_settings(args)
+    gammas, lookup_tokens, peer_gammas, reps = st.gammas, st.lookup_tokens, st.peer_gammas, st.reps
+    families = st.families
+    torch.set_num_threads(st.threads or adaptive_threads())
+    threads = torch.get_num_threads()
+
+    workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
+    workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
+    target_path = resolve_target(args)
+    draft_path: Optional[str] = args.draft
+    if draft_path is None and not args.target:
+        bundled = default_model_dir(DEFAULT_DRAFT)
+        draft_path = str(bundled) if (bundled / "config.json").is_file() else None
+    load_before = os.getloadavg()[0]
+    if load_before > (os.cpu_count() or 1):
+        print(f"warning: the machine is busy (load average {load_before:.1f} on {os.cpu_count()} CPUs): timings will "
+              f"be noisy, and more so with several torch threads (running on {threads}).", file=sys.stderr)
+    out_dir = Path(args.out or Path("runs") / f"bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    load = model_loader(from_args(ModelLoadConfig, args))
+    target = load(target_path)
+    draft = load(draft_path) if draft_path else None
+    memory = {"after_loading_mib": _maxrss_mib()}
+    ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
+                       ignore_eos=not args.stop_at_eos, lookup_max_ngram=args.lookup_max_ngram,
+                       lookup_min_ngram=args.lookup_min_ngram)
+    methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
+                                                     "peer_gammas": peer_gammas})
+    memory["after_loading_peers_mib"] = _maxrss_mib()
+    prompts = prepare_prompts(workloads, target, draft)
+    window = min(target.max_seq_len, draft.max_seq_len) if draft else target.max_seq_len
+    for p in prompts:
+        if p.truncated or p.max_new_tokens < p.requested_new_tokens:
+            print(f"note: {p.workload.id}: the context window ({window} tokens) is too small: prompt cut by "
+                  f"{p.truncated} tokens, budget {p.requested_new_tokens} -> {p.max_new_tokens} new tokens",
+                  file=sys.stderr)
+
+    print(f"bench: {len(methods)} methods x {len(prompts)} prompts x {reps} reps on {threads} threads "
+          f"({target.name} + {draft.name if draft else 'no draft'}) -> {out_dir}", file=sys.stderr)
+    max_setting = max([m.setting or 0 for m in methods] + [1])
+    longest = max(prompts, key=lambda p: len(p.ids))
+    mean_len = int(sum(len(p.ids) for p in prompts) / len(prompts))
+    costs = measure_costs(target, draft, longest.ids[:mean_len] or longest.ids, max_setting + 1,
+                          st.cost_repeats)
+
+    per_method_rss: dict[str, float] = {}
+    failures = []
+    for m in methods:
+        failures += warm_up([m], prompts[0])
+        per_method_rss[m.name] = _maxrss_mib()
+    healthy = [m for m in methods if m.name not in {f.method for f in failures}]
+    from tqdm import tqdm
+
+    with tqdm(total=len(healthy) * len(prompts) * reps, desc="bench", unit="run", file=sys.stderr,
+              disable=args.no_progress) as bar:
+        records, run_failures = run_all(healthy, prompts, reps, bar)
+    failures += run_failures
+    memory["peak_rss_mib"] = _maxrss_mib()
+    memory["peak_rss_after_each_warmup_mib"] = per_method_rss
+
+    summary = summarize(records, methods, skipped, failures, prompts, costs)
+    table = format_table(summary)
+    print(table)
+    config = {
+        "command": sys.argv, "started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+        "duration_s": None, "git_commit": _git_commit(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+        "threads": threads, "load_average_start_end": [load_before, os.getloadavg()[0]],
+        "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+        "versions": _versions(), "linear_impl": ops.linear_impl_name(),
+        "weight_dtype": str(target.weight_dtype).replace("torch.", ""), "target": str(target.path), "draft": str(draft.path) if draft else None,
+        "target_parameters": target.num_parameters(), "draft_parameters": draft.num_parameters() if draft else None,
+        "workload_file": str(workload_path),
+        "workload_sha1": hashlib.sha1(workload_path.read_bytes()).hexdigest(),
+        "methods": families, "gammas": gammas, "lookup_tokens": lookup_tokens, "peer_gammas": peer_gammas,
+        "lookup_ngram": [args.lookup_min_ngram, args.lookup_max_ngram], "reps": reps, "quick": args.quick,
+        "ignore_eos": not args.stop_at_eos, "greedy": True,
+        "speedup_definition": "mean over prompts of tokens/s (prefill included) / same mean for 'plain', "
+                              "per repetition; mean ± std over repetitions",
+    }
+    plots: list[str] = []
+    if not args.no_plots:
+        plots = [p.name for p in write_plots(summary, out_dir)]
+    config["duration_s"] = round(time.time() - started, 1)
+    payload = {
+        "config": config, "costs": costs.to_dict(), "memory": memory,
+        "workloads": [{"id": p.workload.id, "category": p.workload.category, "source": p.workload.source,
+                       "prompt_tokens": len(p.ids), "max_new_tokens": p.max_new_tokens,
+                       "requested_new_tokens": p.requested_new_tokens, "prompt_tokens_cut": p.truncated}
+                      for p in prompts],
+        **summary,
+        "failures": [f.__dict__ for f in failures],
+        "runs": [{"method": r.method, "workload": r.workload, "category": r.category, "rep": r.rep,
+                  "new_tokens": len(r.output.token_ids),
+                  "seconds": r.output.seconds} for r in records],
+        "plots": plots,
+    }
+    payload = finite(payload)
+    write_json(out_dir / "bench.json", payload)
+    (out_dir / "table.txt").write_text(table + "\n")
+    (out_dir / "results.md").write_text(format_markdown(payload, table))
+    print(f"\nwrote {out_dir / 'bench.json'}, table.txt, results.md{', ' + ', '.join(plots) if plots else ''} "
+          f"in {config['duration_s']:.0f}s", file=sys.stderr)
+    return 0  # mismatches are findings to read, printed above, not a crash

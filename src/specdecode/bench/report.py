@@ -1,0 +1,356 @@
+"""Turn run records into the numbers we publish: per-category metrics, a terminal table, JSON, plots.
+
+Speedup follows Spec-Bench: the mean over prompts of each prompt's tokens/s,
+divided by the same mean for our plain decoding, computed per repetition and
+then averaged (± std over repetitions). Beside it we print what Leviathan's
+model predicts from the measured α, c and v(γ), so a gap between the two
+points at overhead the model does not see.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .measure import Costs
+from .runners import Failure, Method, PreparedPrompt, RunRecord, Skipped
+from .stats import Counts, counts_from_steps, first_mismatch, mean_std
+from .theory import expected_tokens
+
+OVERALL = "overall"
+BASELINE = "plain"
+DRAFT_MODEL_FAMILIES = frozenset({"draft", "draft-auto"})  # c from the measured draft forward
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    method: str
+    workload: str
+    rep: int
+    index: int  # first differing token
+    expected: list[int]  # a few tokens of the baseline from there
+    got: list[int]
+
+
+def _ms(values: Sequence[float]) -> dict[str, float]:
+    m, s = mean_std(values)
+    return {"mean": m, "std": s}
+
+
+def summarize(records: Sequence[RunRecord], methods: Sequence[Method], skipped: Sequence[Skipped],
+              failures: Sequence[Failure], prompts: Sequence[PreparedPrompt], costs: Optional[Costs],
+              baseline: str = BASELINE) -> dict[str, Any]:
+    """Everything per method and category (plus 'overall'); pure arithmetic on the records."""
+    categories = sorted({p.workload.category for p in prompts}, key=_category_order) + [OVERALL]
+    in_cat = {c: {p.workload.id for p in prompts if c in (OVERALL, p.workload.category)} for c in categories}
+    reps = sorted({r.rep for r in records})
+    by_method: dict[str, list[RunRecord]] = {}
+    for r in records:
+        by_method.setdefault(r.method, []).append(r)
+    reference = {r.workload: r.output.token_ids for r in by_method.get(baseline, []) if r.rep == 0}
+    tps = {m: {(r.rep, r.workload): len(r.output.token_ids) / r.output.seconds
+               for r in rs if r.output.seconds > 0} for m, rs in by_method.items()}
+    failed = {f.method: f.error for f in failures}
+    mismatches: list[Mismatch] = []
+    out_methods: list[dict[str, Any]] = []
+    for m in methods:
+        rs = by_method.get(m.name, [])
+        entry: dict[str, Any] = {"name": m.name, "family": m.family, "runtime": m.runtime, "setting": m.setting,
+                                 "status": "failed" if m.name in failed else "ok", "reason": failed.get(m.name)}
+        for r in rs:
+            ref = reference.get(r.workload)
+            if ref is None or (m.name == baseline and r.rep == 0):
+                continue
+            i = first_mismatch(ref, r.output.token_ids)
+            if i >= 0:
+                mismatches.append(Mismatch(m.name, r.workload, r.rep, i, ref[i:i + 8], r.output.token_ids[i:i + 8]))
+        entry["categories"] = {c: _category_metrics(m, rs, in_cat[c], reps, tps, baseline, reference, costs)
+                               for c in categories}
+        out_methods.append(entry)
+    for s in skipped:
+        out_methods.append({"name": s.name, "family": s.family, "runtime": s.runtime, "setting": None,
+                            "status": "skipped", "reason": s.reason, "categories": {}})
+    return {"categories": categories, "methods": out_methods,
+            "mismatches": [m.__dict__ for m in mismatches]}
+
+
+def _category_order(c: str) -> tuple[int, str]:
+    order = ("completion", "editing", "long")
+    return (order.index(c) if c in order else len(order), c)
+
+
+def _category_metrics(m: Method, rs: Sequence[RunRecord], ids: set[str], reps: Sequence[int],
+                      tps: dict[str, dict[tuple[int, str], float]], baseline: str,
+                      reference: dict[str, list[int]], costs: Optional[Costs]) -> dict[str, Any]:
+    rs = [r for r in rs if r.workload in ids]
+    mine = tps.get(m.name, {})
+    base = tps.get(baseline, {})
+    per_rep_tps, per_rep_speedup = [], []
+    for rep in reps:
+        ws = [w for (rp, w) in mine if rp == rep and w in ids]
+        if not ws:
+            continue
+        per_rep_tps.append(sum(mine[(rep, w)] for w in ws) / len(ws))
+        both = [w for w in ws if (rep, w) in base]
+        if both:
+            per_rep_speedup.append(sum(mine[(rep, w)] for w in both) / sum(base[(rep, w)] for w in both))
+    out: dict[str, Any] = {
+        "n_prompts": len({r.workload for r in rs}), "n_runs": len(rs),
+        "new_tokens_mean": (sum(len(r.output.token_ids) for r in rs) / len(rs)) if rs else None,
+        "tokens_per_s": _ms(per_rep_tps), "speedup": _ms(per_rep_speedup) if per_rep_speedup else None,
+    }
+    checked = [r for r in rs if r.workload in reference]
+    out["exact_match"] = (sum(reference[r.workload] == r.output.token_ids for r in checked) / len(checked)
+                          if checked else None)
+    traced = [r for r in rs if r.output.steps is not None]
+    if not traced:
+        return out
+    counts = Counts()
+    draft_s = 0.0
+    for r in traced:
+        counts.merge(counts_from_steps(r.output.steps or [], len(r.output.token_ids)))
+        draft_s += r.output.draft_seconds
+    out.update(tau=counts.tau, alpha_hat=counts.alpha_hat if counts.drafted else None,
+               alpha_iid=counts.alpha_iid if counts.drafted else None,
+               acceptance_by_position=counts.acceptance_by_position,
+               drafted_by_position=counts.drafted_by_position, accepted_by_position=counts.accepted_by_position,
+               draft_length_hist=counts.draft_length_hist, target_passes=counts.passes)
+    g = m.setting
+    if g is None or costs is None or not counts.drafted:
+        return out
+    # c: measured single-token forwards for a draft model; for drafters without a model
+    # (prompt lookup) the engine's own drafting time per pass, in target-pass units.
+    model_drafter = m.family in DRAFT_MODEL_FAMILIES and costs.c is not None
+    c = costs.c if model_drafter else draft_s / counts.passes / costs.target_s[1] / g
+    v = costs.v(g)
+    predicted = expected_tokens(counts.alpha_iid, g) / (g * c + v)
+    cost_model = counts.tau / counts.mean_pass_cost(c, lambda k: costs.v(k) if k else 1.0)
+    sp = out["speedup"]["mean"] if out["speedup"] else math.nan
+    out.update(c=c, v=v, predicted_speedup=predicted, efficiency=sp / predicted,
+               cost_model_speedup=cost_model, cost_model_efficiency=sp / cost_model)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Terminal table
+# ---------------------------------------------------------------------------
+
+def _f(x: Optional[float], fmt: str = "{:.2f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def _pm(d: Optional[dict[str, float]], fmt: str = "{:.2f}") -> str:
+    if not d or math.isnan(d["mean"]):
+        return "-"
+    return f"{fmt.format(d['mean'])}±{fmt.format(d['std'])}"
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """Overall metrics per method, then speedup and τ per category; skipped methods listed with why."""
+    head = ["method", "tok/s", "speedup", "tau", "a_hat", "a_iid", "c", "v(g)", "pred", "eff", "exact"]
+    rows = []
+    for m in summary["methods"]:
+        if m["status"] == "skipped":
+            continue
+        o = m["categories"].get(OVERALL, {})
+        rows.append([m["name"], _pm(o.get("tokens_per_s"), "{:.1f}"), _pm(o.get("speedup")), _f(o.get("tau")),
+                     _f(o.get("alpha_hat")), _f(o.get("alpha_iid")), _f(o.get("c"), "{:.3f}"), _f(o.get("v")),
+                     _f(o.get("predicted_speedup")), _f(o.get("efficiency")),
+                     _f(o.get("exact_match"), "{:.0%}") + ("" if m["status"] == "ok" else " FAILED")])
+    lines = [_grid(head, rows)]
+    cats = summary["categories"]
+    head2 = ["method"] + [f"{c}: speedup (tau)" for c in cats]
+    rows2 = []
+    for m in summary["methods"]:
+        if m["status"] == "skipped":
+            continue
+        row = [m["name"]]
+        for c in cats:
+            d = m["categories"].get(c, {})
+            row.append(f"{_pm(d.get('speedup'))} ({_f(d.get('tau'))})")
+        rows2.append(row)
+    lines += ["", _grid(head2, rows2)]
+    for m in summary["methods"]:
+        if m["status"] != "ok":
+            lines.append(f"{m['status']}: {m['name']}: {m['reason']}")
+    mm = summary["mismatches"]
+    if mm:
+        lines.append(f"\n{len(mm)} output(s) differ from plain decoding (greedy should match exactly):")
+        for x in mm[:20]:
+            lines.append(f"  {x['method']} on {x['workload']} (rep {x['rep']}): first difference at token "
+                         f"{x['index']}: expected {x['expected']} got {x['got']}")
+        if len(mm) > 20:
+            lines.append(f"  ... and {len(mm) - 20} more (see the JSON)")
+    return "\n".join(lines)
+
+
+def _grid(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    fmt = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=1, default=_jsonable, allow_nan=False) + "\n")
+
+
+def _jsonable(x: object) -> object:
+    raise TypeError(f"cannot serialise {type(x).__name__}")
+
+
+def finite(x: Any) -> Any:
+    """NaN/inf -> None, recursively: JSON has no NaN and readers choke on it."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
+# ---------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------
+
+SWEPT_FAMILIES = ("draft", "lookup", "hf-assisted", "hf-lookup")
+
+
+def _series(summary: dict[str, Any], family: str, cat: str, key: str) -> tuple[list[int], list[Any]]:
+    pts = [(m["setting"], m["categories"].get(cat, {}).get(key)) for m in summary["methods"]
+           if m["family"] == family and m["status"] == "ok" and m["setting"] is not None]
+    pts = sorted(p for p in pts if p[1] is not None)
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
+    """speedup_vs_gamma.png, tau_vs_theory.png, acceptance_by_position.png (empty panels say why)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    cats = summary["categories"]
+    paths = []
+
+    fig, axes = plt.subplots(1, len(cats), figsize=(4.2 * len(cats), 3.6), squeeze=False, sharey=True)
+    for ax, cat in zip(axes[0], cats):
+        for fam in SWEPT_FAMILIES:
+            xs, sp = _series(summary, fam, cat, "speedup")
+            if xs:
+                ax.errorbar(xs, [d["mean"] for d in sp], yerr=[d["std"] for d in sp], marker="o", capsize=3,
+                            label=fam)
+            px, pred = _series(summary, fam, cat, "predicted_speedup")
+            if px:
+                ax.plot(px, pred, linestyle="--", marker="x", alpha=0.6, label=f"{fam} (Leviathan prediction)")
+        for m in summary["methods"]:
+            sp_auto = (m["categories"].get(cat, {}).get("speedup")
+                       if m["family"] == "draft-auto" and m["setting"] is not None else None)
+            if sp_auto:
+                ax.plot([m["setting"]], [sp_auto["mean"]], marker="*", markersize=14, linestyle="none",
+                        color="C3", label=f"{m['name']} (cost model's pick)")
+        unswept = [m for m in summary["methods"]
+                   if m["status"] == "ok" and m["setting"] is None and m["name"] != BASELINE]
+        for i, m in enumerate(unswept):
+            sp1 = m["categories"].get(cat, {}).get("speedup")
+            if sp1:
+                ax.axhline(sp1["mean"], linestyle=":", color=f"C{7 + i}", label=f"{m['name']} (no γ)")
+        ax.axhline(1.0, color="black", linewidth=0.8, label="plain (ours) = 1")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(cat)
+        ax.set_xlabel("γ (draft tokens per pass)")
+    axes[0][0].set_ylabel("speedup over our plain decoding")
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / "speedup_vs_gamma.png"))
+    plt.close(fig)
+
+    fams = [f for f in ("draft", "lookup") if _series(summary, f, OVERALL, "tau")[0]] or ["draft"]
+    fig, axes = plt.subplots(1, len(fams), figsize=(5.2 * len(fams), 3.8), squeeze=False)
+    for ax, fam in zip(axes[0], fams):
+        per_cat = [c for c in cats if c != OVERALL] or cats  # pooling categories would mix different α
+        for i, cat in enumerate(per_cat):
+            xs, taus = _series(summary, fam, cat, "tau")
+            if not xs:
+                continue
+            color = f"C{i}"
+            ax.plot(xs, taus, "o", color=color, label=f"{cat} measured")
+            alpha = _pooled_alpha(summary, fam, cat)
+            if alpha is not None:
+                grid = list(range(0, max(xs) + 1))
+                ax.plot(grid, [expected_tokens(alpha, g) for g in grid], "-", color=color, alpha=0.5,
+                        label=f"{cat} theory, α={alpha:.2f}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{fam}: τ vs (1-α^(γ+1))/(1-α)")
+        ax.set_xlabel("γ")
+        ax.set_ylabel("tokens per target pass τ")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / "tau_vs_theory.png"))
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(fams), figsize=(5.2 * len(fams), 3.8), squeeze=False)
+    for ax, fam in zip(axes[0], fams):
+        for m in summary["methods"]:
+            if m["family"] != fam or m["status"] != "ok":
+                continue
+            acc = m["categories"].get(OVERALL, {}).get("acceptance_by_position")
+            if acc:
+                ax.plot(range(1, len(acc) + 1), acc, marker="o", label=m["name"])
+        ax.set_ylim(0, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{fam}: acceptance by draft position")
+        ax.set_xlabel("draft position i")
+        ax.set_ylabel("P(token i accepted | drafted)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
+    plt.close(fig)
+    return paths
+
+
+def _pooled_alpha(summary: dict[str, Any], family: str, cat: str) -> Optional[float]:
+    """α_iid pooled over all settings of a family: one α, so the theory curve is one curve."""
+    acc = judged = 0.0
+    for m in summary["methods"]:
+        d = m["categories"].get(cat, {}) if m["family"] == family and m["status"] == "ok" else {}
+        if d.get("alpha_iid") is not None and d.get("alpha_iid") > 0:
+            a = sum(d["accepted_by_position"])
+            acc += a
+            judged += a / d["alpha_iid"]
+    return acc / judged if judged else None
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def format_markdown(payload: dict[str, Any], table: str, image_dir: str = "img") -> str:
+    """A results section to paste into docs/benchmarks.md: setup line, the table, the plots."""
+    cfg, costs = payload["config"], payload["costs"]
+    v = cfg["versions"]
+    lines = [
+        f"Run {cfg['started']} ({cfg['duration_s']:.0f} s), commit `{cfg['git_commit']}`, {cfg['cpu']} "
+        f"({cfg['cpu_count']} CPUs, load average {cfg['load_average_start_end'][0]:.1f} → "
+        f"{cfg['load_average_start_end'][1]:.1f}), {cfg['threads']} thread(s), {cfg['dtype']}, torch {v['torch']}, "
+        f"transformers {v['transformers']}, python {v['python']}.",
+        f"Target {cfg['target']} ({cfg['target_parameters'] / 1e6:.1f}M parameters), draft {cfg['draft']} "
+        f"({(cfg['draft_parameters'] or 0) / 1e6:.1f}M); {len(payload['workloads'])} prompts × {cfg['reps']} "
+        f"repetitions; greedy, {'fixed budgets (EOS ignored)' if cfg['ignore_eos'] else 'stop at EOS'}.",
+        "",
+        f"Measured costs at {costs['context_len']} context tokens: c = {_f(costs['c'], '{:.3f}')}, "
+        + ", ".join(f"v({g}) = {x:.2f}" for g, x in costs["v"].items() if int(g) > 0) + ".",
+        "",
+        "```",
+        table,
+        "```",
+        "",
+    ]
+    lines += [f"![{p.removesuffix('.png')}]({image_dir}/{p})" for p in payload.get("plots", [])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,451 @@
+"""What the benchmark runs: a registry of methods (ours and transformers' peers) and the timing loop.
+
+A method family maps a name to a factory ``(BenchContext, setting) -> Method``;
+the setting is the family's one integer knob (γ, or the number of lookup
+tokens), or None. New drafters plug in with ``register(MethodSpec(...))``
+without touching the loop. A factory that cannot build its method (no draft
+model, no transformers) raises ``MethodUnavailable`` and the report lists it
+as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
+
+import torch
+
+from ..config import ConfigError
+from ..drafters import Draft, DraftContext, Drafter, DraftModelDrafter, PromptLookupDrafter
+from ..engine import generate
+from ..models import Model
+from .stats import Step
+from .workloads import Workload
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+
+class MethodUnavailable(Exception):
+    """The method cannot run in this setup; the message says why (shown as 'skipped: ...')."""
+
+
+@dataclass
+class RunOutput:
+    token_ids: list[int]
+    seconds: float  # wall time of the whole request, prefill included
+    steps: Optional[list[Step]]  # (drafted, accepted) per target pass; None when the runtime hides it
+    draft_seconds: float = 0.0
+
+
+class Method(Protocol):
+    name: str
+    family: str
+    runtime: str  # "specdecode" or "transformers"
+    setting: Optional[int]  # γ or lookup tokens
+
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput: ...
+
+
+@dataclass
+class BenchContext:
+    """Models and knobs shared by every method of one benchmark run."""
+
+    target: Model
+    draft: Optional[Model]
+    target_path: str
+    draft_path: Optional[str]
+    ignore_eos: bool = True
+    lookup_max_ngram: int = 3
+    lookup_min_ngram: int = 1
+    _hf: dict[str, object] = field(default_factory=dict)
+    _eager: dict[str, Model] = field(default_factory=dict)
+
+    def eager_model(self, path: str) -> Model:
+        """The checkpoint with fp32 weight matrices for the eager F.linear path (loaded once)."""
+        if path not in self._eager:
+            from ..models import load_model
+
+            self._eager[path] = load_model(path, device=str(self.target.device), dtype=self.target.dtype,
+                                           weight_dtype="same")
+        return self._eager[path]
+
+    def require_draft(self) -> Model:
+        if self.draft is None:
+            raise MethodUnavailable("no draft model (pass --draft DIR)")
+        return self.draft
+
+    def hf_model(self, path: Optional[str]) -> torch.nn.Module:
+        """The checkpoint loaded by transformers (once), same dtype and device as our runtime."""
+        if path is None:
+            raise MethodUnavailable("no draft model (pass --draft DIR)")
+        if path not in self._hf:
+            try:
+                import transformers
+            except ImportError as e:
+                raise MethodUnavailable(f"transformers is not installed ({e}); pip install 'specdecode[bench]'") from e
+            transformers.logging.set_verbosity_error()
+            transformers.utils.logging.disable_progress_bar()
+            try:
+                m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=self.target.dtype)
+            except Exception as e:  # any load failure means: this peer cannot run here
+                raise MethodUnavailable(f"transformers cannot load {path}: {type(e).__name__}: {e}") from e
+            m = m.to(self.target.device).eval()
+            eos = sorted(self.target.eos_token_ids)
+            m.generation_config.pad_token_id = eos[0] if eos else 0
+            if self.ignore_eos:  # generate exactly the budget, as our runs with ignore_eos do
+                m.generation_config.eos_token_id = None
+            self._hf[path] = m
+        return self._hf[path]  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------
+# Our runtime
+# ---------------------------------------------------------------------------
+
+class TracingDrafter:
+    """Wraps a drafter to record (drafted, accepted) per target pass; adds two Python calls per pass."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.steps: list[Step] = []
+        self._pending = 0
+
+    def prepare(self, target: Model) -> None:
+        self.steps = []
+        self.inner.prepare(target)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        d = self.inner.propose(ctx)
+        self._pending = len(d)
+        return d
+
+    def on_verified(self, n_accepted: int) -> None:
+        self.steps.append((self._pending, n_accepted))
+        self._pending = 0
+        self.inner.on_verified(n_accepted)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+
+class OursMethod:
+    """``specdecode.generate`` with a given drafter (None = plain decoding in the same loop)."""
+
+    runtime = "specdecode"
+
+    def __init__(self, name: str, family: str, setting: Optional[int], target: Model,
+                 drafter: Optional[Drafter], ignore_eos: bool) -> None:
+        self.name, self.family, self.setting = name, family, setting
+        self.target, self.drafter, self.ignore_eos = target, drafter, ignore_eos
+
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
+        tracer = TracingDrafter(self.drafter) if self.drafter is not None else None
+        t0 = time.perf_counter()
+        r = generate(self.target, prompt, tracer, max_new_tokens=max_new_tokens, ignore_eos=self.ignore_eos)
+        dt = time.perf_counter() - t0
+        steps = tracer.steps if tracer is not None else [(0, 0)] * r.stats.target_passes
+        return RunOutput(r.token_ids, dt, steps, r.stats.draft_s)
+
+
+class EagerMethod:
+    """An ``OursMethod`` run with PyTorch's eager ``F.linear`` instead of the small-M kernel.
+
+    The kernel is a process-wide switch (``ops.set_linear_impl``); it is turned off
+    for the duration of each run and restored after, so eager and fast runs can be
+    interleaved in one benchmark and compared as a ratio measured side by side.
+    """
+
+    runtime = "specdecode"
+
+    def __init__(self, inner: OursMethod) -> None:
+        self.inner = inner
+        self.name, self.family, self.setting = f"eager-{inner.name}", f"eager-{inner.family}", inner.setting
+
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
+        from .. import ops
+
+        previous = ops.set_linear_impl(None)
+        try:
+            return self.inner.run(prompt, max_new_tokens)
+        finally:
+            ops.set_linear_impl(previous)
+
+
+def _eager_plain(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return EagerMethod(OursMethod("plain", "plain", None, ctx.eager_model(ctx.target_path), None, ctx.ignore_eos))
+
+
+def _eager_draft(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    draft = ctx.eager_model(ctx.draft_path) if ctx.draft_path else ctx.require_draft()
+    return EagerMethod(OursMethod(f"draft/g{setting}", "draft", setting, ctx.eager_model(ctx.target_path),
+                                  DraftModelDrafter(draft, gamma=setting), ctx.ignore_eos))
+
+
+def _draft_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("draft/auto", "draft-auto", None, ctx.target,
+                      DraftModelDrafter(ctx.require_draft(), gamma="auto"), ctx.ignore_eos)
+
+
+def _plain(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("plain", "plain", None, ctx.target, None, ctx.ignore_eos)
+
+
+def _draft(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    return OursMethod(f"draft/g{setting}", "draft", setting, ctx.target,
+                      DraftModelDrafter(ctx.require_draft(), gamma=setting), ctx.ignore_eos)
+
+
+def _lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    drafter = PromptLookupDrafter(max_ngram=ctx.lookup_max_ngram, min_ngram=ctx.lookup_min_ngram,
+                                  num_draft_tokens=setting)
+    return OursMethod(f"lookup/k{setting}", "lookup", setting, ctx.target, drafter, ctx.ignore_eos)
+
+
+# ---------------------------------------------------------------------------
+# transformers' generate as the peer
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HFOptions:
+    """The few generate() arguments the peers differ in (None = leave transformers' default)."""
+
+    assistant: Optional[torch.nn.Module] = None
+    num_assistant_tokens: Optional[int] = None
+    fixed_schedule: bool = True  # constant γ and no confidence cut-off, so γ means what it means for us
+    prompt_lookup_num_tokens: Optional[int] = None
+    max_matching_ngram_size: Optional[int] = None
+
+
+class TransformersMethod:
+    runtime = "transformers"
+
+    def __init__(self, name: str, family: str, setting: Optional[int], model: torch.nn.Module,
+                 options: HFOptions) -> None:
+        self.name, self.family, self.setting = name, family, setting
+        self.model, self.options = model, options
+
+    def _generate_args(self) -> dict[str, object]:
+        o = self.options
+        args: dict[str, object] = {"do_sample": False}
+        if o.assistant is not None:
+            args["assistant_model"] = o.assistant
+            if o.num_assistant_tokens is not None:
+                args["num_assistant_tokens"] = o.num_assistant_tokens
+            if o.fixed_schedule:
+                args["num_assistant_tokens_schedule"] = "constant"
+                args["assistant_confidence_threshold"] = 0.0
+        if o.prompt_lookup_num_tokens is not None:
+            args["prompt_lookup_num_tokens"] = o.prompt_lookup_num_tokens
+            args["max_matching_ngram_size"] = o.max_matching_ngram_size
+        return args
+
+    @torch.inference_mode()
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
+        device = next(self.model.parameters()).device
+        x = torch.tensor([prompt], device=device)
+        mask = torch.ones_like(x)
+        args = self._generate_args()
+        t0 = time.perf_counter()
+        out = self.model.generate(x, attention_mask=mask, max_new_tokens=max_new_tokens, **args)  # type: ignore[operator]
+        dt = time.perf_counter() - t0
+        return RunOutput(out[0, len(prompt):].tolist(), dt, None)
+
+
+def _hf_plain(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return TransformersMethod("hf-plain", "hf-plain", None, ctx.hf_model(ctx.target_path), HFOptions())
+
+
+def _hf_assisted(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    ctx.require_draft()
+    opts = HFOptions(assistant=ctx.hf_model(ctx.draft_path), num_assistant_tokens=setting)
+    return TransformersMethod(f"hf-assisted/g{setting}", "hf-assisted", setting, ctx.hf_model(ctx.target_path), opts)
+
+
+def _hf_assisted_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
+    ctx.require_draft()
+    opts = HFOptions(assistant=ctx.hf_model(ctx.draft_path), fixed_schedule=False)
+    return TransformersMethod("hf-assisted/auto", "hf-assisted-auto", None, ctx.hf_model(ctx.target_path), opts)
+
+
+def _hf_lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    opts = HFOptions(prompt_lookup_num_tokens=setting, max_matching_ngram_size=ctx.lookup_max_ngram)
+    return TransformersMethod(f"hf-lookup/k{setting}", "hf-lookup", setting, ctx.hf_model(ctx.target_path), opts)
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+SWEEPS = ("none", "gammas", "lookup_tokens", "peer_gammas")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    family: str
+    runtime: str
+    sweep: str  # which settings list gives its variants: one of SWEEPS
+    factory: Callable[[BenchContext, Optional[int]], Method]
+    help: str
+
+
+REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> None:
+    """Add (or replace) a method family; it becomes selectable with ``--methods``."""
+    if spec.sweep not in SWEEPS:
+        raise ValueError(f"sweep must be one of {SWEEPS}, got {spec.sweep!r}")
+    REGISTRY[spec.family] = spec
+
+
+for _spec in (
+    MethodSpec("plain", "specdecode", "none", _plain, "our decode loop with no drafter: the baseline"),
+    MethodSpec("draft", "specdecode", "gammas", _draft, "draft model, γ from --gammas"),
+    MethodSpec("draft-auto", "specdecode", "none", _draft_auto,
+               "draft model with gamma='auto': γ chosen every step from measured costs and running α̂"),
+    MethodSpec("lookup", "specdecode", "lookup_tokens", _lookup, "prompt lookup, k from --lookup-tokens"),
+    MethodSpec("eager-plain", "specdecode", "none", _eager_plain,
+               "plain decoding on PyTorch's eager F.linear with fp32 weights (the fast kernel off)"),
+    MethodSpec("eager-draft", "specdecode", "peer_gammas", _eager_draft,
+               "draft model on the eager path, γ from --peer-gammas"),
+    MethodSpec("hf-plain", "transformers", "none", _hf_plain, "transformers generate, greedy"),
+    MethodSpec("hf-assisted", "transformers", "peer_gammas", _hf_assisted,
+               "transformers assistant_model, constant γ from --peer-gammas"),
+    MethodSpec("hf-assisted-auto", "transformers", "none", _hf_assisted_auto,
+               "transformers assistant_model with its default adaptive schedule"),
+    MethodSpec("hf-lookup", "transformers", "lookup_tokens", _hf_lookup,
+               "transformers prompt_lookup_num_tokens, k from --lookup-tokens"),
+):
+    register(_spec)
+
+DEFAULT_METHODS = ("plain", "draft", "draft-auto", "lookup", "eager-plain", "hf-plain", "hf-assisted", "hf-lookup")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    name: str
+    family: str
+    runtime: str
+    reason: str
+
+
+def build_methods(ctx: BenchContext, families: Sequence[str], settings: dict[str, list[int]]
+                  ) -> tuple[list[Method], list[Skipped]]:
+    """Instantiate every variant of the chosen families; unavailable ones become ``Skipped`` entries."""
+    methods: list[Method] = []
+    skipped: list[Skipped] = []
+    for fam in families:
+        spec = REGISTRY.get(fam)
+        if spec is None:
+            raise ConfigError(f"unknown method {fam!r} in --methods; known: {', '.join(REGISTRY)}")
+        variants: list[Optional[int]] = [None] if spec.sweep == "none" else list(settings.get(spec.sweep, []))
+        for s in variants:
+            try:
+                methods.append(spec.factory(ctx, s))
+            except MethodUnavailable as e:
+                label = fam if s is None else f"{fam}/{s}"
+                skipped.append(Skipped(label, fam, spec.runtime, str(e)))
+    return methods, skipped
+
+
+# ---------------------------------------------------------------------------
+# The timing loop
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    workload: Workload
+    ids: list[int]
+    max_new_tokens: int
+    truncated: int  # prompt tokens dropped from the left to fit the context window
+    requested_new_tokens: int  # the workload's budget; max_new_tokens is less when the window is too small
+
+
+def prepare_prompts(workloads: Sequence[Workload], target: Model, draft: Optional[Model]) -> list[PreparedPrompt]:
+    """Tokenise once for every method and fit prompt + budget into both models' context windows.
+
+    Left-truncation keeps the leading BOS/EOT token, so the prompt still looks like a document start.
+    """
+    limit = target.max_seq_len if draft is None else min(target.max_seq_len, draft.max_seq_len)
+    out = []
+    for w in workloads:
+        ids = target.encode(w.prompt)
+        budget = w.max_new_tokens
+        dropped = 0
+        if len(ids) + budget > limit:
+            keep = max(limit - budget, limit // 4)
+            if len(ids) > keep:
+                head = ids[:1] if ids[0] in target.eos_token_ids else []
+                dropped = len(ids) - keep
+                ids = head + ids[len(ids) - keep + len(head):]
+            budget = min(budget, limit - len(ids))
+        out.append(PreparedPrompt(w, ids, budget, dropped, w.max_new_tokens))
+    return out
+
+
+@dataclass
+class RunRecord:
+    method: str
+    workload: str
+    category: str
+    rep: int
+    output: RunOutput
+
+
+@dataclass
+class Failure:
+    method: str
+    workload: str
+    error: str
+
+
+def warm_up(methods: Sequence[Method], prompt: PreparedPrompt, n_tokens: int = 16) -> list[Failure]:
+    """One short untimed run per method: first-call allocations, lazy imports, caches."""
+    failures = []
+    for m in methods:
+        try:
+            m.run(prompt.ids, min(n_tokens, prompt.max_new_tokens))
+        except Exception as e:  # a broken method is reported, not allowed to sink the run
+            failures.append(Failure(m.name, prompt.workload.id, f"{type(e).__name__}: {e}"))
+    return failures
+
+
+def run_all(methods: Sequence[Method], prompts: Sequence[PreparedPrompt], reps: int,
+            progress: Optional["tqdm"] = None) -> tuple[list[RunRecord], list[Failure]]:
+    """Every method on every prompt, ``reps`` times, interleaved per prompt.
+
+    Methods run back to back on the same prompt, in an order rotated per prompt
+    and repetition, so slow drifts of the machine (thermal, background jobs) hit
+    all methods alike instead of whichever ran last.
+    """
+    records: list[RunRecord] = []
+    failures: list[Failure] = []
+    broken: set[str] = set()
+    k = 0
+    for rep in range(reps):
+        for p in prompts:
+            order = list(methods[k % len(methods):]) + list(methods[:k % len(methods)]) if methods else []
+            k += 1
+            for m in order:
+                if progress is not None:
+                    progress.set_postfix_str(f"{m.name} on {p.workload.id}"[:60], refresh=False)
+                if m.name not in broken:
+                    gc.collect()
+                    try:
+                        out = m.run(p.ids, p.max_new_tokens)
+                    except Exception as e:
+                        broken.add(m.name)
+                        failures.append(Failure(m.name, p.workload.id, f"{type(e).__name__}: {e}"))
+                    else:
+                        records.append(RunRecord(m.name, p.workload.id, p.workload.category, rep, out))
+                if progress is not None:
+                    progress.update(1)
+    return records, failures

@@ -1,0 +1,72 @@
+"""Report arithmetic on constructed run records: Spec-Bench speedup per repetition, exact match, prediction."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import pytest
+
+from specdecode.bench.measure import Costs
+from specdecode.bench.report import format_table, summarize
+from specdecode.bench.runners import Failure, PreparedPrompt, RunOutput, RunRecord, Skipped
+from specdecode.bench.theory import expected_tokens
+from specdecode.bench.workloads import Workload
+
+
+class Fake:
+    runtime = "specdecode"
+
+    def __init__(self, name: str, family: str, setting: Optional[int]) -> None:
+        self.name, self.family, self.setting = name, family, setting
+
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:  # pragma: no cover - never run
+        raise NotImplementedError
+
+
+PROMPTS = [PreparedPrompt(Workload("a", "completion", "x", 4), [1], 4, 0, 4),
+           PreparedPrompt(Workload("b", "editing", "y", 4), [1], 4, 0, 4)]
+
+
+def rec(method: str, workload: str, cat: str, rep: int, seconds: float, tokens: list[int],
+        steps: Optional[list[tuple[int, int]]] = None) -> RunRecord:
+    return RunRecord(method, workload, cat, rep, RunOutput(tokens, seconds, steps))
+
+
+def test_speedup_is_ratio_of_mean_per_prompt_throughputs_per_rep() -> None:
+    ids = [5, 6, 7, 8]
+    plain_steps = [(0, 0)] * 4
+    spec_steps = [(3, 3)]  # one pass: 3 accepted + bonus = 4 tokens
+    records = [
+        # rep 0: plain 4 tok/s on a, 8 tok/s on b; spec twice as fast on both -> speedup 2
+        rec("plain", "a", "completion", 0, 1.0, ids, plain_steps), rec("plain", "b", "editing", 0, 0.5, ids, plain_steps),
+        rec("spec", "a", "completion", 0, 0.5, ids, spec_steps), rec("spec", "b", "editing", 0, 0.25, ids, spec_steps),
+        # rep 1: spec 4x faster on both -> speedup 4
+        rec("plain", "a", "completion", 1, 1.0, ids, plain_steps), rec("plain", "b", "editing", 1, 0.5, ids, plain_steps),
+        rec("spec", "a", "completion", 1, 0.25, ids, spec_steps), rec("spec", "b", "editing", 1, 0.125, ids, spec_steps),
+        # a wrong method: one token differs on prompt b
+        rec("bad", "a", "completion", 0, 1.0, ids), rec("bad", "b", "editing", 0, 1.0, [5, 6, 0, 8]),
+    ]
+    costs = Costs(context_len=10, repeats=1, target_s={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.5}, draft_s=0.1)
+    methods = [Fake("plain", "plain", None), Fake("spec", "draft", 3), Fake("bad", "bad", None)]
+    s = summarize(records, methods, [Skipped("hf-x", "hf-x", "transformers", "not installed")],
+                  [Failure("bad", "b", "boom")], PROMPTS, costs)
+    by = {m["name"]: m for m in s["methods"]}
+    spec = by["spec"]["categories"]
+    assert spec["overall"]["speedup"]["mean"] == pytest.approx(3.0)
+    assert spec["overall"]["speedup"]["std"] == pytest.approx(math.sqrt(2))
+    assert spec["overall"]["tokens_per_s"]["mean"] == pytest.approx((12 + 24) / 2)  # mean over reps of mean(8,16), mean(16,32)
+    assert spec["completion"]["speedup"]["mean"] == pytest.approx(3.0) and spec["completion"]["n_prompts"] == 1
+    assert spec["overall"]["tau"] == 4.0 and spec["overall"]["alpha_hat"] == 1.0
+    assert spec["overall"]["acceptance_by_position"] == [1.0, 1.0, 1.0]
+    # Leviathan: α_iid = 1 -> E = γ + 1; c = 0.1, v(3) = T(4)/T(1) = 1.5
+    assert spec["overall"]["c"] == pytest.approx(0.1) and spec["overall"]["v"] == pytest.approx(1.5)
+    assert spec["overall"]["predicted_speedup"] == pytest.approx(expected_tokens(1.0, 3) / (3 * 0.1 + 1.5))
+    assert spec["overall"]["efficiency"] == pytest.approx(3.0 / spec["overall"]["predicted_speedup"])
+    assert by["plain"]["categories"]["overall"]["exact_match"] == 1.0
+    assert by["bad"]["categories"]["overall"]["exact_match"] == 0.5 and by["bad"]["status"] == "failed"
+    assert s["mismatches"] == [{"method": "bad", "workload": "b", "rep": 0, "index": 2,
+                                "expected": [7, 8], "got": [0, 8]}]
+    assert by["hf-x"]["status"] == "skipped"
+    table = format_table(s)
+    assert "skipped: hf-x: not installed" in table and "first difference at token 2" in table

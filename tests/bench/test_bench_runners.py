@@ -1,0 +1,39 @@
+"""The runner's pieces: traces agree with the engine's own stats; prompts are fitted to the context window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import specdecode
+from specdecode.bench.runners import OursMethod, prepare_prompts
+from specdecode.bench.stats import counts_from_steps
+from specdecode.bench.workloads import Workload
+
+
+def test_trace_matches_engine_stats(tiny_dirs: dict[str, Path]) -> None:
+    target = specdecode.load_model(tiny_dirs["llama"])
+    draft = specdecode.load_model(tiny_dirs["draft"])
+    prompt = target.encode("def fib(n):\n    if n < 2:\n        return n\n")
+    for drafter in (specdecode.DraftModelDrafter(draft, gamma=3),
+                    specdecode.PromptLookupDrafter(max_ngram=2, num_draft_tokens=4)):
+        out = OursMethod("m", "m", 3, target, drafter, ignore_eos=True).run(prompt, 40)
+        stats = specdecode.generate(target, prompt, drafter, max_new_tokens=40, ignore_eos=True).stats
+        c = counts_from_steps(out.steps or [], len(out.token_ids))
+        assert (c.passes, c.drafted, c.accepted, c.generated) == (
+            stats.target_passes, stats.drafted, stats.accepted, stats.generated_tokens)
+        assert c.drafted_by_position == stats.drafted_by_position
+        assert c.accepted_by_position == stats.accepted_by_position
+        assert c.tau == stats.tau and c.alpha_hat == stats.alpha
+
+
+def test_prompts_fit_the_context_window(tiny_dirs: dict[str, Path]) -> None:
+    target = specdecode.load_model(tiny_dirs["llama"])  # 256-token window
+    long_text = "def f(x):\n    return x\n" * 200
+    ws = [Workload("short", "completion", "def add(a, b):\n", 16),
+          Workload("long-prompt", "completion", long_text, 64),
+          Workload("huge-budget", "long", "class A:\n", 512)]
+    short, cut, budget = prepare_prompts(ws, target, None)
+    assert short.truncated == 0 and short.max_new_tokens == 16 and short.ids == target.encode("def add(a, b):\n")
+    assert len(cut.ids) + cut.max_new_tokens <= 256 and cut.max_new_tokens == 64 and cut.truncated > 0
+    assert cut.ids[-5:] == target.encode(long_text)[-5:]  # cut from the left: the end of the prompt stays
+    assert budget.truncated == 0 and budget.max_new_tokens == 256 - len(budget.ids) and budget.requested_new_tokens == 512
