@@ -1,0 +1,287 @@
+#!/usr/bin/env python
+"""Load generator for `specdecode serve`: throughput and latency at several concurrencies, speculation on vs off.
+
+Each cell runs ``concurrency`` streaming clients that send greedy completions back
+to back for ``--duration`` seconds (requests still in flight are then cut off), with
+speculation on (the server's default drafter) or off (``"drafter": "none"``, the
+same server and batch machinery, so only speculation differs). It prints one row
+per cell and the on/off throughput ratio per concurrency.
+
+    python scripts/load_test.py --url http://127.0.0.1:8000            # a running server
+    python scripts/load_test.py --target models/code-target --draft models/code-draft
+    python scripts/load_test.py --tiny                                  # random tiny checkpoints (needs transformers)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "class Stack:\n    def __init__(self):\n        ",
+    "def quicksort(items):\n    ",
+    "import os\n\ndef list_files(path):\n    ",
+    "def add(a, b):\n    return",
+    "class Point:\n    def __init__(self, x, y):\n",
+    "def is_prime(n):\n    ",
+    "for i in range(10):\n    ",
+]
+
+
+@dataclass
+class Cell:
+    concurrency: int
+    mode: str  # "on" or "off"
+    latencies: list[float] = field(default_factory=list)  # completed requests only
+    ttfts: list[float] = field(default_factory=list)
+    tokens: int = 0  # tokens streamed inside the window (requests still running at its end included)
+    done_tokens: int = 0  # tokens of completed requests, for tau
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+    errors: int = 0
+    wall: float = 0.0
+    server_cpu_s: float = 0.0  # CPU time the server process used during the cell (0 = unknown)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall if self.wall else 0.0
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        """Robust to other load on a shared machine: work per token, not waiting for a core."""
+        return self.tokens / self.server_cpu_s if self.server_cpu_s else 0.0
+
+
+def process_cpu_s(pid: Optional[int]) -> float:
+    """User + system CPU seconds of a process, all threads (Linux /proc); 0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, object], cell: Cell) -> None:
+    t0 = time.perf_counter()
+    first: Optional[float] = None
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            cell.errors += 1
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                cell.errors += 1
+                return
+            sd = chunk.get("specdecode") or {}
+            n = len(sd.get("token_ids") or [])
+            cell.tokens += n
+            if first is None and n:
+                first = time.perf_counter() - t0
+            if "usage" in sd:
+                u = sd["usage"]
+                cell.done_tokens += u["completion_tokens"]
+                cell.drafted += u["speculative"]["drafted"]
+                cell.accepted += u["speculative"]["accepted"]
+                cell.passes += u["speculative"]["target_passes"]
+    cell.latencies.append(time.perf_counter() - t0)
+    if first is not None:
+        cell.ttfts.append(first)
+
+
+async def run_cell(url: str, model: str, concurrency: int, mode: str, duration: float, max_tokens: int,
+                   api_key: Optional[str]) -> Cell:
+    """``concurrency`` clients send requests back to back; at the end of the window the requests in
+    flight are cut off (their streams closed), so throughput is tokens streamed inside the window."""
+    cell = Cell(concurrency, mode)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as client:
+        t0 = time.perf_counter()
+        stop_at = t0 + duration
+
+        async def worker(k: int) -> None:
+            i = k
+            while (left := stop_at - time.perf_counter()) > 0:
+                body: dict[str, object] = {"model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens,
+                                           "temperature": 0, "ignore_eos": True, "stream": True}
+                if mode == "off":
+                    body["drafter"] = "none"
+                try:
+                    await asyncio.wait_for(_one(client, url, body, cell), timeout=left)
+                except asyncio.TimeoutError:
+                    return
+                i += concurrency
+
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        cell.wall = time.perf_counter() - t0
+    return cell
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def print_table(cells: list[Cell]) -> None:
+    print(f"{'conc':>4} {'spec':>4} {'reqs':>5} {'tokens':>7} {'tok/s':>8} {'tok/cpu-s':>9} {'p50 lat':>8} "
+          f"{'p95 lat':>8} {'p50 ttft':>8} {'alpha':>6} {'tau':>5} {'err':>4}")
+    for c in cells:
+        alpha = c.accepted / c.drafted if c.drafted else 0.0
+        tau = c.done_tokens / c.passes if c.passes else 0.0
+        print(f"{c.concurrency:>4} {c.mode:>4} {len(c.latencies):>5} {c.tokens:>7} {c.tokens_per_s:>8.1f} "
+              f"{c.tokens_per_cpu_s:>9.1f} {_pct(c.latencies, .5):>8.3f} {_pct(c.latencies, .95):>8.3f} {_pct(c.ttfts, .5):>8.3f} "
+              f"{alpha:>6.2f} {tau:>5.2f} {c.errors:>4}")
+    print()
+    by: dict[int, dict[str, list[Cell]]] = {}
+    for c in cells:
+        by.setdefault(c.concurrency, {}).setdefault(c.mode, []).append(c)
+    for conc, modes in sorted(by.items()):
+        if "on" in modes and "off" in modes:
+            on = statistics.mean(c.tokens_per_s for c in modes["on"])
+            off = statistics.mean(c.tokens_per_s for c in modes["off"])
+            ratio = on / off if off else float("nan")
+            flag = "" if ratio >= 0.95 else "   <-- speculation more than 5% slower"
+            line = f"concurrency {conc:>3}: on/off tok/s = {on:.1f}/{off:.1f} = {ratio:.3f}{flag}"
+            if all(c.server_cpu_s for c in modes["on"] + modes["off"]):
+                on_cpu = sum(c.tokens for c in modes["on"]) / sum(c.server_cpu_s for c in modes["on"])
+                off_cpu = sum(c.tokens for c in modes["off"]) / sum(c.server_cpu_s for c in modes["off"])
+                line += f" | tok/cpu-s = {on_cpu:.1f}/{off_cpu:.1f} = {on_cpu / off_cpu:.3f}"
+            print(line)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _build_tiny(root: Path) -> tuple[Path, Path]:
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny import build_model  # type: ignore[import-not-found]
+
+    target = build_model(root / "tiny-target", "llama", seed=0, hidden=256, layers=4, max_position_embeddings=1024)
+    draft = build_model(root / "tiny-draft", "llama", seed=4, hidden=64, layers=1, max_position_embeddings=1024)
+    return target, draft
+
+
+def start_server(serve_args: list[str], port: int, threads: Optional[int]) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "specdecode.cli", "serve", "--port", str(port), *serve_args]
+    env = dict(os.environ)
+    if threads is not None:  # on a shared machine, fewer intra-op threads spin less under contention
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not start within 120 s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="an already running server (otherwise one is started)")
+    ap.add_argument("--api-key")
+    ap.add_argument("--target", help="target model directory for the server this script starts")
+    ap.add_argument("--draft", help="draft model directory (default drafter: model)")
+    ap.add_argument("--drafter", default=None, help="server's default drafter: model, ngram")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--speculation", default="auto", help="server policy: auto or always")
+    ap.add_argument("--tiny", action="store_true", help="build random tiny checkpoints and serve them")
+    ap.add_argument("--self-draft", action="store_true", help="with --tiny: draft = target (every token accepted)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds of load per cell")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1, help="alternate off/on this many times per concurrency")
+    ap.add_argument("--server-threads", type=int, help="OMP/MKL threads of the server this script starts")
+    ap.add_argument("--json", help="also write the cells to this JSON file")
+    args = ap.parse_args()
+
+    proc: Optional[subprocess.Popen[bytes]] = None
+    url = args.url
+    tmp: Optional[tempfile.TemporaryDirectory[str]] = None
+    try:
+        if url is None:
+            serve_args = ["--max-batch-size", str(max(args.concurrency)), "--speculation", args.speculation,
+                          "--gamma", str(args.gamma)]
+            if args.tiny:
+                tmp = tempfile.TemporaryDirectory()
+                target, draft = _build_tiny(Path(tmp.name))
+                serve_args += ["--target", str(target), "--draft", str(target if args.self_draft else draft)]
+            else:
+                if args.target:
+                    serve_args += ["--target", args.target]
+                if args.draft:
+                    serve_args += ["--draft", args.draft]
+            if args.drafter:
+                serve_args += ["--drafter", args.drafter]
+            port = _free_port()
+            proc = start_server(serve_args, port, args.server_threads)
+            url = f"http://127.0.0.1:{port}"
+        model = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key
+                          else {}).json()["data"][0]["id"]
+        print(f"server {url}, model {model}, {args.duration:.0f}s per cell, {args.max_tokens} tokens per request, "
+              f"torch threads per process as configured, machine load {os.getloadavg()[0]:.1f}")
+        # warm-up: lets the server's policy measure pass costs before anything is timed
+        asyncio.run(run_cell(url, model, max(args.concurrency), "on", min(3.0, args.duration), args.max_tokens,
+                             args.api_key))
+        cells: list[Cell] = []
+        for conc in args.concurrency:
+            for r in range(args.repeats):
+                for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):  # alternate to spread drift
+                    cpu0 = process_cpu_s(proc.pid if proc else None)
+                    cell = asyncio.run(run_cell(url, model, conc, mode, args.duration, args.max_tokens, args.api_key))
+                    cell.server_cpu_s = process_cpu_s(proc.pid if proc else None) - cpu0
+                    cells.append(cell)
+                    print(f"  done: concurrency {conc}, speculation {mode}: {cells[-1].tokens_per_s:.1f} tok/s",
+                          flush=True)
+        print()
+        print_table(cells)
+        health = httpx.get(url + "/health").json()
+        print("\nserver policy:", json.dumps(health.get("speculation", {})))
+        if args.json:
+            Path(args.json).write_text(json.dumps([{**c.__dict__, "tokens_per_s": c.tokens_per_s} for c in cells]))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""`specdecode serve`: an OpenAI-compatible HTTP server with continuous batching and speculation."""

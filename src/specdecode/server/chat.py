@@ -1,0 +1,81 @@
+"""Chat messages -> one prompt string: the checkpoint's own template when it has one.
+
+The template is ``chat_template`` from the model directory's
+``tokenizer_config.json`` (a string, or a list of named templates where the one
+named "default" wins), rendered with jinja2 the way transformers renders it
+(``messages``, ``add_generation_prompt=True``, ``bos_token``/``eos_token``,
+``raise_exception``). A checkpoint without one gets ``PLAIN_TEMPLATE``:
+
+    System: {system text}
+    User: {user text}
+    Assistant: {assistant text}
+    ...
+    Assistant:
+
+one line per message (role capitalised, then ": ", then the text), ending with
+``Assistant:`` so the model writes the reply.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the conversation (e.g. roles out of the order it expects)."""
+
+
+class ChatFormatter:
+    def __init__(self, template: str, bos_token: str = "", eos_token: str = "") -> None:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ChatTemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env.globals["raise_exception"] = raise_exception
+        self._jinja_error = jinja2.TemplateError
+        self.template = env.from_string(template)
+        self.source = template
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    @classmethod
+    def for_model(cls, model_dir: str) -> "ChatFormatter":
+        cfg_file = Path(model_dir) / "tokenizer_config.json"
+        cfg: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        template = _pick_template(cfg.get("chat_template"))
+        if template is None:
+            return cls(PLAIN_TEMPLATE)
+        return cls(template, _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")))
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=True,
+                                        bos_token=self.bos_token, eos_token=self.eos_token)
+        except ChatTemplateError:
+            raise
+        except self._jinja_error as e:
+            raise ChatTemplateError(f"the model's chat template failed on these messages: {e}") from e
+
+
+def _pick_template(value: Any) -> Optional[str]:
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        return named.get("default") or next((t for t in named.values() if t), None)
+    return None
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):  # {"content": "<s>", ...} in older configs
+        return str(value.get("content", ""))
+    return value if isinstance(value, str) else ""

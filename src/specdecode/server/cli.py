@@ -1,0 +1,64 @@
+"""`specdecode serve`: load the models named by the usual model flags and run the HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..config import ModelLoadConfig, add_dataclass_args, from_args
+from .config import ServerConfig
+
+# `--gamma auto`: requests may draft up to this many tokens; the scheduler's policy picks 0..AUTO_GAMMA each step.
+AUTO_GAMMA = 8
+
+
+def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from ..cli import add_model_args
+
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API with a web page",
+                       description="OpenAI-compatible completions and chat completions (streaming too), "
+                                   "continuous batching with speculative decoding, /metrics, /health, and a web "
+                                   "page at / that colours accepted draft tokens.")
+    add_model_args(p)
+    add_dataclass_args(p, ServerConfig)
+    p.set_defaults(func=cmd_serve)
+
+
+def _draft_path(args: argparse.Namespace) -> str | None:
+    """The draft model directory, by the same rules as `specdecode generate` (None: no draft model)."""
+    from ..cli import DEFAULT_DRAFT, CLIError, default_model_dir
+
+    kind = args.drafter or "model"
+    if args.draft:
+        return str(args.draft)
+    if kind != "model":
+        return None
+    if args.target and args.drafter is None:
+        raise CLIError("--target given without --draft: pass --draft DIR, or --drafter ngram / --drafter none")
+    path = default_model_dir(DEFAULT_DRAFT)
+    if not (Path(path) / "config.json").is_file():
+        raise CLIError(f"no --draft given and the bundled draft is missing at {path}; pass --draft DIR")
+    return str(path)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..cli import resolve_target
+    from ..models import load_model
+    from .app import create_app, make_state
+
+    config = from_args(ServerConfig, args)
+    load_cfg = from_args(ModelLoadConfig, args)
+    target = load_model(resolve_target(args), device=load_cfg.device, dtype=load_cfg.dtype)
+    draft_path = _draft_path(args)
+    draft = load_model(draft_path, device=load_cfg.device, dtype=load_cfg.dtype) if draft_path else None
+    gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
+    state = make_state(target, draft, config, default_drafter=args.drafter or "model", default_gamma=gamma,
+                       ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+    app = create_app(state)
+    print(f"specdecode serve: {state.model_name} on http://{config.host}:{config.port}/ "
+          f"(drafter {state.default_drafter}, gamma {state.default_gamma}, batch {config.max_batch_size})")
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+                timeout_graceful_shutdown=int(min(30.0, config.request_timeout)))
+    return 0

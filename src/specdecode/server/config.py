@@ -1,0 +1,46 @@
+"""Serving flags: one dataclass is the source of the `specdecode serve` flags and their defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..config import ConfigError, _help
+
+SPECULATION_MODES = ("auto", "always")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the HTTP server and its scheduler behave (model flags come from ``cli.add_model_args``)."""
+
+    host: str = field(default="127.0.0.1", metadata=_help("address to listen on (loopback by default)"))
+    port: int = field(default=8000, metadata=_help("TCP port to listen on"))
+    api_key: Optional[str] = field(
+        default=None, metadata=_help("require 'Authorization: Bearer KEY' on /v1/*; unset = no auth"))
+    max_batch_size: int = field(
+        default=16, metadata=_help("requests decoded together: rows of the batched KV cache"))
+    max_queue: int = field(
+        default=64, metadata=_help("requests waiting for a free row; more are refused with HTTP 429"))
+    request_timeout: float = field(
+        default=300.0, metadata=_help("seconds a request may take from arrival to its last token"))
+    speculation: str = field(
+        default="auto", metadata=_help("auto: pick the draft length per step from measured costs and "
+                                       "acceptance (0 = plain decoding when drafting does not pay); "
+                                       "always: draft the full gamma every step"))
+    max_context: Optional[int] = field(
+        default=None, metadata=_help("cap on tokens per sequence (default: the model's context window)"))
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_queue < 0:
+            raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
+        if not self.request_timeout > 0:
+            raise ConfigError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.speculation not in SPECULATION_MODES:
+            raise ConfigError(f"speculation must be one of {', '.join(SPECULATION_MODES)}; got {self.speculation!r}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ConfigError(f"max_context must be >= 2, got {self.max_context}")

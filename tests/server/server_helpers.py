@@ -1,0 +1,73 @@
+"""Helpers for the server tests: a server on a free loopback port in a background thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import httpx
+import uvicorn
+
+from specdecode.models import Model
+from specdecode.server.app import ServerState, create_app, make_state
+from specdecode.server.config import ServerConfig
+
+MODEL_NAME = "tiny-llama"
+
+
+@dataclass
+class Models:
+    target: Model
+    draft: Model  # a different random model: acceptance ~0
+    target_dir: Path
+
+
+@dataclass
+class RunningServer:
+    url: str
+    state: ServerState
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def get(self, path: str, headers: Optional[dict[str, str]] = None) -> httpx.Response:
+        return httpx.get(self.url + path, headers=headers, timeout=30)
+
+    def post(self, path: str, body: object, headers: Optional[dict[str, str]] = None) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, headers=headers, timeout=30)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_server(state: ServerState) -> RunningServer:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("test server did not start")
+        time.sleep(0.02)
+    return RunningServer(f"http://127.0.0.1:{port}", state, server, thread)
+
+
+def serve(models: Models, draft: Optional[Model], config: ServerConfig, drafter: str = "model",
+          gamma: int = 4) -> Iterator[RunningServer]:
+    state = make_state(models.target, draft, config, default_drafter=drafter, default_gamma=gamma,
+                       model_name=MODEL_NAME)
+    running = start_server(state)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
