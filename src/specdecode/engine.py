@@ -174,9 +174,9 @@ def stream(
         if done and detok is not None:
             pieces[-1] += detok.flush()
         if generation.stop and detok is not None:
-            cut = _find_stop(text, "".join(pieces), generation.stop)
+            cut = find_stop(text, "".join(pieces), generation.stop)
             if cut is not None:
-                pieces = _truncate_pieces(pieces, cut - len(text))
+                pieces = truncate_pieces(pieces, cut - len(text))
                 done, reason = True, "stop"
         text += "".join(pieces)
         yield StepEvent(new, flags, pieces)
@@ -191,7 +191,7 @@ def stream(
     yield FinishEvent(reason, generated, text, stats)
 
 
-def _find_stop(previous: str, delta: str, stops: Sequence[str]) -> Optional[int]:
+def find_stop(previous: str, delta: str, stops: Sequence[str]) -> Optional[int]:
     """Index in the full text where the earliest stop string starts, if one completed in ``delta``."""
     full = previous + delta
     lo = max(0, len(previous) - max(len(s) for s in stops) + 1)
@@ -199,7 +199,7 @@ def _find_stop(previous: str, delta: str, stops: Sequence[str]) -> Optional[int]
     return min(hits) if hits else None
 
 
-def _truncate_pieces(pieces: list[str], keep: int) -> list[str]:
+def truncate_pieces(pieces: list[str], keep: int) -> list[str]:
     out = []
     for p in pieces:
         out.append(p[: max(0, keep)])

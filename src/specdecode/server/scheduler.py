@@ -39,7 +39,7 @@ import torch
 
 from ..config import GenerationConfig, SamplingConfig
 from ..drafters import Draft, DraftContext, Drafter, PromptLookupDrafter
-from ..engine import FinishEvent, IncrementalDetokenizer, StepEvent, _find_stop, _truncate_pieces
+from ..engine import FinishEvent, IncrementalDetokenizer, StepEvent, find_stop, truncate_pieces
 from ..metrics import GenerationStats
 from ..models import Model
 from ..sampling import make_generator, probs_from_logits
@@ -540,9 +540,9 @@ class Scheduler:
             pieces[-1] += s.detok.flush()
         stop = s.spec.generation.stop
         if stop and s.detok is not None:
-            cut = _find_stop(s.text, "".join(pieces), stop)
+            cut = find_stop(s.text, "".join(pieces), stop)
             if cut is not None:
-                pieces = _truncate_pieces(pieces, cut - len(s.text))
+                pieces = truncate_pieces(pieces, cut - len(s.text))
                 reason = "stop"
         s.text += "".join(pieces)
         s.handle.emit(ServedStep(new, flags, pieces, drafted=len(d)))
