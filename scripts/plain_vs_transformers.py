@@ -3,7 +3,8 @@ interleaved in one run; plus v(γ) = T(target pass over γ+1 tokens) / T(pass ov
 
     python scripts/plain_vs_transformers.py [--model DIR] [--threads 2] [--tokens 128] [--reps 3]
 
-Without --model it builds a random ~30M-parameter llama (dim 512, 8 layers, vocab 8192) in a temp dir.
+Without --model it builds a random ~30M-parameter llama (dim 512, 8 layers, vocab 8192) in a temp dir
+(--bf16: stored in bf16, as most HF checkpoints are; every runtime still computes in fp32).
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ import torch
 import specdecode as sd
 
 
-def build_30m(root: Path) -> Path:
+def build_30m(root: Path, bf16: bool) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import transformers
     from tiny import build_model
 
-    return build_model(root / "llama30m", "llama", vocab_size=8192, hidden=512, layers=8, tokenizer=False,
+    path = build_model(root / "llama30m", "llama", vocab_size=8192, hidden=512, layers=8, tokenizer=False,
                        intermediate_size=1408, num_attention_heads=8, num_key_value_heads=4,
                        max_position_embeddings=2048, tie_word_embeddings=True)
+    if bf16:  # stored as most HF checkpoints are; both runtimes compute in fp32
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model.to(torch.bfloat16).save_pretrained(path)
+    return path
 
 
 def time_ours(model: sd.Model, prompt: list[int], n: int) -> float:
@@ -55,7 +61,7 @@ def v_gamma(model: sd.Model, gammas: range, reps: int = 30) -> dict[int, float]:
         best = []
         for _ in range(reps):
             t = time.perf_counter()
-            model.forward(ids, cache)
+            float(model.forward(ids, cache)[0, -1, 0])
             best.append(time.perf_counter() - t)
             cache.trim(k)
         return statistics.median(best)
@@ -70,25 +76,43 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--bf16", action="store_true", help="store the built checkpoint in bf16 (compute stays fp32)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import transformers
 
-    path = Path(args.model) if args.model else build_30m(Path(tempfile.mkdtemp()))
-    ours = sd.load_model(path)
+    path = Path(args.model) if args.model else build_30m(Path(tempfile.mkdtemp()), args.bf16)
+    from specdecode import ops
+
+    fast_on = sd.enable_fast_linear()
+    fast = sd.load_model(path)  # weight_dtype auto: a bf16 checkpoint keeps bf16 matrices under the kernel
+    eager = sd.load_model(path, weight_dtype="same")
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    print(f"model: {path} ({ours.num_parameters() / 1e6:.1f}M params), threads={args.threads}")
+    print(f"model: {path} ({fast.num_parameters() / 1e6:.1f}M params), threads={args.threads}, "
+          f"fast kernel: {fast_on}, weights {fast.weight_dtype}")
+
+    def eager_run(fn):  # the kernel off for one call, restored after
+        previous = ops.set_linear_impl(None)
+        try:
+            return fn()
+        finally:
+            ops.set_linear_impl(previous)
+
     prompt = list(range(1, 33))
-    time_ours(ours, prompt, 8), time_hf(hf, prompt, 8)  # warm-up
-    a, b = [], []
-    for _ in range(args.reps):  # interleaved so background load hits both alike
-        a.append(time_ours(ours, prompt, args.tokens))
+    time_ours(fast, prompt, 8), eager_run(lambda: time_ours(eager, prompt, 8)), time_hf(hf, prompt, 8)  # warm-up
+    a, e, b = [], [], []
+    for _ in range(args.reps):  # interleaved so background load hits all alike
+        a.append(time_ours(fast, prompt, args.tokens))
+        e.append(eager_run(lambda: time_ours(eager, prompt, args.tokens)))
         b.append(time_hf(hf, prompt, args.tokens))
-    print(f"ours plain:          {statistics.mean(a):7.1f} ± {statistics.pstdev(a):.1f} tok/s")
-    print(f"transformers plain:  {statistics.mean(b):7.1f} ± {statistics.pstdev(b):.1f} tok/s")
-    print(f"ratio ours/transformers: {statistics.mean(a) / statistics.mean(b):.2f}x")
-    v = v_gamma(ours, range(1, 9))
-    print("v(gamma): " + "  ".join(f"{g}:{x:.2f}" for g, x in v.items()))
+    for name, xs in (("ours, fast path", a), ("ours, eager F.linear", e), ("transformers generate", b)):
+        print(f"{name:24s} {statistics.mean(xs):7.1f} ± {statistics.pstdev(xs):.1f} tok/s")
+    print(f"ratio ours(fast)/transformers: {statistics.mean(a) / statistics.mean(b):.2f}x; "
+          f"ours(eager)/transformers: {statistics.mean(e) / statistics.mean(b):.2f}x; "
+          f"fast/eager: {statistics.mean(a) / statistics.mean(e):.2f}x")
+    for name, m, wrap in (("fast", fast, lambda f: f()), ("eager", eager, eager_run)):
+        v = wrap(lambda: v_gamma(m, range(1, 9)))
+        print(f"v(gamma) {name:5s}: " + "  ".join(f"{g}:{x:.2f}" for g, x in v.items()))
 
 
 if __name__ == "__main__":
