@@ -44,15 +44,14 @@ def _draft_path(args: argparse.Namespace) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..cli import resolve_target
-    from ..models import load_model
+    from ..cli import model_loader, resolve_target
     from .app import create_app, make_state
 
     config = from_args(ServerConfig, args)
-    load_cfg = from_args(ModelLoadConfig, args)
-    target = load_model(resolve_target(args), device=load_cfg.device, dtype=load_cfg.dtype)
+    load = model_loader(from_args(ModelLoadConfig, args))
+    target = load(resolve_target(args))
     draft_path = _draft_path(args)
-    draft = load_model(draft_path, device=load_cfg.device, dtype=load_cfg.dtype) if draft_path else None
+    draft = load(draft_path) if draft_path else None
     gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
     state = make_state(target, draft, config, default_drafter=args.drafter or "model", default_gamma=gamma,
                        ngram_max=args.ngram_max, ngram_min=args.ngram_min)
