@@ -53,6 +53,9 @@ class KVCache:
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # per-layer views made once: indexing self.k[layer] every layer of every step costs dispatch time
+        self._k_layers = list(self.k.unbind(0))
+        self._v_layers = list(self.v.unbind(0))
         self.max_len = max_len
         self.batch_size = batch_size
         self.lengths: list[int] = [0] * batch_size
@@ -109,8 +112,9 @@ class KVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over."""
-        kc = self.k[layer, meta.rows]
-        vc = self.v[layer, meta.rows]
+        kc, vc = self._k_layers[layer], self._v_layers[layer]
+        if meta.rows != slice(0, self.batch_size):
+            kc, vc = kc[meta.rows], vc[meta.rows]
         if meta.contiguous:
             s = meta.starts[0]
             kc[:, :, s : s + meta.n_new] = k

@@ -77,13 +77,11 @@ class LlamaBlock(nn.Module):
                 meta: Optional[AttentionMeta], cache: Optional[KVCache]) -> torch.Tensor:
         b, t, _ = x.shape
         h = rms_norm(x, self.attn_norm, self.eps)
-        qkv = linear(h, self.wqkv, self.bqkv)
-        q, k, v = qkv.split([self.n_heads * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-        q = q.view(b, t, self.n_heads, self.hd).transpose(1, 2)
-        k = k.view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        v = v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        qkv = linear(h, self.wqkv, self.bqkv).view(b, t, self.n_heads + 2 * self.n_kv, self.hd).transpose(1, 2)
+        # RoPE on q and k heads together: one set of ops per layer instead of two
+        qk = apply_rope(qkv[:, : self.n_heads + self.n_kv], cos, sin)
+        q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+        v = qkv[:, self.n_heads + self.n_kv :]
         if cache is None or meta is None:  # training / scoring: full causal attention, no cache
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
         else:
