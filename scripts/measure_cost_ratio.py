@@ -1,0 +1,63 @@
+"""Measure the draft/target cost ratio c: time of one single-token decode step of each, KV cache warm.
+
+    python scripts/measure_cost_ratio.py --target models/code-target --draft models/code-draft
+
+Target and draft steps are interleaved so background load affects both alike;
+the medians' ratio is c (Leviathan et al.'s cost coefficient).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from specdecode.models import load_model
+
+
+def step_time(model, ctx: int, cache) -> float:
+    tok = torch.tensor([[5]], device=model.device)
+    cache.set_length(ctx)
+    t = time.perf_counter()
+    model.forward(tok, cache)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="models/code-target")
+    ap.add_argument("--draft", default="models/code-draft")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--context", type=int, default=128, help="tokens already in the KV cache")
+    ap.add_argument("--reps", type=int, default=300)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models = {name: load_model(path, device=args.device, dtype=args.dtype)
+              for name, path in (("target", args.target), ("draft", args.draft))}
+    caches = {}
+    for name, m in models.items():
+        caches[name] = m.new_cache(1, args.context + 1)
+        m.forward(torch.randint(1, m.vocab_size, (1, args.context), device=m.device), caches[name])
+    times: dict[str, list[float]] = {n: [] for n in models}
+    for i in range(args.reps + 20):
+        for name, m in models.items():
+            t = step_time(m, args.context, caches[name])
+            if i >= 20:
+                times[name].append(t)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    out = {"target_ms": med["target"] * 1e3, "draft_ms": med["draft"] * 1e3, "c": med["draft"] / med["target"],
+           "threads": torch.get_num_threads(), "device": args.device, "context": args.context, "reps": args.reps,
+           "target_params": models["target"].num_parameters(), "draft_params": models["draft"].num_parameters()}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""``specdecode train | distill | eval-draft``: argparse front end for the training side.
+
+``add_subcommands(subparsers)`` is called by the main ``specdecode`` CLI;
+``python -m specdecode.train.cli ...`` runs the same commands standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def _explicit(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser) -> set[str]:
+    """Dest names of the flags actually typed, so --quick only fills in what the user left out."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = set()
+    for action in parser._actions:
+        if any(opt in argv or any(a.startswith(opt + "=") for a in argv) for opt in action.option_strings):
+            out.add(action.dest)
+    return out
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
+                   help="folders (walked for text files), globs or files to train on; default: this Python's "
+                        "standard library .py files (test suites excluded). 5%% of files, chosen by a hash of "
+                        "their relative path, are held out and never trained on")
+    p.add_argument("--seed", type=int, default=0, help="random seed (init, batches, sampling)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch; 0 = adaptive: all cores while the machine is otherwise idle, 1 while "
+                        "other processes keep it busy (multi-threaded ops stall on a contended CPU)")
+    p.add_argument("--no-amp", dest="amp", action="store_false",
+                   help="train in fp32 instead of bf16 autocast (autocast keeps fp32 master weights)")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --run-dir at its saved step")
+    p.add_argument("--run-dir", default=None,
+                   help="where checkpoints, the tokenizer and token caches go (default: runs/<name of --out>)")
+    p.add_argument("--save-dtype", choices=["bf16", "fp32", "fp16"], default="bf16",
+                   help="dtype of the exported model.safetensors")
+    p.add_argument("--ckpt-every", type=int, default=None, help="save a resumable checkpoint every N steps")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="wall-clock budget: the cosine schedule follows elapsed time and training stops when it "
+                        "runs out (whichever of --steps and the budget ends first)")
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="stop (with a checkpoint) after N steps of this invocation; continue later with --resume")
+
+
+def _add_train(sub) -> None:
+    from .pretrain import PretrainConfig
+
+    d = PretrainConfig()
+    p = sub.add_parser("train", help="pretrain a Llama-architecture target from scratch on a text/code corpus",
+                       description="Train a byte-level BPE tokenizer and a Llama-architecture model from scratch, "
+                                   "then write a Hugging Face directory that specdecode and transformers both load.")
+    p.add_argument("--out", default=d.out, help="output Hugging Face directory (default: %(default)s)")
+    _common(p)
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=d.seq_len,
+                   help="tokens per training sequence; also the model's context length (default: %(default)s)")
+    p.add_argument("--dim", type=int, default=d.dim, help="hidden size (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=d.heads, help="attention heads (default: %(default)s)")
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="key/value heads, GQA (default: %(default)s)")
+    p.add_argument("--ffn", type=int, default=d.ffn, help="MLP intermediate size (default: %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="BPE vocabulary size (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="linear warmup steps (default: %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)s)")
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="clip gradient norm to this (default: %(default)s)")
+    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens,
+                   help="held-out tokens scored for the final loss/perplexity (default: %(default)s)")
+    p.add_argument("--log-every", type=int, default=d.log_every, help="log a plain line every N steps (default: %(default)s)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny recipe that finishes in seconds (tests, smoke runs); explicit flags still win")
+    p.set_defaults(func=_run_train, _parser=p)
+
+
+def _run_train(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
+    from .pretrain import PretrainConfig, apply_quick, pretrain
+
+    cfg = PretrainConfig(out=args.out, run_dir=args.run_dir, corpus=list(args.corpus), steps=args.steps,
+                         batch_size=args.batch_size, seq_len=args.seq_len, dim=args.dim, layers=args.layers,
+                         heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn, vocab_size=args.vocab_size,
+                         lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                         seed=args.seed, device=args.device, threads=args.threads, amp=args.amp,
+                         save_dtype=args.save_dtype, max_minutes=args.max_minutes, stop_after=args.stop_after,
+                         resume=args.resume, eval_tokens=args.eval_tokens, quick=args.quick,
+                         log_every=args.log_every)
+    if args.ckpt_every:
+        cfg.ckpt_every = args.ckpt_every
+    if args.quick:
+        apply_quick(cfg, _explicit(argv, args._parser))
+    try:
+        r = pretrain(cfg)
+    except KeyboardInterrupt:
+        print("interrupted; the checkpoint in the run directory continues with --resume", file=sys.stderr)
+        return 130
+    if r.held_out_tokens:
+        print(f"held-out loss {r.held_out_loss:.4f}  perplexity {r.held_out_ppl:.2f}  -> {r.out}")
+    return 0
+
+
+def _add_distill(sub) -> None:
+    from .distill import LOSSES, DistillConfig
+
+    d = DistillConfig()
+    p = sub.add_parser("distill", help="distill a small draft model for a target (DistillSpec: on-policy data + KL)",
+                       description="Train a small Llama-architecture draft that imitates --target: the target "
+                                   "continues corpus prompts (cached on disk), its top-k distributions are the "
+                                   "teacher, and the draft minimises forward KL (or TV) to them. The draft shares "
+                                   "the target's tokenizer. Reports held-out acceptance α at the end.")
+    p.add_argument("--target", default=d.target,
+                   help="target model: any checkpoint directory specdecode loads (default: %(default)s)")
+    p.add_argument("--out", default=d.out, help="output Hugging Face directory for the draft (default: %(default)s)")
+    _common(p)
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="on-policy sequences per step; corpus steps use the same number of tokens (default: %(default)s)")
+    p.add_argument("--dim", type=int, default=d.dim, help="draft hidden size (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=d.layers, help="draft decoder layers (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=d.heads, help="draft attention heads (default: %(default)s)")
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="draft key/value heads (default: %(default)s)")
+    p.add_argument("--ffn", type=int, default=d.ffn, help="draft MLP intermediate size (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="linear warmup steps (default: %(default)s)")
+    p.add_argument("--loss", choices=LOSSES, default=d.loss,
+                   help="fkl: forward KL(target || draft); tv: total variation = 1 - α at T=1 (default: %(default)s)")
+    p.add_argument("--onpolicy-seqs", type=int, default=d.onpolicy_seqs,
+                   help="target rollouts to generate and train on (default: %(default)s)")
+    p.add_argument("--prompt-len", type=int, default=d.prompt_len,
+                   help="corpus tokens in each rollout's prompt (default: %(default)s)")
+    p.add_argument("--gen-len", type=int, default=d.gen_len, help="tokens the target writes per rollout (default: %(default)s)")
+    p.add_argument("--greedy-frac", type=float, default=d.greedy_frac,
+                   help="fraction of rollouts decoded greedily; the rest are sampled at T=1 (default: %(default)s)")
+    p.add_argument("--corpus-seqs", type=int, default=d.corpus_seqs,
+                   help="plain corpus windows at the target's full context length (default: %(default)s)")
+    p.add_argument("--corpus-mix", type=float, default=d.corpus_mix,
+                   help="fraction of steps trained on corpus windows instead of rollouts (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=d.top_k,
+                   help="teacher log-probs kept per position (the rest is one tail bucket) (default: %(default)s)")
+    p.add_argument("--gen-batch", type=int, default=d.gen_batch, help="rollouts generated together (default: %(default)s)")
+    p.add_argument("--target-dtype", default=d.target_dtype,
+                   help="dtype the target runs in for rollouts and teacher logits (default: %(default)s)")
+    p.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
+                   help="held-out prompts for the final α report (default: %(default)s)")
+    p.add_argument("--eval-prompt-len", type=int, default=d.eval_prompt_len,
+                   help="tokens per held-out prompt in the final α report (default: %(default)s)")
+    p.add_argument("--eval-new-tokens", type=int, default=d.eval_new_tokens,
+                   help="target tokens per prompt in the final α report (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="tiny recipe that finishes in seconds (tests, smoke runs)")
+    p.set_defaults(func=_run_distill, _parser=p)
+
+
+def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
+    from .distill import DistillConfig, apply_quick, distill
+
+    names = ["target", "out", "run_dir", "steps", "batch_size", "dim", "layers", "heads", "kv_heads", "ffn", "lr",
+             "warmup", "loss", "onpolicy_seqs", "prompt_len", "gen_len", "greedy_frac", "corpus_seqs", "corpus_mix",
+             "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype",
+             "max_minutes", "stop_after", "resume", "quick"]
+    cfg = DistillConfig(corpus=list(args.corpus), **{n: getattr(args, n) for n in names})
+    if args.ckpt_every:
+        cfg.ckpt_every = args.ckpt_every
+    if args.quick:
+        apply_quick(cfg, _explicit(argv, args._parser))
+    try:
+        r = distill(cfg)
+    except KeyboardInterrupt:
+        print("interrupted; the checkpoint in the run directory continues with --resume", file=sys.stderr)
+        return 130
+    if r.eval is not None:
+        print(r.eval)
+    return 0
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval-draft", help="held-out acceptance rate α of a draft vs a target (T=0 and T=1)",
+                       description="Measure α per Leviathan et al.: at T=0 the rate at which the draft's argmax "
+                                   "equals the target's along the target's greedy path; at T=1 the mean of "
+                                   "sum_x min(p(x), q(x)) along a path the target samples. Prompts come from "
+                                   "held-out corpus files. Unigram and bigram drafters fitted on the training "
+                                   "split are reported as baselines.")
+    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument("--draft", default=None, help="draft model directory (omit to report only the n-gram baselines)")
+    p.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
+                   help="the corpus the models were trained on (default: the stdlib; its held-out files give prompts)")
+    p.add_argument("--prompts", type=int, default=64, help="held-out prompts (default: %(default)s)")
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=128, help="target tokens generated per prompt (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts run together (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1234, help="picks the prompts and the T=1 samples (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 (default: %(default)s)")
+    p.add_argument("--no-ngrams", dest="ngrams", action="store_false", help="skip the unigram/bigram baselines")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON here")
+    p.set_defaults(func=_run_eval, _parser=p)
+
+
+def _run_eval(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
+    from pathlib import Path
+
+    from .evaluate import evaluate_draft
+
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    res = evaluate_draft(args.target, args.draft, corpus=args.corpus or None, prompts=args.prompts,
+                         prompt_len=args.prompt_len, new_tokens=args.new_tokens, seed=args.seed, device=device,
+                         dtype=args.dtype, ngrams=args.ngrams, batch_size=args.batch_size)
+    print(res)
+    if args.json:
+        Path(args.json).write_text(res.to_json() + "\n")
+    return 0
+
+
+def add_subcommands(subparsers) -> None:
+    """Register ``train``, ``distill`` and ``eval-draft`` on the main CLI's subparsers."""
+    _add_train(subparsers)
+    _add_distill(subparsers)
+    _add_eval(subparsers)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m specdecode.train.cli",
+                                     description="specdecode training: train a target, distill a draft, measure α")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    args = parser.parse_args(argv)
+    return args.func(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""Distill a small draft from a target, DistillSpec style (Zhou et al., 2023, arXiv:2310.08461).
+
+DistillSpec's finding: to maximise acceptance, train the draft on the *target's
+own* outputs (on-policy data) with a divergence between the two distributions,
+rather than on corpus text with cross-entropy. We therefore
+
+1. let the target continue corpus prompts (greedy and sampled; batched with its
+   KV cache) and cache those sequences on disk, so reruns and resumes reuse them;
+2. run the target once over every training sequence and keep its top-k
+   log-probabilities plus the leftover mass as a tail bucket. The divergence
+   between these (k+1)-bucket coarsenings is a lower bound on the full one and is
+   exact where it matters (the head); it lets the draft train for many epochs
+   at draft speed instead of paying a target forward per step;
+3. minimise forward KL (or total variation, whose complement is α at T=1)
+   on the on-policy sequences, mixed with plain corpus windows at full context
+   length so the draft also sees every position the target can reach.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..models import Model, load_model
+from ..models.llama import LlamaModel
+from . import data as D
+from .checkpoint import has_checkpoint, install_stop_handler, load_checkpoint, save_checkpoint
+from .common import (autocast, cosine_lr, count_params, fmt_count, init_llama, llama_config, param_groups,
+                     pick_device, rng_state, seed_everything, set_rng_state, ThreadGovernor)
+from .evaluate import EVAL_SEED, DraftEvalResult, doc_separator, evaluate_draft
+from .export import save_hf
+from .rollout import full_logits, generate, sample_windows
+from .tokenizer import encode_batch_fn
+
+LOSSES = ("fkl", "tv")
+
+
+@dataclass
+class DistillConfig:
+    target: str = "models/code-target"
+    out: str = "models/code-draft"
+    run_dir: Optional[str] = None  # default: runs/<basename of out>
+    corpus: list[str] = field(default_factory=list)
+    steps: int = 3000
+    batch_size: int = 16  # on-policy sequences per step (corpus batches hold the same number of tokens)
+    dim: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: Optional[int] = 384
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    loss: str = "fkl"
+    onpolicy_seqs: int = 768
+    prompt_len: int = 64
+    gen_len: int = 128
+    greedy_frac: float = 0.5  # the rest of the on-policy rollouts are sampled at T=1
+    corpus_seqs: int = 384  # plain corpus windows at the target's full context length
+    corpus_mix: float = 0.3  # fraction of steps that train on corpus windows
+    top_k: int = 64
+    gen_batch: int = 128
+    target_dtype: str = "bf16"
+    seed: int = 0
+    device: str = "auto"
+    threads: int = 0
+    amp: bool = True
+    save_dtype: str = "bf16"
+    ckpt_every: int = 200
+    ckpt_minutes: float = 5.0
+    log_every: int = 50
+    max_minutes: Optional[float] = None
+    stop_after: Optional[int] = None
+    resume: bool = False
+    eval_prompts: int = 64
+    eval_prompt_len: int = 64
+    eval_new_tokens: int = 128
+    quick: bool = False
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
+
+
+QUICK = dict(steps=20, batch_size=4, dim=32, layers=1, heads=2, kv_heads=1, ffn=64, onpolicy_seqs=8, prompt_len=8,
+             gen_len=8, corpus_seqs=4, top_k=8, gen_batch=8, warmup=3, ckpt_every=10, log_every=10,
+             eval_prompts=4, eval_prompt_len=8, eval_new_tokens=8)
+
+
+def apply_quick(cfg: DistillConfig, explicit: set[str] = frozenset()) -> DistillConfig:
+    for k, v in QUICK.items():
+        if k not in explicit:
+            setattr(cfg, k, v)
+    return cfg
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    steps: int
+    params: int
+    eval: Optional[DraftEvalResult]
+
+
+def _log(msg: str) -> None:
+    tqdm.write(msg, file=sys.stderr)
+
+
+def _target_key(target: Model, cfg: DistillConfig, corpus_fp: str) -> str:
+    """Cache key: which target (weights file identity), which corpus, which rollout settings."""
+    root = Path(target.path)
+    h = hashlib.sha1()
+    for f in sorted(root.glob("*.safetensors")) + [root / "config.json"]:
+        st = f.stat()
+        h.update(f"{f.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode())
+    h.update(json.dumps([corpus_fp, cfg.onpolicy_seqs, cfg.prompt_len, cfg.gen_len, cfg.greedy_frac,
+                         cfg.corpus_seqs, cfg.top_k, cfg.seed, cfg.target_dtype]).encode())
+    return h.hexdigest()[:16]
+
+
+@torch.inference_mode()
+def _teacher_topk(target: Model, seqs: torch.Tensor, k: int, batch: int, desc: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target top-k log-probs (fp16) and ids for every position of every sequence."""
+    vals, idx = [], []
+    idx_dtype = torch.int16 if target.vocab_size <= 32767 else torch.int32
+    for i in tqdm(range(0, len(seqs), batch), desc=desc, file=sys.stderr, mininterval=10, leave=False):
+        lp = torch.log_softmax(full_logits(target, seqs[i:i + batch]), -1)
+        v, j = lp.topk(k, dim=-1)
+        vals.append(v.half().cpu())
+        idx.append(j.to(idx_dtype).cpu())
+    return torch.cat(vals), torch.cat(idx)
+
+
+def build_dataset(target: Model, cfg: DistillConfig, run_dir: Path) -> dict[str, torch.Tensor]:
+    """On-policy rollouts + corpus windows with the target's top-k teacher, cached in ``run_dir``."""
+    train_files, _ = D.split_corpus(D.list_corpus(cfg.corpus or None))
+    key = _target_key(target, cfg, D.corpus_fingerprint(train_files))
+    path = run_dir / f"distill-data-{key}.pt"
+    if path.is_file():
+        _log(f"reusing cached on-policy data and teacher distributions: {path}")
+        return torch.load(path, weights_only=True)
+    if target.tokenizer is None:
+        raise ValueError(f"target {target.path} has no tokenizer.json; distillation needs corpus text prompts")
+    stream = D.token_stream(train_files, encode_batch_fn(target.tokenizer), doc_separator(target))
+    seq_len = cfg.prompt_len + cfg.gen_len
+    ctx = target.max_seq_len
+    if seq_len > ctx:
+        raise ValueError(f"--prompt-len + --gen-len = {seq_len} exceeds the target's context of {ctx}")
+    prompts = sample_windows(stream, cfg.onpolicy_seqs, cfg.prompt_len, cfg.seed)
+    n_greedy = int(round(cfg.greedy_frac * cfg.onpolicy_seqs))
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    rows = []
+    t0 = time.time()
+    bar = tqdm(total=cfg.onpolicy_seqs, desc="target rollouts", unit="seq", file=sys.stderr, mininterval=10)
+    for i in range(0, cfg.onpolicy_seqs, cfg.gen_batch):
+        chunk = prompts[i:i + cfg.gen_batch]
+        temps = torch.tensor([0.0 if i + r < n_greedy else 1.0 for r in range(len(chunk))])
+        for temp in temps.unique().tolist():  # greedy and sampled rows of one chunk go separately
+            sel = (temps == temp).nonzero().squeeze(1)
+            rows.append(generate(target, chunk[sel], cfg.gen_len, temp, g))
+        bar.update(len(chunk))
+    bar.close()
+    onpolicy = torch.cat(rows)
+    _log(f"generated {onpolicy.shape[0]} x {cfg.gen_len} target tokens ({n_greedy} greedy, "
+         f"{cfg.onpolicy_seqs - n_greedy} sampled at T=1) in {time.time() - t0:.0f}s")
+    corpus_len = min(ctx, len(stream) - 1)
+    corpus = sample_windows(stream, cfg.corpus_seqs, corpus_len, cfg.seed + 2)
+    k = min(cfg.top_k, target.vocab_size)
+    on_v, on_i = _teacher_topk(target, onpolicy, k, max(1, cfg.gen_batch // 2), "teacher (on-policy)")
+    co_v, co_i = _teacher_topk(target, corpus, k, max(1, cfg.gen_batch * seq_len // corpus_len // 2), "teacher (corpus)")
+    ds = {"onpolicy": onpolicy.to(torch.int32), "onpolicy_lp": on_v, "onpolicy_idx": on_i,
+          "corpus": corpus.to(torch.int32), "corpus_lp": co_v, "corpus_idx": co_i}
+    tmp = path.with_suffix(".tmp")
+    torch.save(ds, tmp)
+    tmp.replace(path)
+    _log(f"cached distillation data to {path} ({time.time() - t0:.0f}s)")
+    return ds
+
+
+def bucket_divergence(draft_logits: torch.Tensor, teacher_lp: torch.Tensor, teacher_idx: torch.Tensor,
+                      kind: str) -> torch.Tensor:
+    """Mean forward KL(p || q) or TV(p, q) between top-k + tail-bucket coarsenings of teacher p and draft q."""
+    logq = torch.log_softmax(draft_logits.float(), -1)
+    lq = logq.gather(-1, teacher_idx.long())
+    lp = teacher_lp.float()
+    p, q = lp.exp(), lq.exp()
+    p_rest = (1 - p.sum(-1)).clamp_min(0.0)
+    q_rest = (1 - q.sum(-1)).clamp_min(1e-12)
+    if kind == "fkl":
+        head = (p * (lp - lq)).sum(-1)
+        tail = torch.xlogy(p_rest, p_rest) - p_rest * q_rest.log()
+        return (head + tail).mean()
+    if kind == "tv":
+        return 0.5 * ((p - q).abs().sum(-1) + (p_rest - q_rest).abs()).mean()
+    raise ValueError(f"unknown loss {kind!r}; use one of {', '.join(LOSSES)}")
+
+
+def distill(cfg: DistillConfig) -> DistillResult:
+    if cfg.loss not in LOSSES:
+        raise ValueError(f"unknown --loss {cfg.loss!r}; use one of {', '.join(LOSSES)}")
+    run_dir = cfg.resolved_run_dir()
+    if cfg.resume and not has_checkpoint(run_dir):
+        load_checkpoint(run_dir)  # raises the clear "no checkpoint" error
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = pick_device(cfg.device)
+    governor = ThreadGovernor(cfg.threads) if device.type == "cpu" else None
+    seed_everything(cfg.seed)
+    target = load_model(cfg.target, device=str(device), dtype=cfg.target_dtype)
+    ds = build_dataset(target, cfg, run_dir)
+    tc = target.config
+    eos = min(target.eos_token_ids) if target.eos_token_ids else doc_separator(target)
+    mcfg = llama_config(tc.vocab_size, cfg.dim, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn, target.max_seq_len,
+                        bos=doc_separator(target), eos=eos, tie=True, rope_theta=tc.rope_theta)
+    model = LlamaModel(mcfg, target.max_seq_len)
+    init_llama(model)
+    model.to(device).train()
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
+                            fused=device.type == "cuda")
+    start, elapsed_before, tokens_seen = 0, 0.0, 0
+    if cfg.resume:
+        ck = load_checkpoint(run_dir)
+        if ck["model_config"] != asdict(mcfg):
+            raise ValueError(f"--resume: checkpoint in {run_dir} has a different draft shape; "
+                             "pass the same flags or use a fresh --run-dir")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optim"])
+        start, elapsed_before = ck["step"], ck.get("elapsed", 0.0)
+        tokens_seen = ck.get("tokens_seen", 0)
+        set_rng_state(ck["rng"])
+        _log(f"resumed from {run_dir / 'ckpt.pt'} at step {start}")
+    n_params = count_params(model)
+    on_len = ds["onpolicy"].shape[1]
+    co_len = ds["corpus"].shape[1]
+    co_batch = max(1, cfg.batch_size * on_len // co_len)
+    _log(f"draft: {fmt_count(n_params)} params ({mcfg.n_layers}x{mcfg.dim}, heads {mcfg.n_heads}/{mcfg.n_kv_heads}, "
+         f"ffn {mcfg.intermediate_size}) vs target {fmt_count(target.num_parameters())}; loss {cfg.loss}; "
+         f"{len(ds['onpolicy'])} on-policy x {on_len} + {len(ds['corpus'])} corpus x {co_len} tokens; "
+         f"{cfg.steps} steps on {device} threads={torch.get_num_threads()}")
+
+    def save(step: int, elapsed: float) -> None:
+        save_checkpoint(run_dir, {"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
+                                  "rng": rng_state(), "model_config": asdict(mcfg), "distill_config": asdict(cfg),
+                                  "elapsed": elapsed, "tokens_seen": tokens_seen})
+
+    budget_s = cfg.max_minutes * 60 if cfg.max_minutes else None
+    bar = tqdm(total=int(budget_s) if budget_s else cfg.steps, initial=int(elapsed_before) if budget_s else start,
+               unit="s" if budget_s else "step", dynamic_ncols=True, file=sys.stderr, desc="distill",
+               mininterval=1 if sys.stderr.isatty() else 30)
+    t0, last_save, step, ema, tok_s = time.time(), time.time(), start, None, 0.0
+    stop = install_stop_handler()
+    while step < cfg.steps:
+        elapsed = elapsed_before + time.time() - t0
+        if stop.requested:
+            save(step, elapsed)
+            bar.close()
+            _log(f"interrupted: checkpoint saved at step {step}; continue with --resume")
+            raise KeyboardInterrupt
+        progress = step / cfg.steps
+        if budget_s:
+            if elapsed >= budget_s:
+                _log(f"time budget of {cfg.max_minutes} min reached at step {step}")
+                break
+            progress = max(progress, elapsed / budget_s)
+        lr = cosine_lr(step, progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        if device.type == "cpu":
+            governor.update(step)  # type: ignore[union-attr]
+        ts = time.time()
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        use_corpus = len(ds["corpus"]) > 0 and torch.rand((), generator=g).item() < cfg.corpus_mix
+        kind = "corpus" if use_corpus else "onpolicy"
+        rows = torch.randint(0, len(ds[kind]), (co_batch if use_corpus else cfg.batch_size,), generator=g)
+        tokens = ds[kind][rows].long().to(device)
+        with autocast(device, cfg.amp):
+            logits = model(tokens)
+        loss = bucket_divergence(logits, ds[kind + "_lp"][rows].to(device), ds[kind + "_idx"][rows].to(device), cfg.loss)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        lv = loss.item()
+        if not math.isfinite(lv):
+            raise FloatingPointError(f"loss became {lv} at step {step}; lower --lr")
+        step += 1
+        tokens_seen += tokens.numel()
+        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        rate = tokens.numel() / max(1e-9, time.time() - ts)
+        tok_s = rate if tok_s == 0 else 0.9 * tok_s + 0.1 * rate
+        bar.set_postfix(step=step, loss=f"{ema:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        bar.update(min(int(budget_s), int(elapsed_before + time.time() - t0)) - bar.n if budget_s else 1)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            _log(f"step {step} {cfg.loss} {lv:.4f} (ema {ema:.4f}) lr {lr:.2e} {tok_s:,.0f} tok/s "
+                 f"elapsed {(elapsed_before + time.time() - t0) / 60:.1f} min")
+        if step % cfg.ckpt_every == 0 or time.time() - last_save > cfg.ckpt_minutes * 60:
+            save(step, elapsed_before + time.time() - t0)
+            last_save = time.time()
+        if cfg.stop_after is not None and step - start >= cfg.stop_after:
+            save(step, elapsed_before + time.time() - t0)
+            bar.close()
+            _log(f"stopping after {cfg.stop_after} steps this run (at step {step}); continue with --resume")
+            return DistillResult(Path(cfg.out), step, n_params, None)
+    bar.close()
+    save(step, elapsed_before + time.time() - t0)
+    info = {"recipe": asdict(cfg), "params": n_params, "steps": step, "target": str(target.path),
+            "target_params": target.num_parameters(), "tokens_seen": tokens_seen, "final_loss_ema": ema,
+            "onpolicy_tokens": int(ds["onpolicy"].numel()), "corpus_tokens": int(ds["corpus"].numel()),
+            "train_tokens_per_s": tok_s, "wall_minutes": (elapsed_before + time.time() - t0) / 60}
+    save_hf(model, Path(cfg.out), cfg.save_dtype, tokenizer_dir=Path(target.path), extra={"distill": info})
+    _log(f"wrote {cfg.out} ({fmt_count(n_params)} params, {cfg.save_dtype}); measuring held-out α")
+    draft = load_model(cfg.out, device=str(device))
+    target_eval = load_model(cfg.target, device=str(device))
+    res = evaluate_draft(target_eval, draft, corpus=cfg.corpus or None, prompts=cfg.eval_prompts, batch_size=32,
+                         prompt_len=cfg.eval_prompt_len, new_tokens=cfg.eval_new_tokens, seed=EVAL_SEED)
+    info["held_out_alpha"] = json.loads(res.to_json())
+    (run_dir / "result.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    d = res.row("draft")
+    _log(f"held-out α of the draft: {d.alpha_t0:.3f} at T=0, {d.alpha_t1:.3f} at T=1")
+    return DistillResult(Path(cfg.out), step, n_params, res)
