@@ -1,2 +1,6 @@
-def binary_search(items, target):
-    """Return the index of target in the sorted list items, or -1 if absent."""
+class Point:
+    def __init__(self, x, y):
+        self.x = x
+        self.y = y
+
+    def __repr__(self):
