@@ -74,9 +74,11 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path: Path, corpus_dir: 
 def test_bad_corpus_errors(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="corpus is empty"):
-        train_cli(["train", "--quick", "--corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
+        train_cli(["train", "--quick", "--corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "o"),
+                   "--run-dir", str(tmp_path / "r")])
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        train_cli(["train", "--quick", "--corpus", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+        train_cli(["train", "--quick", "--corpus", str(tmp_path / "missing"), "--out", str(tmp_path / "o"),
+                   "--run-dir", str(tmp_path / "r")])
 
 
 def test_bad_shape_flags(tmp_path: Path, corpus_dir: Path) -> None:

@@ -25,17 +25,6 @@ def pick_device(device: Optional[str] = None) -> torch.device:
     return dev
 
 
-def set_cpu_threads(threads: Optional[int] = None) -> int:
-    """Use the physical cores we were given (affinity-aware); more threads than cores only thrash."""
-    if threads is None or threads <= 0:
-        try:
-            threads = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            threads = os.cpu_count() or 1
-    torch.set_num_threads(max(1, threads))
-    return torch.get_num_threads()
-
-
 class ThreadGovernor:
     """``--threads 0``: all our cores while the machine is otherwise idle, one thread when it is busy.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path

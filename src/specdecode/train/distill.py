@@ -27,9 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..models import Model, load_model
