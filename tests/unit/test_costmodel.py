@@ -42,13 +42,35 @@ def test_adaptive_gamma_turns_off_and_probes() -> None:
     assert policy.choose() >= 4
 
 
-def test_auto_gamma_is_exact_and_cached(tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
-    target, draft = sd.load_model(tiny_dirs["llama"]), sd.load_model(tiny_dirs["draft"])
+def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdecode.drafters.model as drafter_module
+
+    # a cheap draft with flat verification cost: with draft == target (alpha = 1) auto must draft
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d: Costs(c=0.05, v=tuple([1.0] * 16)))
+    target = sd.load_model(tiny_dirs["llama"])
     plain = sd.generate(target, "def fib(n):", max_new_tokens=20, ignore_eos=True)
     auto = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
     assert auto.token_ids == plain.token_ids
-    assert auto.stats.tau > 1.0  # draft == target: alpha = 1, so auto drafts
-    assert list((tmp_path / "costs").glob("*.json"))
+    assert auto.stats.tau > 3.0
+    # the same pair priced as it really is (draft = target costs c = 1): speculation never pays
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d: Costs(c=1.0, v=tuple([1.0] * 16)))
+    off = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
+    assert off.token_ids == plain.token_ids and off.stats.drafted == 0
+
+
+def test_costs_are_measured_once_and_cached(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdecode.costmodel as cm
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.setattr(cm, "_MEMO", {})
+    target, draft = sd.load_model(tiny_dirs["llama"]), sd.load_model(tiny_dirs["draft"])
     costs = load_or_measure_costs(target, draft)
     assert costs.v[0] == 1.0 and len(costs.v) == 16 and costs.c > 0
+    assert all(b >= a for a, b in zip(costs.v, costs.v[1:]))
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setattr(cm, "measure_costs", lambda *a: pytest.fail("measured again despite the cache file"))
+    assert load_or_measure_costs(target, draft) == costs

@@ -47,7 +47,7 @@ def _tol(k: int) -> dict:
 SHAPES = [(7, 5), (33, 13), (257, 100), (64, 24), (512, 37)]  # (K, N): odd K, N not a multiple of 8/12
 
 
-@pytest.mark.parametrize("m", list(range(1, 17)))
+@pytest.mark.parametrize("m", list(range(1, 17)) + [23, 32, 48, 64])
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_matches_f_linear(ext, m, wdtype, with_bias):
@@ -90,7 +90,7 @@ def test_fallbacks_match_eager():
     g = torch.Generator().manual_seed(3)
     w = torch.randn(24, 33, generator=g)
     b = torch.randn(24, generator=g)
-    big = torch.randn(1, 40, 33, generator=g)  # M > 16
+    big = torch.randn(1, 70, 33, generator=g)  # M > 64: eager
     torch.testing.assert_close(fast_linear(big, w, b), F.linear(big, w, b))
     xd = torch.randn(3, 33, generator=g, dtype=torch.float64)  # fp64 x
     torch.testing.assert_close(fast_linear(xd, w.double(), b.double()), F.linear(xd, w.double(), b.double()))
@@ -100,7 +100,7 @@ def test_fallbacks_match_eager():
     # bf16 activations with bf16 weights: eager bf16
     xb, wb = x.bfloat16(), w.bfloat16()
     torch.testing.assert_close(fast_linear(xb, wb), F.linear(xb, wb))
-    # bf16 weight (and bias) with fp32 x above 16 rows: cast to fp32, as the kernel computes
+    # bf16 weight (and bias) with fp32 x above 64 rows: cast to fp32, as the kernel computes
     torch.testing.assert_close(fast_linear(big, w.bfloat16(), b.bfloat16()),
                                F.linear(big, w.bfloat16().float(), b.bfloat16().float()), **_tol(33))
     empty = torch.randn(0, 33)

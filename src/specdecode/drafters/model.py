@@ -50,6 +50,7 @@ class DraftModelDrafter:
         self.gamma = gamma
         self.max_gamma = max_gamma
         self.policy: Optional[AdaptiveGamma] = None  # set by prepare() when gamma == "auto"
+        self._checked_target: Optional["Model"] = None
         self._cache: Optional["KVCache"] = None
         self._target_vocab = model.vocab_size
         self._n_cached = 0  # tokens of the sequence held in the draft cache
@@ -57,12 +58,15 @@ class DraftModelDrafter:
         self._drafted = 0
 
     def prepare(self, target: "Model") -> None:
-        check_vocab_compatible(self.model, target)
-        if self.model.device != target.device:
-            raise ConfigError(f"draft is on {self.model.device} but target is on {target.device}; load both on one device")
-        self._target_vocab = target.vocab_size
-        if self.gamma == "auto":
-            self.policy = AdaptiveGamma(load_or_measure_costs(target, self.model), self.max_gamma)
+        if target is not self._checked_target:  # comparing two vocabularies costs ~6 ms: once per target
+            check_vocab_compatible(self.model, target)
+            if self.model.device != target.device:
+                raise ConfigError(f"draft is on {self.model.device} but target is on {target.device}; "
+                                  "load both on one device")
+            self._target_vocab = target.vocab_size
+            if self.gamma == "auto":
+                self.policy = AdaptiveGamma(load_or_measure_costs(target, self.model), self.max_gamma)
+            self._checked_target = target
         if self._cache is None:
             self._cache = self.model.new_cache(1, self.model.max_seq_len)
         self.reset()

@@ -1,7 +1,7 @@
 """Fast small-M linear for the CPU (the target verifying gamma+1 tokens at once).
 
 ``fast_linear(x, weight, bias)`` is a drop-in for ``F.linear``: when x is fp32 on
-the CPU with at most 16 rows (product of its leading dims) and the weight is a
+the CPU with at most 64 rows (product of its leading dims) and the weight is a
 contiguous fp32 or bf16 [N, K] matrix, it runs a C++ AVX2/FMA kernel that reads
 each weight row once for all rows of x; anything else goes to ``F.linear`` (a
 bf16 weight with fp32 x is cast to fp32 there).

@@ -1,4 +1,4 @@
-// Small-M linear for the CPU: y[M, N] = x[M, K] @ W[N, K]^T (+ b), M in 1..16.
+// Small-M linear for the CPU: y[M, N] = x[M, K] @ W[N, K]^T (+ b), M in 1..64.
 //
 // Why: eager F.linear with a handful of rows (the target verifying gamma+1
 // draft tokens) streams the weight matrix from memory about once per row.
@@ -38,7 +38,7 @@
 
 namespace {
 
-constexpr int64_t MAX_M = 16;
+constexpr int64_t MAX_M = 64;  // a batched server step verifies up to rows x (gamma+1) tokens
 constexpr int64_t TILE_N = 12;   // weight rows per task unit; multiple of every NB below
 constexpr int64_t MAX_MB = 6;    // token rows per register block
 
@@ -219,7 +219,7 @@ at::Tensor smallm_linear(const at::Tensor& x, const at::Tensor& w, const std::op
                   (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
               "smallm_linear: weight must be a contiguous fp32 or bf16 [N, K] tensor");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(M >= 1 && M <= MAX_M, "smallm_linear: 1 <= M <= 16 rows, got ", M);
+  TORCH_CHECK(M >= 1 && M <= MAX_M, "smallm_linear: 1 <= M <= 64 rows, got ", M);
   TORCH_CHECK(w.size(1) == K, "smallm_linear: x has K=", K, " but weight has ", w.size(1));
   const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
@@ -284,7 +284,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "F.linear drop-in: the small-M kernel when it applies, else eager",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("smallm_linear", &smallm_linear, "The kernel on 2-D fp32 x [M<=16, K]; raises if it does not apply",
+  m.def("smallm_linear", &smallm_linear, "The kernel on 2-D fp32 x [M<=64, K]; raises if it does not apply",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("force_scalar") = false, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx2", []() { return kHasAvx2; }, "whether the AVX2/FMA path is used on this CPU");
