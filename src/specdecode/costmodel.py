@@ -154,12 +154,12 @@ class AdaptiveGamma:
     tokens plus the one rejected token per step (later draft tokens were never
     judged): the maximum-likelihood estimate for i.i.d. acceptance. A weak
     prior keeps the first steps sane. When no γ pays, it still drafts one token
-    every ``probe_every`` steps so the estimate can recover (about 1% of a
+    every ``probe_every`` steps so the estimate can recover (well under 1% of a
     pass's cost on average).
     """
 
     def __init__(self, costs: Costs, max_gamma: int = MAX_GAMMA, prior_alpha: float = 0.7,
-                 prior_weight: float = 2.0, probe_every: int = 64) -> None:
+                 prior_weight: float = 2.0, probe_every: int = 256) -> None:
         self.costs = costs
         self.max_gamma = max_gamma
         self.prior_alpha, self.prior_weight, self.probe_every = prior_alpha, prior_weight, probe_every
