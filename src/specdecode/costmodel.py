@@ -99,7 +99,7 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
 
 
 def _fingerprint(models: Sequence[Optional["Model"]]) -> str:
-    parts = [platform.processor() or platform.machine(), _cpu_name(), str(torch.get_num_threads()),
+    parts = [platform.processor() or platform.machine(), cpu_name(), str(torch.get_num_threads()),
              torch.__version__, ops.linear_impl_name()]
     for m in models:
         if m is None:
@@ -111,14 +111,15 @@ def _fingerprint(models: Sequence[Optional["Model"]]) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name: part of the cost cache key, and recorded by the benchmark."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor() or platform.machine()
 
 
 def cache_dir() -> Path:

@@ -200,16 +200,6 @@ def _git_commit() -> Optional[str]:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _versions() -> dict[str, Optional[str]]:
     import numpy
     import torch
@@ -292,7 +282,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from .. import ops
-    from ..cli import DEFAULT_DRAFT, default_model_dir, model_loader, resolve_target
+    from ..cli import DEFAULT_DRAFT
+    from ..costmodel import cpu_name, default_model_dir, model_loader, resolve_target
     from .measure import measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
@@ -365,7 +356,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(table)
     config = {
         "command": sys.argv, "started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
-        "duration_s": None, "git_commit": _git_commit(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+        "duration_s": None, "git_commit": _git_commit(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
         "threads": threads, "load_average_start_end": [load_before, os.getloadavg()[0]],
         "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
         "versions": _versions(), "linear_impl": ops.linear_impl_name(),
