@@ -282,8 +282,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from .. import ops
-    from ..cli import DEFAULT_DRAFT
-    from ..costmodel import cpu_name, default_model_dir, model_loader, resolve_target
+    from ..cli import DEFAULT_DRAFT, default_model_dir, model_loader, resolve_target
+    from ..costmodel import cpu_name
     from .measure import measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
