@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
-from .cache import ContextLengthError
+from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig
 from .drafters.base import Draft, DraftContext, Drafter
 from .metrics import GenerationStats
@@ -104,9 +104,10 @@ def prompt_ids(target: Model, prompt: Prompt) -> list[int]:
 
 
 @torch.inference_mode()
-def _target_step(target: Model, cache_tokens: list[int], cache: object) -> torch.Tensor:
-    ids = torch.tensor([cache_tokens], dtype=torch.long, device=target.device)
-    return target.forward(ids, cache)[0]  # type: ignore[arg-type]
+def _target_step(target: Model, tokens: list[int], cache: KVCache) -> torch.Tensor:
+    """One target pass over the pending token and the draft: logits [len(tokens), V]."""
+    ids = torch.tensor([tokens], dtype=torch.long, device=target.device)
+    return target.forward(ids, cache)[0]
 
 
 def stream(
