@@ -19,8 +19,10 @@ def fast_path() -> None:
     """Every test runs on the fast CPU kernel when it builds here (SPECDECODE_FAST_LINEAR=0: eager path),
     so the exactness tests cover the code users run."""
     from specdecode.kernels import enable_fast_linear
+    from specdecode.kernels.fused import enable_fused_ops
 
     enable_fast_linear(True)
+    enable_fused_ops(True)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ device sync to know where to write.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import torch
@@ -23,18 +24,34 @@ class ContextLengthError(ValueError):
 class AttentionMeta:
     """Everything a forward pass needs to know about where its tokens go.
 
-    Built once per forward (not per layer): positions for RoPE, the slice of
-    rows written, how many keys are live, and the attention mask (None when a
-    single query attends to everything before it).
+    Built once per forward (not per layer). ``positions`` (for RoPE) and
+    ``mask`` are made on first use: the fused CPU layer needs neither, and on a
+    small model every tensor op per step is measurable.
     """
 
-    positions: torch.Tensor  # [B, T] int64
     rows: slice
     starts: list[int]  # per-row write offset
     n_new: int  # T
     kv_len: int  # number of cache slots attention reads
-    mask: Optional[torch.Tensor]  # [B, 1, T, kv_len] bool, True = attend
     contiguous: bool  # all rows start at the same offset -> slice write
+    arange: torch.Tensor  # the cache's [max_len] position ramp
+
+    @cached_property
+    def positions(self) -> torch.Tensor:
+        """[B, T] int64 positions of the new tokens."""
+        if self.contiguous:
+            s = self.starts[0]
+            return self.arange[s : s + self.n_new].unsqueeze(0).expand(len(self.starts), self.n_new)
+        offs = torch.tensor(self.starts, device=self.arange.device).unsqueeze(1)
+        return offs + self.arange[: self.n_new].unsqueeze(0)
+
+    @cached_property
+    def mask(self) -> Optional[torch.Tensor]:
+        """[B, 1, T, kv_len] bool, True = attend; None when a single query attends to everything before it."""
+        if self.n_new == 1 and self.contiguous:
+            return None
+        end = self.kv_len
+        return self.arange[:end].view(1, 1, 1, end) <= self.positions.view(len(self.starts), 1, self.n_new, 1)
 
 
 class KVCache:
@@ -61,6 +78,13 @@ class KVCache:
         self.lengths: list[int] = [0] * batch_size
         self.device = torch.device(device)
         self._arange = torch.arange(max_len, device=device)
+
+    def k_layer(self, layer: int) -> torch.Tensor:
+        """Keys of one layer, ``[batch, kv_heads, max_len, head_dim]`` (a view, written in place)."""
+        return self._k_layers[layer]
+
+    def v_layer(self, layer: int) -> torch.Tensor:
+        return self._v_layers[layer]
 
     def length(self, row: int = 0) -> int:
         return self.lengths[row]
@@ -94,16 +118,7 @@ class KVCache:
                 "use a shorter prompt or fewer new tokens"
             )
         contiguous = all(s == starts[0] for s in starts)
-        if contiguous:
-            positions = self._arange[starts[0] : starts[0] + n_new].unsqueeze(0).expand(len(starts), n_new)
-        else:
-            offs = torch.tensor(starts, device=self.device).unsqueeze(1)
-            positions = offs + self._arange[:n_new].unsqueeze(0)
-        if n_new == 1 and contiguous:
-            mask = None
-        else:
-            mask = (self._arange[:end].view(1, 1, 1, end) <= positions.view(len(starts), 1, n_new, 1))
-        return AttentionMeta(positions, rows, list(starts), n_new, end, mask, contiguous)
+        return AttentionMeta(rows, list(starts), n_new, end, contiguous, self._arange)
 
     def commit(self, meta: AttentionMeta) -> None:
         """Advance the lengths of the rows a forward wrote."""

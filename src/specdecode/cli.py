@@ -104,10 +104,12 @@ def _read_prompt(args: argparse.Namespace) -> str:
 def model_loader(cfg: ModelLoadConfig) -> Callable[[str], object]:
     """Turn the fast CPU kernel on or off as asked, then load models with the configured dtypes."""
     from .kernels import enable_fast_linear
+    from .kernels.fused import enable_fused_ops
     from .models import load_model
 
     if cfg.device == "cpu" or cfg.device.startswith("cpu"):
         enable_fast_linear(cfg.fast_linear)
+        enable_fused_ops(cfg.fast_linear)
 
     def load(path: str) -> object:
         return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype)

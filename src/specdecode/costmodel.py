@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from . import ops
+from .kernels.fused import fused_ops
 
 if TYPE_CHECKING:
     from .models import Model
@@ -100,7 +101,7 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
 
 def _fingerprint(models: Sequence[Optional["Model"]]) -> str:
     parts = [platform.processor() or platform.machine(), cpu_name(), str(torch.get_num_threads()),
-             torch.__version__, ops.linear_impl_name()]
+             torch.__version__, ops.linear_impl_name(), f"fused={fused_ops() is not None}"]
     for m in models:
         if m is None:
             parts.append("none")

@@ -15,8 +15,8 @@ from tiny import build_model
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     root = tmp_path_factory.mktemp("server-models")
-    # A 1024-token window so a generation can be long enough to be interrupted.
-    t = build_model(root / MODEL_NAME, "llama", seed=0, max_position_embeddings=1024)
+    # A 4096-token window so a generation can be long enough to be interrupted.
+    t = build_model(root / MODEL_NAME, "llama", seed=0, max_position_embeddings=4096)
     d = build_model(root / "draft", "llama", seed=4, layers=1, hidden=32)
     return Models(specdecode.load_model(t), specdecode.load_model(d), t)
 

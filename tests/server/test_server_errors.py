@@ -33,7 +33,7 @@ BAD_REQUESTS = [
     ("/v1/completions", _with(OK, max_tokens=-5), 400, "max_tokens", "greater than or equal to 1"),
     ("/v1/completions", _with(OK, max_tokens=0), 400, "max_tokens", "greater than or equal to 1"),
     ("/v1/completions", _with(OK, max_tokens=10**9), 400, "max_tokens", "maximum context length"),
-    ("/v1/completions", _with(OK, prompt="def " * 3000), 400, "prompt", "context window"),
+    ("/v1/completions", _with(OK, prompt="def " * 9000), 400, "prompt", "context window"),
     ("/v1/completions", _with(OK, prompt=...), 400, "prompt", "Field required"),
     ("/v1/completions", _with(OK, prompt=5), 400, "prompt", ""),
     ("/v1/completions", _with(OK, prompt=""), 400, "prompt", "empty"),
@@ -160,7 +160,7 @@ def test_disconnect_mid_stream_cancels_and_frees_the_row(tiny_server: RunningSer
 def test_disconnect_while_waiting_for_a_non_streaming_answer(tiny_server: RunningServer) -> None:
     before = _metric(tiny_server.get("/metrics").text, 'specdecode_requests_total{finish_reason="cancelled"}')
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(tiny_server.url + "/v1/completions", json=_with(OK, max_tokens=1000, ignore_eos=True), timeout=0.3)
+        httpx.post(tiny_server.url + "/v1/completions", json=_with(OK, max_tokens=4000, ignore_eos=True), timeout=0.3)
     assert _wait_rows_free(tiny_server, timeout=10)
     after = _metric(tiny_server.get("/metrics").text, 'specdecode_requests_total{finish_reason="cancelled"}')
     assert after == before + 1

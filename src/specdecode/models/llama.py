@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import AttentionMeta, KVCache
+from ..kernels.fused import fused_ops
 from ..ops import linear, rms_norm
 from .config import ModelConfig
 
@@ -110,6 +111,10 @@ class LlamaModel(nn.Module):
     def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
                 last_only: bool = False) -> torch.Tensor:
         """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training)."""
+        ext = fused_ops()
+        if (ext is not None and cache is not None and meta is not None and self.norm.dtype == torch.float32
+                and cache.k.dtype == torch.float32 and tokens.device.type == "cpu"):
+            return self._forward_fused(ext, tokens, meta, cache, last_only)
         x = F.embedding(tokens, self.embed).to(self.norm.dtype)  # weights may be stored narrower
         if meta is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
@@ -123,6 +128,31 @@ class LlamaModel(nn.Module):
             x = x[:, -1:]
         x = rms_norm(x, self.norm, self.cfg.norm_eps)
         return linear(x, self.embed if self.lm_head is None else self.lm_head)
+
+    def _forward_fused(self, ext, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
+                       last_only: bool) -> torch.Tensor:
+        """The same layer math with the fused CPU ops (``kernels/decode_ops.cpp``): per layer four
+        projections plus three calls, each residual add fused into the norm that follows it."""
+        cfg, layers = self.cfg, self.layers
+        eps, hd = cfg.norm_eps, cfg.head_dim
+        scale = 1.0 / math.sqrt(hd)
+        row0 = meta.rows.indices(cache.batch_size)[0]
+        x = F.embedding(tokens, self.embed).to(torch.float32).contiguous()  # updated in place below
+        h = ext.rms_norm(x, layers[0].attn_norm, eps)
+        for i, layer in enumerate(layers):
+            qkv = linear(h, layer.wqkv, layer.bqkv)
+            attn = ext.attention(qkv, self.rope_cos, self.rope_sin, cache.k_layer(i), cache.v_layer(i), row0,
+                                 meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, scale)
+            h = ext.add_rms_norm_(x, linear(attn, layer.wo), layer.mlp_norm, eps)
+            down = linear(ext.silu_mul(linear(h, layer.w13)), layer.w2)
+            if i + 1 < len(layers):
+                h = ext.add_rms_norm_(x, down, layers[i + 1].attn_norm, eps)
+            elif last_only:
+                x.add_(down)
+                h = ext.rms_norm(x[:, -1:].contiguous(), self.norm, eps)
+            else:
+                h = ext.add_rms_norm_(x, down, self.norm, eps)
+        return linear(h, self.embed if self.lm_head is None else self.lm_head)
 
     @staticmethod
     def convert_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

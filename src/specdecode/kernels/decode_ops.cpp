@@ -1,0 +1,363 @@
+// Fused decode-step ops for Llama-family layers on the CPU (fp32 activations).
+//
+// Why: a small model's decode step on a CPU is mostly dispatch, not arithmetic.
+// The eager layer runs ~50 ATen ops (RoPE alone is a cat, a neg, two muls and an
+// add; the KV write is two slice-assigns; attention is SDPA with a mask), each
+// costing microseconds of Python and dispatcher time, for a few thousand FLOPs.
+// Here a layer's non-matmul work is three calls: rms_norm, attention (RoPE on q
+// and k, the KV-cache write and causal GQA attention over the cache in one
+// pass) and silu_mul; the residual adds fuse into the norm that follows them.
+//
+// Every query is computed on its own, in the same order whatever the batch, the
+// number of queries or the other rows: results are batch-invariant bit for bit,
+// like the small-M linear kernel, so verification logits equal one-at-a-time
+// logits exactly.
+//
+// Only AVX2/FMA hosts use this (the Python side checks has_avx2()); the vector
+// code carries per-function target attributes so the module itself loads on any
+// x86-64 CPU.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DOPS_X86 1
+#include <immintrin.h>
+#define DOPS_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define DOPS_X86 0
+#define DOPS_AVX2
+#endif
+
+namespace {
+
+bool detect_avx2() {
+#if DOPS_X86 && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+const bool kHasAvx2 = detect_avx2();
+
+#if DOPS_X86
+DOPS_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+DOPS_AVX2 inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// exp(x) for 8 lanes, Cephes' expf polynomial (about 1 ulp on the range softmax uses).
+DOPS_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+#endif
+
+// The scalar twin of exp8 (tails shorter than 8 lanes), same polynomial.
+inline float exp1(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  const float fx = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x - fx * 0.693359375f;
+  x = x - fx * -2.12194440e-4f;
+  float y = 1.9875691500E-4f;
+  y = y * x + 1.3981999507E-3f;
+  y = y * x + 8.3334519073E-3f;
+  y = y * x + 4.1665795894E-2f;
+  y = y * x + 1.6666665459E-1f;
+  y = y * x + 5.0000001201E-1f;
+  y = y * (x * x) + (x + 1.0f);
+  return std::ldexp(y, static_cast<int>(fx));
+}
+
+// ------------------------------------------------------------------ RMSNorm
+DOPS_AVX2 void rms_row(const float* x, const float* w, float eps, float* y, int64_t D) {
+  int64_t k = 0;
+  float ss = 0.f;
+#if DOPS_X86
+  __m256 acc = _mm256_setzero_ps();
+  for (; k + 8 <= D; k += 8) {
+    const __m256 v = _mm256_loadu_ps(x + k);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  ss = hsum8(acc);
+#endif
+  for (; k < D; ++k) ss += x[k] * x[k];
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+  k = 0;
+#if DOPS_X86
+  const __m256 rv = _mm256_set1_ps(r);
+  for (; k + 8 <= D; k += 8)
+    _mm256_storeu_ps(y + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), rv), _mm256_loadu_ps(w + k)));
+#endif
+  for (; k < D; ++k) y[k] = x[k] * r * w[k];
+}
+
+DOPS_AVX2 void add_row(float* x, const float* d, int64_t D) {
+  int64_t k = 0;
+#if DOPS_X86
+  for (; k + 8 <= D; k += 8)
+    _mm256_storeu_ps(x + k, _mm256_add_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(d + k)));
+#endif
+  for (; k < D; ++k) x[k] += d[k];
+}
+
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1,
+              "decode_ops: ", name, " must be a contiguous fp32 CPU tensor");
+}
+
+void check_norm_weight(const at::Tensor& w, int64_t D) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.is_contiguous() && w.dim() == 1 &&
+                  w.size(0) == D,
+              "decode_ops: the norm weight must be a contiguous fp32 [", D, "] tensor");
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w over the last dim.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_rows(x, "x");
+  const int64_t D = x.size(-1), R = x.numel() / std::max<int64_t>(D, 1);
+  check_norm_weight(w, D);
+  at::Tensor y = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) rms_row(xp + r * D, wp, static_cast<float>(eps), yp + r * D, D);
+  return y;
+}
+
+// x += delta (in place), then return rms_norm(x): the residual add and the next norm in one pass.
+at::Tensor add_rms_norm_(at::Tensor& x, const at::Tensor& delta, const at::Tensor& w, double eps) {
+  check_rows(x, "x");
+  check_rows(delta, "delta");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "decode_ops: delta and x differ in shape");
+  const int64_t D = x.size(-1), R = x.numel() / std::max<int64_t>(D, 1);
+  check_norm_weight(w, D);
+  at::Tensor y = at::empty_like(x);
+  float* xp = x.data_ptr<float>();
+  const float *dp = delta.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    add_row(xp + r * D, dp + r * D, D);
+    rms_row(xp + r * D, wp, static_cast<float>(eps), yp + r * D, D);
+  }
+  return y;
+}
+
+// ------------------------------------------------------------------ SiLU-gated MLP
+DOPS_AVX2 void silu_mul_row(const float* g, const float* u, float* y, int64_t F) {
+  int64_t k = 0;
+#if DOPS_X86
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (; k + 8 <= F; k += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + k);
+    const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_xor_ps(gv, sign))));
+    _mm256_storeu_ps(y + k, _mm256_mul_ps(s, _mm256_loadu_ps(u + k)));
+  }
+#endif
+  for (; k < F; ++k) y[k] = g[k] / (1.0f + exp1(-g[k])) * u[k];
+}
+
+// gu [..., 2F] holds gate then up (the fused gate/up projection); returns silu(gate) * up [..., F].
+at::Tensor silu_mul(const at::Tensor& gu) {
+  check_rows(gu, "gate_up");
+  const int64_t F2 = gu.size(-1);
+  TORCH_CHECK(F2 % 2 == 0, "decode_ops: gate_up's last dim must be even");
+  const int64_t F = F2 / 2, R = gu.numel() / std::max<int64_t>(F2, 1);
+  std::vector<int64_t> shape(gu.sizes().begin(), gu.sizes().end());
+  shape.back() = F;
+  at::Tensor y = at::empty(shape, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) silu_mul_row(gp + r * F2, gp + r * F2 + F, yp + r * F, F);
+  return y;
+}
+
+// ------------------------------------------------------------------ attention
+// RoPE, rotate-half convention (transformers'): out[i] = x[i]*cos[i] - x[i+h]*sin[i],
+// out[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i+h].
+void rope(const float* x, const float* cos, const float* sin, float* out, int64_t D) {
+  const int64_t h = D / 2;
+  for (int64_t i = 0; i < h; ++i) {
+    out[i] = x[i] * cos[i] - x[i + h] * sin[i];
+    out[i + h] = x[i + h] * cos[i + h] + x[i] * sin[i + h];
+  }
+}
+
+DOPS_AVX2 inline float dot(const float* a, const float* b, int64_t D) {
+  int64_t k = 0;
+  float s = 0.f;
+#if DOPS_X86
+  __m256 acc = _mm256_setzero_ps();
+  for (; k + 8 <= D; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+  s = hsum8(acc);
+#endif
+  for (; k < D; ++k) s += a[k] * b[k];
+  return s;
+}
+
+DOPS_AVX2 inline void axpy(float a, const float* x, float* y, int64_t D) {
+  int64_t k = 0;
+#if DOPS_X86
+  const __m256 av = _mm256_set1_ps(a);
+  for (; k + 8 <= D; k += 8)
+    _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
+#endif
+  for (; k < D; ++k) y[k] += a * x[k];
+}
+
+// In place: s[j] = exp(s[j] - max) for j < n; returns the sum.
+DOPS_AVX2 float softmax_numer(float* s, int64_t n) {
+  float mx = -INFINITY;
+  int64_t j = 0;
+#if DOPS_X86
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+  mx = hmax8(mv);
+#endif
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
+  float sum = 0.f;
+  j = 0;
+#if DOPS_X86
+  const __m256 m8 = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum8(acc);
+#endif
+  for (; j < n; ++j) {
+    s[j] = exp1(s[j] - mx);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// One query (already rotated) against keys [0, n) of one kv head: out = softmax(q.K^T * scale) V.
+DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase, int64_t kstride, int64_t n,
+                          int64_t D, float scale, float* scores, float* out) {
+  for (int64_t j = 0; j < n; ++j) scores[j] = dot(q, kbase + j * kstride, D) * scale;
+  const float inv = 1.0f / softmax_numer(scores, n);
+  for (int64_t i = 0; i < D; ++i) out[i] = 0.f;
+  for (int64_t j = 0; j < n; ++j) axpy(scores[j], vbase + j * kstride, out, D);
+  for (int64_t i = 0; i < D; ++i) out[i] *= inv;
+}
+
+// qkv [B, T, (H + 2*KV) * D] (q heads, then k heads, then v heads, as the fused projection
+// writes them); cos/sin [max_len, D]; k_cache/v_cache [rows, KV, max_len, D] (one layer).
+// For batch row b and token t at position p = starts[b] + t: rotates q and k with
+// RoPE at p, writes k and v into cache row row0 + b at p, then attends every q head to
+// the keys at positions 0..p of its kv head. Returns [B, T, H * D].
+at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                     at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV,
+                     int64_t D, double scale) {
+  check_rows(qkv, "qkv");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) == (H + 2 * KV) * D, "decode_ops: qkv must be [B, T, (H+2KV)*D]");
+  TORCH_CHECK(H % KV == 0 && D % 2 == 0, "decode_ops: heads must be a multiple of kv heads and head_dim even");
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  TORCH_CHECK(static_cast<int64_t>(starts.size()) == B, "decode_ops: one start per batch row");
+  for (const at::Tensor* c : {&k_cache, &v_cache}) {
+    TORCH_CHECK(c->device().is_cpu() && c->scalar_type() == at::kFloat && c->dim() == 4 && c->size(1) == KV &&
+                    c->size(3) == D && c->stride(3) == 1 && c->stride(2) == D,
+                "decode_ops: the KV cache must be fp32 [rows, KV, max_len, D] with contiguous positions");
+  }
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(),
+              "decode_ops: k and v caches differ in layout");
+  const int64_t L = k_cache.size(2);
+  TORCH_CHECK(row0 >= 0 && row0 + B <= k_cache.size(0), "decode_ops: cache rows out of range");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == D && sin.sizes() == cos.sizes(), "decode_ops: cos/sin must be [max_len, D]");
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(starts[b] >= 0 && starts[b] + T <= std::min(L, cos.size(0)),
+                "decode_ops: positions ", starts[b], "..", starts[b] + T, " exceed the cache or RoPE table");
+
+  const int64_t W = (H + 2 * KV) * D;
+  const float* src = qkv.data_ptr<float>();
+  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  const int64_t s_row = k_cache.stride(0), s_head = k_cache.stride(1);
+
+  // 1) RoPE on k and the cache writes, for all new tokens (later queries attend to earlier new keys).
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = starts[b] + t;
+      const float* tok = src + (b * T + t) * W;
+      for (int64_t g = 0; g < KV; ++g) {
+        const int64_t off = (row0 + b) * s_row + g * s_head + p * D;
+        rope(tok + (H + g) * D, cp + p * D, sp + p * D, kc + off, D);
+        std::copy(tok + (H + KV + g) * D, tok + (H + KV + g + 1) * D, vc + off);
+      }
+    }
+  }
+  // 2) Every (row, token, head) query on its own.
+  at::Tensor out = at::empty({B, T, H * D}, qkv.options());
+  float* op = out.data_ptr<float>();
+  const int64_t group = H / KV;
+  const int64_t max_keys = *std::max_element(starts.begin(), starts.end()) + T;
+  const int64_t work = B * T * H;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, max_keys * D * 2));
+  at::parallel_for(0, work, grain, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores(max_keys);
+    std::vector<float> q(D);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / (T * H), t = (w / H) % T, h = w % H;
+      const int64_t p = starts[b] + t, g = h / group;
+      rope(src + (b * T + t) * W + h * D, cp + p * D, sp + p * D, q.data(), D);
+      const int64_t off = (row0 + b) * s_row + g * s_head;
+      attend_one(q.data(), kc + off, vc + off, D, p + 1, D, static_cast<float>(scale), scores.data(),
+                 op + (b * T + t) * H * D + h * D);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "specdecode fused decode-step ops for Llama-family layers (fp32, AVX2/FMA)";
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dim", pybind11::arg("x"), pybind11::arg("weight"),
+        pybind11::arg("eps"), pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("add_rms_norm_", &add_rms_norm_, "x += delta in place; returns rms_norm(x)", pybind11::arg("x"),
+        pybind11::arg("delta"), pybind11::arg("weight"), pybind11::arg("eps"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up from the fused [..., 2F] gate/up projection",
+        pybind11::arg("gate_up"), pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("attention", &attention, "RoPE + KV-cache write + causal GQA attention for new tokens",
+        pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("k_cache"),
+        pybind11::arg("v_cache"), pybind11::arg("row0"), pybind11::arg("starts"), pybind11::arg("n_heads"),
+        pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("scale"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA (required)");
+}

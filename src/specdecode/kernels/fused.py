@@ -1,0 +1,80 @@
+"""Fused decode-step ops for Llama-family layers on the CPU (``decode_ops.cpp``).
+
+A small model's decode step on a CPU is mostly dispatch overhead: ~50 ATen ops
+per layer for a few thousand FLOPs each. With these ops a layer's non-matmul
+work is three calls (RMSNorm fused with the residual add, attention with RoPE
+and the KV-cache write, SiLU-gating), which cuts the draft's step time, and so
+c, the draft/target cost ratio that every speculative speedup divides by.
+
+Enabled together with the small-M linear kernel (``enable_fast_linear`` turns
+both on); ``SPECDECODE_FUSED_OPS=0`` keeps the eager layer. Models use them only
+for fp32 activations on the CPU with a KV cache (decode and verification);
+training and other dtypes/devices run the eager ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+from .build import ExtensionBuildError, build_extension
+
+__all__ = ["enable_fused_ops", "fused_ops", "fused_ops_available", "load_fused_extension"]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "SPECDECODE_FUSED_OPS"
+_SOURCE = Path(__file__).with_name("decode_ops.cpp")
+_lock = threading.Lock()
+_ext: Optional[ModuleType] = None
+_error: Optional[str] = None  # set once a build failed: never retried in this process
+_active: Optional[ModuleType] = None  # what models use now (None: eager ops)
+_warned = False
+
+
+def load_fused_extension() -> Optional[ModuleType]:
+    """The compiled extension (built on first call, then cached), or None if it cannot be used here."""
+    global _ext, _error
+    if _ext is not None or _error is not None:
+        return _ext
+    with _lock:
+        if _ext is None and _error is None:
+            try:
+                ext = build_extension("specdecode_decode_ops", _SOURCE)
+            except ExtensionBuildError as exc:
+                _error = str(exc)
+                return None
+            if not ext.has_avx2():
+                _error = "this CPU has no AVX2/FMA"
+                return None
+            _ext = ext
+    return _ext
+
+
+def fused_ops_available() -> bool:
+    """Whether the fused ops can run here (builds them on first call); logs one warning if not."""
+    global _warned
+    if os.environ.get(ENV_VAR, "").strip().lower() in {"0", "false", "no", "off"}:
+        return False
+    if load_fused_extension() is None:
+        if not _warned:
+            _warned = True
+            logger.warning("fused decode ops are off, using eager ops: %s", _error)
+        return False
+    return True
+
+
+def enable_fused_ops(enabled: bool = True) -> bool:
+    """Make Llama-family layers use the fused ops (or, with False, the eager ones); True if active."""
+    global _active
+    _active = _ext if enabled and fused_ops_available() else None
+    return _active is not None
+
+
+def fused_ops() -> Optional[ModuleType]:
+    """The active extension, or None when the eager layer runs."""
+    return _active
