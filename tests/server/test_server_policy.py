@@ -51,10 +51,21 @@ def test_unmeasured_widths_are_tried_once() -> None:
 
 def test_probe_drafts_one_token_for_one_row_every_interval() -> None:
     p = SpeculationPolicy(probe_interval=5)
-    _measured(p, 3, {1: 0.01, 2: 0.02, 3: 0.03}, draft_step=0.01)
+    _measured(p, 3, {1: 0.010, 2: 0.011, 3: 0.012}, draft_step=0.001)  # would pay if drafts were accepted
     picks = [p.choose([2, 0, 2], ["model", "none", "model"], [0.01] * 3) for _ in range(10)]
     assert picks[:4] == [[0, 0, 0]] * 4 and picks[5:9] == [[0, 0, 0]] * 4
     assert sorted([picks[4], picks[9]]) == [[0, 0, 1], [1, 0, 0]]  # round robin over rows that can draft
+
+
+def test_no_probe_where_even_perfect_drafts_cannot_pay() -> None:
+    # 16 rows, compute-bound: a width-w pass costs w times one token, so no acceptance rate repays it
+    p = SpeculationPolicy(probe_interval=3)
+    _measured(p, 16, {w: 0.010 * w for w in range(1, 4)}, draft_step=0.004)
+    assert all(p.choose([2] * 16, ["model"] * 16, [0.01] * 16) == [0] * 16 for _ in range(12))
+    # an unmeasured width could still pay: then the probe runs
+    q = SpeculationPolicy(probe_interval=3)
+    _measured(q, 16, {1: 0.010, 2: 0.020}, draft_step=0.004)
+    assert any(sum(q.choose([3] * 16, ["model"] * 16, [0.01] * 16)) for _ in range(6))
 
 
 def test_rows_without_drafter_or_room_never_draft() -> None:

@@ -53,6 +53,7 @@ log = logging.getLogger("specdecode.server")
 
 DRAFTER_KINDS = ("model", "ngram", "none")
 SPECULATION_MARGIN = 1.08  # predicted tokens/s over plain decoding needed before speculating
+PERFECT_ALPHA = 0.95  # "every draft accepted", for deciding whether probing can ever pay
 
 
 class QueueFullError(RuntimeError):
@@ -254,12 +255,34 @@ class SpeculationPolicy:
             return [min(best_g, c) for c in caps]
         self._since_draft += 1
         out = [0] * batch
-        if self._since_draft >= self.probe_interval:
+        if self._since_draft >= self.probe_interval and self._could_pay(caps, kinds):
             self._since_draft = 0
             candidates = [i for i, c in enumerate(caps) if c > 0]
             self._probe_turn += 1
             out[candidates[self._probe_turn % len(candidates)]] = 1
         return out
+
+    def _could_pay(self, caps: list[int], kinds: list[str]) -> bool:
+        """Whether drafting could win at this batch even if every draft were accepted.
+
+        A probe only refreshes α; where a measured wider pass costs more than perfect drafts
+        could repay (a large batch on a compute-bound CPU), probing is pure loss: the one probing
+        row widens the whole padded pass."""
+        batch = len(caps)
+        plain = batch / max(self.target_seconds(batch, 1), 1e-9)
+        for g in range(1, max(caps) + 1):
+            if (batch, 1 + g) not in self._t:
+                return True  # unmeasured: cannot rule it out
+            drafting: dict[str, int] = {}
+            for cap, kind in zip(caps, kinds):
+                if min(g, cap):
+                    drafting[kind] = drafting.get(kind, 0) + 1
+            seconds = self.target_seconds(batch, 1 + g)
+            seconds += sum(self.draft_seconds(k, n) * g for k, n in drafting.items())
+            tokens = sum(expected_tokens(PERFECT_ALPHA, min(g, c)) for c in caps)
+            if tokens / max(seconds, 1e-9) > plain * SPECULATION_MARGIN:
+                return True
+        return False
 
     def snapshot(self) -> dict[str, object]:
         """The measured costs and acceptance, for /health and debugging."""
