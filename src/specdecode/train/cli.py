@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    from .distill import DistillConfig
+    from .pretrain import PretrainConfig
+
+Cfg = TypeVar("Cfg", bound="PretrainConfig | DistillConfig")
+Result = TypeVar("Result")
 
 
 def _explicit(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser) -> set[str]:
@@ -46,6 +53,33 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="stop (with a checkpoint) after N steps of this invocation; continue later with --resume")
 
 
+def _shape(p: argparse.ArgumentParser, d: PretrainConfig | DistillConfig, who: str) -> None:
+    """Shape flags of the model being trained (``who`` prefixes the help: "" for the target, "draft ")."""
+    p.add_argument("--dim", type=int, default=d.dim, help=f"{who}hidden size (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=d.layers, help=f"{who}decoder layers (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=d.heads, help=f"{who}attention heads (default: %(default)s)")
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"{who}key/value heads, GQA (default: %(default)s)")
+    p.add_argument("--ffn", type=int, default=d.ffn, help=f"{who}MLP intermediate size (default: %(default)s)")
+
+
+def _run_training(args: argparse.Namespace, argv: Optional[Sequence[str]], cfg: Cfg, quick: Mapping[str, Any],
+                  train: Callable[[Cfg], Result]) -> Optional[Result]:
+    """The part ``train`` and ``distill`` share: apply --ckpt-every and the --quick preset (to flags not typed),
+    then run ``train``; None when Ctrl-C/SIGTERM stopped it (the run's checkpoint is saved by then)."""
+    if args.ckpt_every:
+        cfg.ckpt_every = args.ckpt_every
+    if args.quick:
+        explicit = _explicit(argv, args._parser)
+        for name, value in quick.items():
+            if name not in explicit:
+                setattr(cfg, name, value)
+    try:
+        return train(cfg)
+    except KeyboardInterrupt:
+        print("interrupted; the checkpoint in the run directory continues with --resume", file=sys.stderr)
+        return None
+
+
 def _add_train(sub) -> None:
     from .pretrain import PretrainConfig
 
@@ -59,11 +93,7 @@ def _add_train(sub) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per step (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=d.seq_len,
                    help="tokens per training sequence; also the model's context length (default: %(default)s)")
-    p.add_argument("--dim", type=int, default=d.dim, help="hidden size (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=d.layers, help="decoder layers (default: %(default)s)")
-    p.add_argument("--heads", type=int, default=d.heads, help="attention heads (default: %(default)s)")
-    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="key/value heads, GQA (default: %(default)s)")
-    p.add_argument("--ffn", type=int, default=d.ffn, help="MLP intermediate size (default: %(default)s)")
+    _shape(p, d, "")
     p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="BPE vocabulary size (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="linear warmup steps (default: %(default)s)")
@@ -78,7 +108,7 @@ def _add_train(sub) -> None:
 
 
 def _run_train(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
-    from .pretrain import PretrainConfig, apply_quick, pretrain
+    from .pretrain import QUICK, PretrainConfig, pretrain
 
     cfg = PretrainConfig(out=args.out, run_dir=args.run_dir, corpus=list(args.corpus), steps=args.steps,
                          batch_size=args.batch_size, seq_len=args.seq_len, dim=args.dim, layers=args.layers,
@@ -88,14 +118,8 @@ def _run_train(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -
                          save_dtype=args.save_dtype, max_minutes=args.max_minutes, stop_after=args.stop_after,
                          resume=args.resume, eval_tokens=args.eval_tokens, quick=args.quick,
                          log_every=args.log_every)
-    if args.ckpt_every:
-        cfg.ckpt_every = args.ckpt_every
-    if args.quick:
-        apply_quick(cfg, _explicit(argv, args._parser))
-    try:
-        r = pretrain(cfg)
-    except KeyboardInterrupt:
-        print("interrupted; the checkpoint in the run directory continues with --resume", file=sys.stderr)
+    r = _run_training(args, argv, cfg, QUICK, pretrain)
+    if r is None:
         return 130
     if r.held_out_tokens:
         print(f"held-out loss {r.held_out_loss:.4f}  perplexity {r.held_out_ppl:.2f}  -> {r.out}")
@@ -118,11 +142,7 @@ def _add_distill(sub) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="on-policy sequences per step; corpus steps use the same number of tokens (default: %(default)s)")
-    p.add_argument("--dim", type=int, default=d.dim, help="draft hidden size (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=d.layers, help="draft decoder layers (default: %(default)s)")
-    p.add_argument("--heads", type=int, default=d.heads, help="draft attention heads (default: %(default)s)")
-    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="draft key/value heads (default: %(default)s)")
-    p.add_argument("--ffn", type=int, default=d.ffn, help="draft MLP intermediate size (default: %(default)s)")
+    _shape(p, d, "draft ")
     p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="linear warmup steps (default: %(default)s)")
     p.add_argument("--loss", choices=LOSSES, default=d.loss,
@@ -154,21 +174,15 @@ def _add_distill(sub) -> None:
 
 
 def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
-    from .distill import DistillConfig, apply_quick, distill
+    from .distill import QUICK, DistillConfig, distill
 
     names = ["target", "out", "run_dir", "steps", "batch_size", "dim", "layers", "heads", "kv_heads", "ffn", "lr",
              "warmup", "loss", "onpolicy_seqs", "prompt_len", "gen_len", "greedy_frac", "corpus_seqs", "corpus_mix",
              "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype",
              "max_minutes", "stop_after", "resume", "quick"]
     cfg = DistillConfig(corpus=list(args.corpus), **{n: getattr(args, n) for n in names})
-    if args.ckpt_every:
-        cfg.ckpt_every = args.ckpt_every
-    if args.quick:
-        apply_quick(cfg, _explicit(argv, args._parser))
-    try:
-        r = distill(cfg)
-    except KeyboardInterrupt:
-        print("interrupted; the checkpoint in the run directory continues with --resume", file=sys.stderr)
+    r = _run_training(args, argv, cfg, QUICK, distill)
+    if r is None:
         return 130
     if r.eval is not None:
         print(r.eval)

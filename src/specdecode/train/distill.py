@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,11 +32,12 @@ from tqdm import tqdm
 from ..models import Model, load_model
 from ..models.llama import LlamaModel
 from . import data as D
-from .checkpoint import has_checkpoint, install_stop_handler, load_checkpoint, save_checkpoint
-from .common import (autocast, cosine_lr, count_params, fmt_count, init_llama, llama_config, param_groups,
-                     pick_device, rng_state, seed_everything, set_rng_state, ThreadGovernor)
+from .checkpoint import has_checkpoint, load_checkpoint
+from .common import (autocast, count_params, fmt_count, init_llama, llama_config, param_groups, pick_device,
+                     seed_everything, ThreadGovernor)
 from .evaluate import EVAL_SEED, DraftEvalResult, doc_separator, evaluate_draft
 from .export import save_hf
+from .loop import LoopState, log, resume, save_run, train_loop
 from .rollout import full_logits, generate, sample_windows
 from .tokenizer import encode_batch_fn
 
@@ -92,16 +92,10 @@ class DistillConfig:
         return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
 
 
+# --quick: a tiny recipe that finishes in seconds on a CPU (tests, smoke runs); explicit flags still win.
 QUICK = dict(steps=20, batch_size=4, dim=32, layers=1, heads=2, kv_heads=1, ffn=64, onpolicy_seqs=8, prompt_len=8,
              gen_len=8, corpus_seqs=4, top_k=8, gen_batch=8, warmup=3, ckpt_every=10, log_every=10,
              eval_prompts=4, eval_prompt_len=8, eval_new_tokens=8)
-
-
-def apply_quick(cfg: DistillConfig, explicit: set[str] = frozenset()) -> DistillConfig:
-    for k, v in QUICK.items():
-        if k not in explicit:
-            setattr(cfg, k, v)
-    return cfg
 
 
 @dataclass
@@ -110,10 +104,6 @@ class DistillResult:
     steps: int
     params: int
     eval: Optional[DraftEvalResult]
-
-
-def _log(msg: str) -> None:
-    tqdm.write(msg, file=sys.stderr)
 
 
 def _target_key(target: Model, cfg: DistillConfig, corpus_fp: str) -> str:
@@ -147,7 +137,7 @@ def build_dataset(target: Model, cfg: DistillConfig, run_dir: Path) -> dict[str,
     key = _target_key(target, cfg, D.corpus_fingerprint(train_files))
     path = run_dir / f"distill-data-{key}.pt"
     if path.is_file():
-        _log(f"reusing cached on-policy data and teacher distributions: {path}")
+        log(f"reusing cached on-policy data and teacher distributions: {path}")
         return torch.load(path, weights_only=True)
     if target.tokenizer is None:
         raise ValueError(f"target {target.path} has no tokenizer.json; distillation needs corpus text prompts")
@@ -171,8 +161,8 @@ def build_dataset(target: Model, cfg: DistillConfig, run_dir: Path) -> dict[str,
         bar.update(len(chunk))
     bar.close()
     onpolicy = torch.cat(rows)
-    _log(f"generated {onpolicy.shape[0]} x {cfg.gen_len} target tokens ({n_greedy} greedy, "
-         f"{cfg.onpolicy_seqs - n_greedy} sampled at T=1) in {time.time() - t0:.0f}s")
+    log(f"generated {onpolicy.shape[0]} x {cfg.gen_len} target tokens ({n_greedy} greedy, "
+        f"{cfg.onpolicy_seqs - n_greedy} sampled at T=1) in {time.time() - t0:.0f}s")
     corpus_len = min(ctx, len(stream) - 1)
     corpus = sample_windows(stream, cfg.corpus_seqs, corpus_len, cfg.seed + 2)
     k = min(cfg.top_k, target.vocab_size)
@@ -183,7 +173,7 @@ def build_dataset(target: Model, cfg: DistillConfig, run_dir: Path) -> dict[str,
     tmp = path.with_suffix(".tmp")
     torch.save(ds, tmp)
     tmp.replace(path)
-    _log(f"cached distillation data to {path} ({time.time() - t0:.0f}s)")
+    log(f"cached distillation data to {path} ({time.time() - t0:.0f}s)")
     return ds
 
 
@@ -226,57 +216,20 @@ def distill(cfg: DistillConfig) -> DistillResult:
     model.to(device).train()
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
                             fused=device.type == "cuda")
-    start, elapsed_before, tokens_seen = 0, 0.0, 0
-    if cfg.resume:
-        ck = load_checkpoint(run_dir)
-        if ck["model_config"] != asdict(mcfg):
-            raise ValueError(f"--resume: checkpoint in {run_dir} has a different draft shape; "
-                             "pass the same flags or use a fresh --run-dir")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
-        start, elapsed_before = ck["step"], ck.get("elapsed", 0.0)
-        tokens_seen = ck.get("tokens_seen", 0)
-        set_rng_state(ck["rng"])
-        _log(f"resumed from {run_dir / 'ckpt.pt'} at step {start}")
+    state = resume(run_dir, model, opt, asdict(mcfg), "draft") if cfg.resume else LoopState()
     n_params = count_params(model)
     on_len = ds["onpolicy"].shape[1]
     co_len = ds["corpus"].shape[1]
     co_batch = max(1, cfg.batch_size * on_len // co_len)
-    _log(f"draft: {fmt_count(n_params)} params ({mcfg.n_layers}x{mcfg.dim}, heads {mcfg.n_heads}/{mcfg.n_kv_heads}, "
-         f"ffn {mcfg.intermediate_size}) vs target {fmt_count(target.num_parameters())}; loss {cfg.loss}; "
-         f"{len(ds['onpolicy'])} on-policy x {on_len} + {len(ds['corpus'])} corpus x {co_len} tokens; "
-         f"{cfg.steps} steps on {device} threads={torch.get_num_threads()}")
+    log(f"draft: {fmt_count(n_params)} params ({mcfg.n_layers}x{mcfg.dim}, heads {mcfg.n_heads}/{mcfg.n_kv_heads}, "
+        f"ffn {mcfg.intermediate_size}) vs target {fmt_count(target.num_parameters())}; loss {cfg.loss}; "
+        f"{len(ds['onpolicy'])} on-policy x {on_len} + {len(ds['corpus'])} corpus x {co_len} tokens; "
+        f"{cfg.steps} steps on {device} threads={torch.get_num_threads()}")
 
-    def save(step: int, elapsed: float) -> None:
-        save_checkpoint(run_dir, {"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                                  "rng": rng_state(), "model_config": asdict(mcfg), "distill_config": asdict(cfg),
-                                  "elapsed": elapsed, "tokens_seen": tokens_seen})
+    def save(s: LoopState) -> None:
+        save_run(run_dir, model, opt, asdict(mcfg), s, {"distill_config": asdict(cfg), "tokens_seen": s.tokens_seen})
 
-    budget_s = cfg.max_minutes * 60 if cfg.max_minutes else None
-    bar = tqdm(total=int(budget_s) if budget_s else cfg.steps, initial=int(elapsed_before) if budget_s else start,
-               unit="s" if budget_s else "step", dynamic_ncols=True, file=sys.stderr, desc="distill",
-               mininterval=1 if sys.stderr.isatty() else 30)
-    t0, last_save, step, ema, tok_s = time.time(), time.time(), start, None, 0.0
-    stop = install_stop_handler()
-    while step < cfg.steps:
-        elapsed = elapsed_before + time.time() - t0
-        if stop.requested:
-            save(step, elapsed)
-            bar.close()
-            _log(f"interrupted: checkpoint saved at step {step}; continue with --resume")
-            raise KeyboardInterrupt
-        progress = step / cfg.steps
-        if budget_s:
-            if elapsed >= budget_s:
-                _log(f"time budget of {cfg.max_minutes} min reached at step {step}")
-                break
-            progress = max(progress, elapsed / budget_s)
-        lr = cosine_lr(step, progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-        if device.type == "cpu":
-            governor.update(step)  # type: ignore[union-attr]
-        ts = time.time()
+    def train_step(step: int) -> tuple[float, int]:
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         use_corpus = len(ds["corpus"]) > 0 and torch.rand((), generator=g).item() < cfg.corpus_mix
         kind = "corpus" if use_corpus else "onpolicy"
@@ -289,35 +242,23 @@ def distill(cfg: DistillConfig) -> DistillResult:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        lv = loss.item()
-        if not math.isfinite(lv):
-            raise FloatingPointError(f"loss became {lv} at step {step}; lower --lr")
-        step += 1
-        tokens_seen += tokens.numel()
-        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
-        rate = tokens.numel() / max(1e-9, time.time() - ts)
-        tok_s = rate if tok_s == 0 else 0.9 * tok_s + 0.1 * rate
-        bar.set_postfix(step=step, loss=f"{ema:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-        bar.update(min(int(budget_s), int(elapsed_before + time.time() - t0)) - bar.n if budget_s else 1)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            _log(f"step {step} {cfg.loss} {lv:.4f} (ema {ema:.4f}) lr {lr:.2e} {tok_s:,.0f} tok/s "
-                 f"elapsed {(elapsed_before + time.time() - t0) / 60:.1f} min")
-        if step % cfg.ckpt_every == 0 or time.time() - last_save > cfg.ckpt_minutes * 60:
-            save(step, elapsed_before + time.time() - t0)
-            last_save = time.time()
-        if cfg.stop_after is not None and step - start >= cfg.stop_after:
-            save(step, elapsed_before + time.time() - t0)
-            bar.close()
-            _log(f"stopping after {cfg.stop_after} steps this run (at step {step}); continue with --resume")
-            return DistillResult(Path(cfg.out), step, n_params, None)
-    bar.close()
-    save(step, elapsed_before + time.time() - t0)
+        return loss.item(), tokens.numel()
+
+    def log_line(s: LoopState, loss: float, lr: float) -> str:
+        return (f"step {s.step} {cfg.loss} {loss:.4f} (ema {s.loss_ema:.4f}) lr {lr:.2e} {s.tok_s:,.0f} tok/s "
+                f"elapsed {s.elapsed() / 60:.1f} min")
+
+    state = train_loop(cfg, "distill", state, opt, governor, train_step, save, log_line)
+    step = state.step
+    if state.stopped:
+        return DistillResult(Path(cfg.out), step, n_params, None)
     info = {"recipe": asdict(cfg), "params": n_params, "steps": step, "target": str(target.path),
-            "target_params": target.num_parameters(), "tokens_seen": tokens_seen, "final_loss_ema": ema,
-            "onpolicy_tokens": int(ds["onpolicy"].numel()), "corpus_tokens": int(ds["corpus"].numel()),
-            "train_tokens_per_s": tok_s, "wall_minutes": (elapsed_before + time.time() - t0) / 60}
+            "target_params": target.num_parameters(), "tokens_seen": state.tokens_seen,
+            "final_loss_ema": state.loss_ema, "onpolicy_tokens": int(ds["onpolicy"].numel()),
+            "corpus_tokens": int(ds["corpus"].numel()), "train_tokens_per_s": state.tok_s,
+            "wall_minutes": state.elapsed() / 60}
     save_hf(model, Path(cfg.out), cfg.save_dtype, tokenizer_dir=Path(target.path), extra={"distill": info})
-    _log(f"wrote {cfg.out} ({fmt_count(n_params)} params, {cfg.save_dtype}); measuring held-out α")
+    log(f"wrote {cfg.out} ({fmt_count(n_params)} params, {cfg.save_dtype}); measuring held-out α")
     draft = load_model(cfg.out, device=str(device))
     target_eval = load_model(cfg.target, device=str(device))
     res = evaluate_draft(target_eval, draft, corpus=cfg.corpus or None, prompts=cfg.eval_prompts, batch_size=32,
@@ -325,5 +266,5 @@ def distill(cfg: DistillConfig) -> DistillResult:
     info["held_out_alpha"] = json.loads(res.to_json())
     (run_dir / "result.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     d = res.row("draft")
-    _log(f"held-out α of the draft: {d.alpha_t0:.3f} at T=0, {d.alpha_t1:.3f} at T=1")
+    log(f"held-out α of the draft: {d.alpha_t0:.3f} at T=0, {d.alpha_t1:.3f} at T=1")
     return DistillResult(Path(cfg.out), step, n_params, res)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -18,15 +16,15 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
 from . import data as D
-from .checkpoint import install_stop_handler, has_checkpoint, load_checkpoint, save_checkpoint
-from .common import (autocast, cosine_lr, count_params, fmt_count, init_llama, llama_config, param_groups,
-                     pick_device, rng_state, seed_everything, set_rng_state, ThreadGovernor)
+from .checkpoint import has_checkpoint, load_checkpoint
+from .common import (autocast, count_params, fmt_count, init_llama, llama_config, param_groups, pick_device,
+                     seed_everything, ThreadGovernor)
 from .export import save_hf
+from .loop import LoopState, log, resume, save_run, train_loop
 from .tokenizer import (DEFAULT_VOCAB_SIZE, encode_batch_fn, eot_id, load_tokenizer, save_tokenizer,
                         train_tokenizer)
 
@@ -68,16 +66,9 @@ class PretrainConfig:
         return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
 
 
+# --quick: a tiny recipe that finishes in seconds on a CPU (tests, smoke runs); explicit flags still win.
 QUICK = dict(steps=30, batch_size=4, seq_len=64, dim=64, layers=2, heads=4, kv_heads=2, ffn=128,
              vocab_size=512, lr=3e-3, warmup=5, ckpt_every=10, log_every=10, eval_tokens=4096)
-
-
-def apply_quick(cfg: PretrainConfig, explicit: set[str] = frozenset()) -> PretrainConfig:
-    """The tiny recipe used by tests: finishes in seconds on a CPU (explicit flags still win)."""
-    for k, v in QUICK.items():
-        if k not in explicit:
-            setattr(cfg, k, v)
-    return cfg
 
 
 @dataclass
@@ -89,10 +80,6 @@ class PretrainResult:
     held_out_ppl: float
     held_out_tokens: int
     train_tokens_per_s: float
-
-
-def _log(msg: str) -> None:
-    tqdm.write(msg, file=sys.stderr)
 
 
 def prepare_tokens(cfg: PretrainConfig, run_dir: Path) -> tuple[np.ndarray, np.ndarray, int, list, list]:
@@ -108,11 +95,11 @@ def prepare_tokens(cfg: PretrainConfig, run_dir: Path) -> tuple[np.ndarray, np.n
                              f"{cfg.vocab_size}; pass the same value or use a fresh --run-dir")
         cfg.vocab_size = tok.get_vocab_size()
     else:
-        _log(f"training byte-level BPE tokenizer (vocab {cfg.vocab_size}) on {len(train)} files")
+        log(f"training byte-level BPE tokenizer (vocab {cfg.vocab_size}) on {len(train)} files")
         tok = train_tokenizer(D.iter_texts(train), cfg.vocab_size)
         meta_path.write_text(json.dumps({"vocab_size": cfg.vocab_size}) + "\n")
         if tok.get_vocab_size() != cfg.vocab_size:
-            _log(f"note: corpus too small for vocab {cfg.vocab_size}; got {tok.get_vocab_size()}")
+            log(f"note: corpus too small for vocab {cfg.vocab_size}; got {tok.get_vocab_size()}")
             cfg.vocab_size = tok.get_vocab_size()
         save_tokenizer(tok, run_dir, cfg.seq_len)
     eot = eot_id(tok)
@@ -167,63 +154,23 @@ def pretrain(cfg: PretrainConfig) -> PretrainResult:
     model.to(device).train()
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
                             fused=device.type == "cuda")
-    start, elapsed_before = 0, 0.0
-    if cfg.resume:
-        ck = load_checkpoint(run_dir)
-        if ck["model_config"] != asdict(mcfg):
-            raise ValueError(f"--resume: checkpoint in {run_dir} was trained with a different model shape "
-                             f"({ck['model_config']}); pass the same flags or use a fresh --run-dir")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
-        start, elapsed_before = ck["step"], ck.get("elapsed", 0.0)
-        set_rng_state(ck["rng"])
-        _log(f"resumed from {run_dir / 'ckpt.pt'} at step {start}")
+    state = resume(run_dir, model, opt, asdict(mcfg), "model") if cfg.resume else LoopState()
     n_params = count_params(model)
     sampler = D.BlockSampler(train_stream, cfg.seq_len, cfg.batch_size, cfg.seed)
     tokens_per_step = cfg.batch_size * cfg.seq_len
-    _log(f"target: {fmt_count(n_params)} params ({mcfg.n_layers}x{mcfg.dim}, heads {mcfg.n_heads}/{mcfg.n_kv_heads}, "
-         f"ffn {mcfg.intermediate_size}, vocab {mcfg.vocab_size}) on {device} "
-         f"threads={torch.get_num_threads()} amp={cfg.amp}; corpus {len(train_files)} train files "
-         f"({len(train_stream):,} tokens), {len(held_files)} held-out files ({len(held_stream):,} tokens); "
-         f"{cfg.steps} steps x {tokens_per_step} tokens")
+    log(f"target: {fmt_count(n_params)} params ({mcfg.n_layers}x{mcfg.dim}, heads {mcfg.n_heads}/{mcfg.n_kv_heads}, "
+        f"ffn {mcfg.intermediate_size}, vocab {mcfg.vocab_size}) on {device} "
+        f"threads={torch.get_num_threads()} amp={cfg.amp}; corpus {len(train_files)} train files "
+        f"({len(train_stream):,} tokens), {len(held_files)} held-out files ({len(held_stream):,} tokens); "
+        f"{cfg.steps} steps x {tokens_per_step} tokens")
 
-    def save(step: int, elapsed: float) -> None:
-        save_checkpoint(run_dir, {"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                                  "rng": rng_state(), "model_config": asdict(mcfg), "train_config": asdict(cfg),
-                                  "elapsed": elapsed})
+    def save(s: LoopState) -> None:
+        save_run(run_dir, model, opt, asdict(mcfg), s, {"train_config": asdict(cfg)})
 
-    t0 = time.time()
-    step = start
-    ema: Optional[float] = None
-    tty = sys.stderr.isatty()
-    budget_s = cfg.max_minutes * 60 if cfg.max_minutes else None
-    # Under a time budget the bar counts seconds, so its ETA is the budget's end.
-    bar = tqdm(total=int(budget_s) if budget_s else cfg.steps, initial=int(elapsed_before) if budget_s else start,
-               unit="s" if budget_s else "step", dynamic_ncols=True, mininterval=1 if tty else 30,
-               file=sys.stderr, desc="pretrain")
-    tok_s = 0.0
-    last_save = time.time()
-    stop = install_stop_handler()
-    while step < cfg.steps:
-        if stop.requested:
-            save(step, elapsed_before + time.time() - t0)
-            bar.close()
-            _log(f"interrupted: checkpoint saved at step {step}; continue with --resume")
-            raise KeyboardInterrupt
+    gnorm = torch.zeros(())
 
-        elapsed = elapsed_before + time.time() - t0
-        progress = step / cfg.steps
-        if budget_s:
-            if elapsed >= budget_s:
-                _log(f"time budget of {cfg.max_minutes} min reached at step {step}")
-                break
-            progress = max(progress, elapsed / budget_s)
-        lr = cosine_lr(step, progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        if device.type == "cpu":
-            governor.update(step)  # type: ignore[union-attr]
-        ts = time.time()
+    def train_step(step: int) -> tuple[float, int]:
+        nonlocal gnorm
         batch = sampler.batch(step).to(device, non_blocking=True)
         with autocast(device, cfg.amp):
             logits = model(batch[:, :-1])
@@ -232,39 +179,25 @@ def pretrain(cfg: PretrainConfig) -> PretrainResult:
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        lv = loss.item()
-        if not math.isfinite(lv):
-            raise FloatingPointError(f"loss became {lv} at step {step}; lower --lr")
-        step += 1
-        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
-        tok_s = tokens_per_step / max(1e-9, time.time() - ts) if tok_s == 0 else 0.9 * tok_s + 0.1 * tokens_per_step / max(1e-9, time.time() - ts)
-        bar.set_postfix(step=step, loss=f"{ema:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-        if budget_s:
-            bar.update(min(int(budget_s), int(elapsed_before + time.time() - t0)) - bar.n)
-        else:
-            bar.update(1)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            _log(f"step {step} loss {lv:.4f} (ema {ema:.4f}) lr {lr:.2e} gnorm {float(gnorm):.2f} "
-                 f"{tok_s:,.0f} tok/s threads {torch.get_num_threads()} elapsed {(elapsed_before + time.time() - t0) / 60:.1f} min")
-        if step % cfg.ckpt_every == 0 or step == cfg.steps or time.time() - last_save > cfg.ckpt_minutes * 60:
-            save(step, elapsed_before + time.time() - t0)
-            last_save = time.time()
-        if cfg.stop_after is not None and step - start >= cfg.stop_after:
-            save(step, elapsed_before + time.time() - t0)
-            bar.close()
-            _log(f"stopping after {cfg.stop_after} steps this run (at step {step}); continue with --resume")
-            return PretrainResult(Path(cfg.out), step, n_params, float("nan"), float("nan"), 0, tok_s)
-    bar.close()
-    save(step, elapsed_before + time.time() - t0)
+        return loss.item(), tokens_per_step
+
+    def log_line(s: LoopState, loss: float, lr: float) -> str:
+        return (f"step {s.step} loss {loss:.4f} (ema {s.loss_ema:.4f}) lr {lr:.2e} gnorm {float(gnorm):.2f} "
+                f"{s.tok_s:,.0f} tok/s threads {torch.get_num_threads()} elapsed {s.elapsed() / 60:.1f} min")
+
+    state = train_loop(cfg, "pretrain", state, opt, governor, train_step, save, log_line)
+    step, tok_s = state.step, state.tok_s
+    if state.stopped:
+        return PretrainResult(Path(cfg.out), step, n_params, float("nan"), float("nan"), 0, tok_s)
     loss, n_eval = held_out_loss(model, held_stream, cfg.seq_len, device, cfg.amp, cfg.eval_tokens)
     info = {"recipe": asdict(cfg), "params": n_params, "steps": step, "train_tokens_seen": step * tokens_per_step,
             "train_split_tokens": int(len(train_stream)), "held_out_tokens_scored": n_eval,
             "held_out_files": len(held_files), "train_files": len(train_files),
             "held_out_loss": loss, "held_out_ppl": math.exp(loss), "train_tokens_per_s": tok_s,
-            "wall_minutes": (elapsed_before + time.time() - t0) / 60}
+            "wall_minutes": state.elapsed() / 60}
     save_hf(model, Path(cfg.out), cfg.save_dtype, tokenizer_dir=run_dir, extra={"pretrain": info})
     (run_dir / "result.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-    _log(f"held-out loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f} over {n_eval:,} tokens "
-         f"of {len(held_files)} held-out files")
-    _log(f"wrote {cfg.out} ({fmt_count(n_params)} params, {cfg.save_dtype})")
+    log(f"held-out loss {loss:.4f} nats/token, perplexity {math.exp(loss):.2f} over {n_eval:,} tokens "
+        f"of {len(held_files)} held-out files")
+    log(f"wrote {cfg.out} ({fmt_count(n_params)} params, {cfg.save_dtype})")
     return PretrainResult(Path(cfg.out), step, n_params, loss, math.exp(loss), n_eval, tok_s)
