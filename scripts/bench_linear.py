@@ -13,6 +13,14 @@ DRAM). ``--hot`` reuses one matrix (it then sits in cache: best case).
 
     .venv/bin/python scripts/bench_linear.py            # fp32 weights, cold
     .venv/bin/python scripts/bench_linear.py --bf16     # also bf16 weights through the kernel
+
+"fast" is the kernel on its default code path (the best this CPU has, or
+SPECDECODE_KERNEL_ISA). Further columns time each code path explicitly, as
+"T(v)" with v = T / T(M=1) of that column: avx2 and avx512 with fp32 weights,
+and with --bf16 also avx2_b / avx512_b (bf16 weights, fp32 x, exact products)
+and dot_b (bf16-dot mode: x rounded to bf16, vdpbf16ps where the CPU has
+AVX512_BF16, else the same math on the best path). ``--paths`` picks them
+(default: every one this CPU supports; "none" for the original table only).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from specdecode import kernels
 from specdecode.kernels import fast_linear, fast_linear_available
 
 # (name, N = out features, K = in features) for a ~25M llama (dim 512, 4 heads x 128 q,
@@ -64,6 +73,24 @@ def time_call(fn, xs, weights, bias, min_time: float, repeats: int, clock=time.p
     return stat(samples)
 
 
+# extra columns: name -> (isa, bf16 weights?, bf16-dot?)
+PATHS = {
+    "avx2": ("avx2", False, False),
+    "avx512": ("avx512", False, False),
+    "avx2_b": ("avx2", True, False),
+    "avx512_b": ("avx512", True, False),
+    "dot_b": ("auto", True, True),
+}
+_LEVEL = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3}
+
+
+def path_fn(ext, isa: str, bf16_dot: bool):
+    """The kernel on one code path, called like F.linear on a [1, M, K] x."""
+    def fn(x, w, b):
+        return ext.smallm_linear(x.view(-1, x.shape[-1]), w, b, bf16_dot=bf16_dot, isa=isa)
+    return fn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -78,6 +105,8 @@ def main() -> None:
     ap.add_argument("--clock", choices=["wall", "thread"], default="wall",
                     help="thread: this thread's CPU time (needs --threads 1); ignores time spent preempted")
     ap.add_argument("--shapes", default="", help="comma-separated substrings selecting shapes (default: all)")
+    ap.add_argument("--paths", default="auto",
+                    help=f"extra per-path columns, comma-separated from {','.join(PATHS)} (auto: all this CPU has; none)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -87,10 +116,23 @@ def main() -> None:
     stat = min if args.stat == "min" else statistics.median
     if not fast_linear_available():
         raise SystemExit("the fast linear kernel is not available here (see the warning above)")
+    ext = kernels.load_extension()
+    best = ext.best_isa()
+    wanted = [] if args.paths == "none" else list(PATHS) if args.paths == "auto" else args.paths.split(",")
+    for p in wanted:
+        if p not in PATHS:
+            raise SystemExit(f"unknown path {p!r}: choose from {', '.join(PATHS)}")
+    paths = [p for p in wanted if PATHS[p][0] == "auto" or _LEVEL[PATHS[p][0]] <= _LEVEL[best]]
+    if not args.bf16:
+        paths = [p for p in paths if not PATHS[p][1]]
+    skipped = [p for p in wanted if p not in paths]
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, "
           f"weights={'hot (one copy)' if args.hot else f'cold (cycling ~{args.pool_mb:.0f} MB of copies)'}, "
           f"clock={args.clock}, {args.stat} of {args.repeats} runs")
-    print("times in microseconds per call; r = T / T_eager(M=1)")
+    print(f"kernel: default path {ext.isa()}, best here {best}"
+          + (f"; dot_b uses {'vdpbf16ps' if best == 'avx512bf16' else best + ' (no AVX512_BF16)'}" if "dot_b" in paths else "")
+          + (f"; skipped (not on this CPU or no --bf16): {', '.join(skipped)}" if skipped else ""))
+    print("times in microseconds per call; r = T / T_eager(M=1); path columns: T(v), v = T / T(M=1) of that column")
 
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
@@ -104,9 +146,11 @@ def main() -> None:
             head = f"{'M':>3} {'eager':>9} {'fast':>9} {'r_eager':>8} {'r_fast':>8} {'speedup':>8}"
             if args.bf16:
                 head += f" {'fast_bf16':>10} {'r_bf16':>7}"
+            head += "".join(f" {p:>12}" for p in paths)
             print(f"\n{name}  (N={n_out}, K={k_in}, {copies} weight cop{'y' if copies == 1 else 'ies'})")
             print(head)
             t_eager1 = None
+            t_path1: dict[str, float] = {}
             for m in range(1, args.max_m + 1):
                 x = torch.randn(1, m, k_in, generator=gen)
                 te = time_call(F.linear, x, w32, None, args.min_time, args.repeats, clock, stat)
@@ -117,6 +161,12 @@ def main() -> None:
                 if args.bf16:
                     tb = time_call(fast_linear, x, w16, None, args.min_time, args.repeats, clock, stat)
                     row += f" {tb * 1e6:>10.1f} {tb / t_eager1:>7.2f}"
+                for p in paths:
+                    isa, narrow, dot = PATHS[p]
+                    tp = time_call(path_fn(ext, isa, dot), x, w16 if narrow else w32, None, args.min_time,
+                                   args.repeats, clock, stat)
+                    t_path1.setdefault(p, tp)
+                    row += f" {f'{tp * 1e6:.1f}({tp / t_path1[p]:.2f})':>12}"
                 print(row, flush=True)
             del w32, w16
 

@@ -108,7 +108,7 @@ def model_loader(cfg: ModelLoadConfig) -> Callable[[str], object]:
     from .models import load_model
 
     if cfg.device == "cpu" or cfg.device.startswith("cpu"):
-        enable_fast_linear(cfg.fast_linear)
+        enable_fast_linear(cfg.fast_linear, bf16_dot=cfg.matmul == "bf16")
         enable_fused_ops(cfg.fast_linear)
 
     def load(path: str) -> object:

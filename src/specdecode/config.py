@@ -86,9 +86,16 @@ class ModelLoadConfig:
         "storage dtype of weight matrices: auto (a bf16 checkpoint stays bf16 under fp32 compute when the fast CPU "
         "kernel is on), same (= dtype), fp32, bf16"))
     fast_linear: bool = field(default=True, metadata=_help(
-        "use the small-M CPU linear kernel (compiled on first use; falls back to PyTorch if it cannot build)"))
+        "use the small-M CPU linear kernel and fused decode ops (compiled on first use; falls back to PyTorch "
+        "if they cannot build)"))
+    matmul: str = field(default="fp32", metadata=_help(
+        "fast-kernel products with bf16 weights: fp32 (exact fp32 products; logits match transformers' fp32 run) "
+        "or bf16 (activations rounded to bf16 first, as a bf16 model computes: about 2x the multiply-adds per "
+        "cycle on CPUs with AVX512_BF16, so verifying several tokens costs little more than one)"))
 
     def __post_init__(self) -> None:
+        if self.matmul not in ("fp32", "bf16"):
+            raise ConfigError(f"matmul must be fp32 or bf16; got {self.matmul!r}")
         if self.dtype not in _DTYPE_NAMES:
             raise ConfigError(f"dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
         if self.weight_dtype not in _DTYPE_NAMES + ("same",):

@@ -244,3 +244,159 @@ def test_rows_independent_of_m(ext, wdtype):
     for m in range(1, 17):
         assert torch.equal(fast_linear(x[:m], w, b), singles[:m])
         assert torch.equal(fast_linear(x[16 - m:], w, b), singles[16 - m:])
+
+
+# ---------------------------------------------------------------- code paths (ISAs) and bf16-dot mode
+
+ISAS = ["scalar", "avx2", "avx512", "avx512bf16"]
+_ISA_LEVEL = {name: i for i, name in enumerate(ISAS)}
+
+
+def _require(ext, isa: str) -> None:
+    if _ISA_LEVEL[isa] > _ISA_LEVEL[ext.best_isa()]:
+        pytest.skip(f"this CPU lacks {isa} (best path here: {ext.best_isa()})")
+
+
+def test_cpu_feature_flags(ext):
+    best = ext.best_isa()
+    assert best in ISAS
+    assert ext.has_avx2() == (_ISA_LEVEL[best] >= _ISA_LEVEL["avx2"])
+    assert ext.has_avx512() == (_ISA_LEVEL[best] >= _ISA_LEVEL["avx512"])
+    assert ext.has_avx512_bf16() == (best == "avx512bf16")
+
+
+def test_set_isa_round_trip(ext):
+    previous = ext.set_isa("scalar")
+    try:
+        assert ext.isa() == "scalar" and kernels.kernel_isa() == "scalar"
+        x, w = torch.randn(3, 19), torch.randn(7, 19)
+        torch.testing.assert_close(fast_linear(x, w), F.linear(x, w), **_tol(19))
+        with pytest.raises(RuntimeError, match="unknown ISA"):
+            ext.set_isa("sse9")
+        if not ext.has_avx512_bf16():
+            with pytest.raises(RuntimeError, match="does not support"):
+                ext.set_isa("avx512bf16")
+        assert kernels.set_kernel_isa("auto") == "scalar"
+        assert ext.isa() == ext.best_isa()
+    finally:
+        ext.set_isa(previous)
+    with pytest.raises(RuntimeError, match="unknown isa"):
+        ext.smallm_linear(torch.randn(1, 4), torch.randn(2, 4), isa="sse9")
+
+
+def test_env_var_forces_isa(ext, tmp_path):
+    """SPECDECODE_KERNEL_ISA is read when the extension loads (a fresh process, the build is cached)."""
+    import os
+    import subprocess
+
+    code = "from specdecode import kernels; print(kernels.load_extension().isa())"
+    env = dict(os.environ, SPECDECODE_KERNEL_ISA="scalar")
+    env.pop(kernels.ENV_VAR, None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "scalar"
+
+
+# odd K (not a multiple of 8/16/32: vector tails), N not a multiple of the register blocks or tiles
+ISA_SHAPES = [(7, 5), (33, 13), (257, 100), (64, 24), (512, 37), (95, 49)]
+ISA_MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 23, 33, 64]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_isa_matches_f_linear(ext, isa, wdtype):
+    _require(ext, isa)
+    g = torch.Generator().manual_seed(11)
+    for k, n in ISA_SHAPES:
+        w = torch.randn(n, k, generator=g).to(wdtype)
+        b = torch.randn(n, generator=g)
+        for m in ISA_MS:
+            x = torch.randn(m, k, generator=g)
+            ref = F.linear(x, w.float(), b)
+            torch.testing.assert_close(ext.smallm_linear(x, w, b, isa=isa), ref, **_tol(k))
+            if m in (1, 5, 9):
+                torch.testing.assert_close(ext.smallm_linear(x, w, isa=isa), F.linear(x, w.float()), **_tol(k))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_bf16_dot_matches_rounded_reference(ext, isa):
+    """x rounded to bf16, exact products: F.linear on the rounded x up to fp32 summation order."""
+    _require(ext, isa)
+    g = torch.Generator().manual_seed(12)
+    for k, n in ISA_SHAPES:
+        w = torch.randn(n, k, generator=g).bfloat16()
+        b = torch.randn(n, generator=g)
+        for m in ISA_MS:
+            x = torch.randn(m, k, generator=g)
+            ref = F.linear(x.bfloat16().float(), w.float(), b)
+            y = ext.smallm_linear(x, w, b, bf16_dot=True, isa=isa)
+            torch.testing.assert_close(y, ref, **_tol(k))
+    # an fp32 weight ignores the mode: the exact fp32 path, bit for bit
+    x, w32 = torch.randn(5, 257, generator=g), torch.randn(40, 257, generator=g)
+    assert torch.equal(ext.smallm_linear(x, w32, bf16_dot=True, isa=isa), ext.smallm_linear(x, w32, isa=isa))
+
+
+def test_bf16_dot_rounding_edge_cases(ext):
+    """Ties to even, a NaN and infinities in x go through as x.bfloat16() rounds them."""
+    k = 40
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(13))
+    # 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (-> 1); 1 + 3 * 2^-8 ties to 1 + 2^-6
+    x[0, :4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38])
+    x[1, 5] = float("inf")
+    x[2, 7] = float("nan")
+    w = torch.ones(6, k).bfloat16()
+    ref = F.linear(x.bfloat16().float(), w.float())
+    for isa in ISAS:
+        if _ISA_LEVEL[isa] > _ISA_LEVEL[ext.best_isa()]:
+            continue
+        y = ext.smallm_linear(x, w, bf16_dot=True, isa=isa)
+        torch.testing.assert_close(y[0], ref[0], **_tol(k))
+        assert torch.isinf(y[1]).all() and (y[1] > 0).all()
+        assert torch.isnan(y[2]).all()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("mode", ["fp32w", "bf16w", "bf16dot"])
+def test_isa_rows_independent_of_m(ext, isa, mode):
+    """Bit-identical rows whatever M (including M that split into several register blocks) and position."""
+    _require(ext, isa)
+    g = torch.Generator().manual_seed(14)
+    k, n, rows = 515, 203, 20
+    w = torch.randn(n, k, generator=g)
+    if mode != "fp32w":
+        w = w.bfloat16()
+    b = torch.randn(n, generator=g)
+    x = torch.randn(rows, k, generator=g)
+    dot = mode == "bf16dot"
+    singles = torch.cat([ext.smallm_linear(x[i:i + 1], w, b, bf16_dot=dot, isa=isa) for i in range(rows)])
+    for m in [2, 3, 5, 7, 8, 9, 12, 13, 16, 17, 20]:
+        assert torch.equal(ext.smallm_linear(x[:m], w, b, bf16_dot=dot, isa=isa), singles[:m]), m
+        assert torch.equal(ext.smallm_linear(x[rows - m:], w, b, bf16_dot=dot, isa=isa), singles[rows - m:]), m
+
+
+def test_enable_bf16_dot(ext):
+    assert enable_fast_linear(bf16_dot=True) is True
+    assert ops._linear_impl is ext.linear_bf16_dot
+    assert fast_linear_enabled() and kernels.fast_linear_mode() == "bf16_dot"
+    g = torch.Generator().manual_seed(15)
+    w, b = torch.randn(30, 33, generator=g).bfloat16(), torch.randn(30, generator=g)
+    for shape in [(1, 5, 33), (70, 33)]:  # the kernel, and the eager fallback above 64 rows
+        x = torch.randn(*shape, generator=g)
+        ref = F.linear(x.bfloat16().float(), w.float(), b)
+        torch.testing.assert_close(ops.linear(x, w, b), ref, **_tol(33))
+        torch.testing.assert_close(kernels.fast_linear_bf16(x, w, b), ref, **_tol(33))
+    x = torch.randn(4, 33, generator=g)
+    w32 = torch.randn(30, 33, generator=g)
+    assert torch.equal(ops.linear(x, w32, b), fast_linear(x, w32, b))  # fp32 weights: unaffected
+    assert enable_fast_linear() is True and kernels.fast_linear_mode() == "fp32"
+    assert enable_fast_linear(False) is False and kernels.fast_linear_mode() is None
+
+
+def test_fast_linear_bf16_without_kernel(monkeypatch):
+    """Without the extension fast_linear_bf16 still computes the bf16-dot math (eagerly)."""
+    monkeypatch.setenv(kernels.ENV_VAR, "0")
+    g = torch.Generator().manual_seed(16)
+    x, w, b = torch.randn(3, 21, generator=g), torch.randn(8, 21, generator=g).bfloat16(), torch.randn(8, generator=g)
+    torch.testing.assert_close(kernels.fast_linear_bf16(x, w, b), F.linear(x.bfloat16().float(), w.float(), b))
+    w32 = w.float()
+    torch.testing.assert_close(kernels.fast_linear_bf16(x, w32, b), F.linear(x, w32, b))
