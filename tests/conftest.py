@@ -21,7 +21,7 @@ def fast_path() -> None:
     from specdecode.kernels import enable_fast_linear
     from specdecode.kernels.fused import enable_fused_ops
 
-    enable_fast_linear(True)
+    enable_fast_linear(True, bf16_dot=True)  # the CLI's default (--matmul bf16); fp32 weights are unaffected
     enable_fused_ops(True)
 
 

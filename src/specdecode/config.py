@@ -88,10 +88,11 @@ class ModelLoadConfig:
     fast_linear: bool = field(default=True, metadata=_help(
         "use the small-M CPU linear kernel and fused decode ops (compiled on first use; falls back to PyTorch "
         "if they cannot build)"))
-    matmul: str = field(default="fp32", metadata=_help(
-        "fast-kernel products with bf16 weights: fp32 (exact fp32 products; logits match transformers' fp32 run) "
-        "or bf16 (activations rounded to bf16 first, as a bf16 model computes: about 2x the multiply-adds per "
-        "cycle on CPUs with AVX512_BF16, so verifying several tokens costs little more than one)"))
+    matmul: str = field(default="bf16", metadata=_help(
+        "how the fast kernel multiplies by bf16-stored weights (fp32 weights are unaffected): bf16 = round the "
+        "activations to bf16 and sum exact products in fp32, as llama.cpp does for bf16 models (about 2x the "
+        "multiply-adds per cycle with AVX512_BF16, so verifying several tokens costs little more than one); "
+        "fp32 = exact fp32 products (logits match transformers' fp32 run of the same weights)"))
 
     def __post_init__(self) -> None:
         if self.matmul not in ("fp32", "bf16"):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from . import ops
+from .kernels import fast_linear_enabled, kernel_isa
 from .kernels.fused import fused_ops
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
 
 def _fingerprint(models: Sequence[Optional["Model"]]) -> str:
     parts = [platform.processor() or platform.machine(), cpu_name(), str(torch.get_num_threads()),
-             torch.__version__, ops.linear_impl_name(), f"fused={fused_ops() is not None}"]
+             torch.__version__, ops.linear_impl_name(), f"fused={fused_ops() is not None}",
+             f"isa={kernel_isa() if fast_linear_enabled() else None}"]
     for m in models:
         if m is None:
             parts.append("none")

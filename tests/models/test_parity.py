@@ -96,9 +96,27 @@ def test_bf16_checkpoint_keeps_bf16_weights_under_fp32_compute(tmp_path: Path) -
         return
     assert narrow.weight_dtype == torch.bfloat16
     ids = torch.randint(0, 300, (1, 7))
-    a = narrow.forward(ids, narrow.new_cache(1, 16))
     b = wide.forward(ids, wide.new_cache(1, 16))
-    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
-    plain = sd.generate(narrow, "def", max_new_tokens=12, ignore_eos=True)
-    spec = sd.generate(narrow, "def", drafter=sd.DraftModelDrafter(narrow, 3), max_new_tokens=12, ignore_eos=True)
-    assert spec.token_ids == plain.token_ids
+    from specdecode.kernels import enable_fast_linear, fast_linear_mode
+
+    was_dot = fast_linear_mode() == "bf16_dot"
+    try:
+        for bf16_dot in (False, True):
+            enable_fast_linear(True, bf16_dot=bf16_dot)
+            a = narrow.forward(ids, narrow.new_cache(1, 16))
+            if bf16_dot:  # activations rounded to bf16: close to the fp32 run, not equal
+                assert (a - b).abs().max() < 0.05 * b.abs().max()
+            else:  # exact fp32 products of the bf16 weights
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+            # either way, verifying several tokens gives the one-token logits bit for bit...
+            cache = narrow.new_cache(1, 16)
+            steps = torch.cat([narrow.forward(ids[:, i : i + 1], cache) for i in range(7)], dim=1)
+            cache.trim(4)
+            assert torch.equal(narrow.forward(ids[:, 3:], cache), steps[:, 3:])
+            # ...so speculation reproduces plain decoding of the model as run
+            plain = sd.generate(narrow, "def", max_new_tokens=12, ignore_eos=True)
+            spec = sd.generate(narrow, "def", drafter=sd.DraftModelDrafter(narrow, 3), max_new_tokens=12,
+                               ignore_eos=True)
+            assert spec.token_ids == plain.token_ids
+    finally:
+        enable_fast_linear(True, bf16_dot=was_dot)

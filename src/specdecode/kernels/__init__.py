@@ -34,11 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import sys
 import threading
-import time
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
@@ -47,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from .build import ExtensionBuildError, build_extension
 
 __all__ = [
     "enable_fast_linear", "fast_linear", "fast_linear_available", "fast_linear_bf16", "fast_linear_enabled",
@@ -69,40 +66,11 @@ def _env_disabled() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() in {"0", "false", "no", "off"}
 
 
-def _build_dir() -> Path:
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    base = Path(root).expanduser() if root else Path("~/.cache/specdecode/torch_extensions").expanduser()
-    # One build per torch/python version: torch's own versioning only hashes sources and flags.
-    tag = re.sub(r"[^A-Za-z0-9]+", "_", f"torch{torch.__version__}_py{sys.version_info[0]}{sys.version_info[1]}")
-    return base / f"specdecode_smallm_linear_{tag}"
-
-
 def _warn_once(msg: str) -> None:
     global _warned
     if not _warned:
         _warned = True
         logger.warning("fast small-M linear is off, using F.linear: %s", msg)
-
-
-def _summarise(exc: BaseException) -> str:
-    """One line for the log: the compiler's first complaint, not ninja's echo of the command."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    noise = re.compile(r"^(Error building extension|FAILED:|ninja:|\[\d+/\d+\])|\s-MMD\s|\s-shared\s")
-    useful = [ln for ln in lines if not noise.search(ln)]
-    keyed = [ln for ln in useful if re.search(r"error|not found|no such|cannot|fatal|undefined", ln, re.IGNORECASE)]
-    line = (keyed or useful or lines or [type(exc).__name__])[0]
-    return line if len(line) <= 300 else line[:297] + "..."
-
-
-def _clear_stale_lock(build_dir: Path, max_age_s: float = 600.0) -> None:
-    """torch's build lock is a plain file: a build killed midway leaves it and later loads wait forever."""
-    lock = build_dir / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime > max_age_s:
-            lock.unlink()
-            logger.info("removed a stale build lock %s", lock)
-    except OSError:
-        pass
 
 
 def load_extension() -> Optional[ModuleType]:
@@ -114,33 +82,9 @@ def load_extension() -> Optional[ModuleType]:
         if _ext is not None or _load_error is not None:
             return _ext
         try:
-            from torch.utils.cpp_extension import load
-
-            build_dir = _build_dir()
-            build_dir.mkdir(parents=True, exist_ok=True)
-            _clear_stale_lock(build_dir)
-            if not any(build_dir.glob("*.so")):
-                logger.info("compiling the small-M linear kernel into %s (first use only)", build_dir)
-            # Keep torch's own build chatter (compiler-ABI warnings etc.) out of the log:
-            # the one line below says whether the fast path is on.
-            torch_log = logging.getLogger("torch.utils.cpp_extension")
-            level = torch_log.level
-            torch_log.setLevel(logging.ERROR)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    ext = load(
-                        name="specdecode_smallm_linear",
-                        sources=[str(_SOURCE)],
-                        extra_cflags=["-O3", "-fopenmp"],
-                        extra_ldflags=["-fopenmp"],
-                        build_directory=str(build_dir),
-                        verbose=False,
-                    )
-            finally:
-                torch_log.setLevel(level)
-        except Exception as exc:  # no compiler / ninja / headers: fall back to eager, once
-            _load_error = f"could not build the C++ kernel ({type(exc).__name__}: {_summarise(exc)})"
+            ext = build_extension("specdecode_smallm_linear", _SOURCE)
+        except ExtensionBuildError as exc:  # no compiler / ninja / headers: fall back to eager, once
+            _load_error = str(exc)
             return None
         if not ext.has_avx2():
             _load_error = "this CPU has no AVX2/FMA"
