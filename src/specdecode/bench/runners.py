@@ -151,11 +151,12 @@ class OursMethod:
 
 
 class EagerMethod:
-    """An ``OursMethod`` run with PyTorch's eager ``F.linear`` instead of the small-M kernel.
+    """An ``OursMethod`` run on eager PyTorch: ``F.linear`` and the eager layer ops instead of
+    the small-M kernel and the fused decode ops.
 
-    The kernel is a process-wide switch (``ops.set_linear_impl``); it is turned off
-    for the duration of each run and restored after, so eager and fast runs can be
-    interleaved in one benchmark and compared as a ratio measured side by side.
+    Both are process-wide switches; they are turned off for the duration of each run and
+    restored after, so eager and fast runs can be interleaved in one benchmark and compared
+    as a ratio measured side by side.
     """
 
     runtime = "specdecode"
@@ -166,12 +167,16 @@ class EagerMethod:
 
     def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
         from .. import ops
+        from ..kernels.fused import enable_fused_ops, fused_ops
 
         previous = ops.set_linear_impl(None)
+        fused = fused_ops() is not None
+        enable_fused_ops(False)
         try:
             return self.inner.run(prompt, max_new_tokens)
         finally:
             ops.set_linear_impl(previous)
+            enable_fused_ops(fused)
 
 
 def _eager_plain(ctx: BenchContext, setting: Optional[int]) -> Method:
