@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from specdecode.models import load_model
+from specdecode.cli import model_loader
+from specdecode.config import ModelLoadConfig, add_dataclass_args, from_args
 
 
 def step_time(model, ctx: int, cache) -> float:
@@ -32,16 +33,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="models/code-target")
     ap.add_argument("--draft", default="models/code-draft")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="auto")
+    add_dataclass_args(ap, ModelLoadConfig)  # --device, --dtype, --matmul, --no-fast-linear ...
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--context", type=int, default=128, help="tokens already in the KV cache")
     ap.add_argument("--reps", type=int, default=300)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    models = {name: load_model(path, device=args.device, dtype=args.dtype)
-              for name, path in (("target", args.target), ("draft", args.draft))}
+    cfg = from_args(ModelLoadConfig, args)
+    load = model_loader(cfg)  # the CLI's runtime: fast kernel and fused ops unless --no-fast-linear
+    models = {name: load(path) for name, path in (("target", args.target), ("draft", args.draft))}
     caches = {}
     for name, m in models.items():
         caches[name] = m.new_cache(1, args.context + 1)
@@ -54,7 +55,7 @@ def main() -> None:
                 times[name].append(t)
     med = {n: statistics.median(v) for n, v in times.items()}
     out = {"target_ms": med["target"] * 1e3, "draft_ms": med["draft"] * 1e3, "c": med["draft"] / med["target"],
-           "threads": torch.get_num_threads(), "device": args.device, "context": args.context, "reps": args.reps,
+           "threads": torch.get_num_threads(), "device": cfg.device, "fast_path": cfg.fast_linear, "matmul": cfg.matmul, "context": args.context, "reps": args.reps,
            "target_params": models["target"].num_parameters(), "draft_params": models["draft"].num_parameters()}
     print(json.dumps(out, indent=2))
 

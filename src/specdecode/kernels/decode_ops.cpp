@@ -274,6 +274,56 @@ DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase
   for (int64_t i = 0; i < D; ++i) out[i] *= inv;
 }
 
+// All queries of one kv head (nq of them, rotated, [nq][NV*8]; query qi sits at position
+// qpos[qi] and attends keys 0..qpos[qi]) against keys [0, n_keys). Scores go key by key so each
+// key row is loaded once for every query; then per query softmax and the weighted sum of V
+// with the output accumulated in registers. The per-query arithmetic (a dot product as 8-lane
+// FMAs then hsum8, times scale; exp; FMAs over keys in order; times 1/sum) is that of
+// attend_one, so results are identical to it bit for bit.
+template <int NV>
+DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* qpos, int64_t nq, const float* kbase,
+                                const float* vbase, int64_t n_keys, float scale, float* S, float* const* outs) {
+#if DOPS_X86
+  constexpr int64_t D = NV * 8;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    __m256 kv[NV];
+    for (int i = 0; i < NV; ++i) kv[i] = _mm256_loadu_ps(kbase + j * D + 8 * i);
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      if (j > qpos[qi]) continue;
+      const float* q = Q + qi * D;
+      __m256 acc = _mm256_setzero_ps();
+      for (int i = 0; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), kv[i], acc);
+      S[qi * n_keys + j] = hsum8(acc) * scale;
+    }
+  }
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    float* s = S + qi * n_keys;
+    const int64_t n = qpos[qi] + 1;
+    const float inv = 1.0f / softmax_numer(s, n);
+    __m256 acc[NV];
+    for (int i = 0; i < NV; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 wj = _mm256_set1_ps(s[j]);
+      for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vbase + j * D + 8 * i), acc[i]);
+    }
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(outs[qi] + 8 * i, _mm256_mul_ps(acc[i], iv));
+  }
+#endif
+}
+
+void attend_grouped(int64_t nv, const float* Q, const int64_t* qpos, int64_t nq, const float* kbase,
+                    const float* vbase, int64_t n_keys, float scale, float* S, float* const* outs) {
+  switch (nv) {
+#define DOPS_CASE(N) \
+  case N: attend_grouped_t<N>(Q, qpos, nq, kbase, vbase, n_keys, scale, S, outs); break;
+    DOPS_CASE(1) DOPS_CASE(2) DOPS_CASE(3) DOPS_CASE(4) DOPS_CASE(5) DOPS_CASE(6) DOPS_CASE(7) DOPS_CASE(8)
+    DOPS_CASE(9) DOPS_CASE(10) DOPS_CASE(11) DOPS_CASE(12) DOPS_CASE(13) DOPS_CASE(14) DOPS_CASE(15) DOPS_CASE(16)
+#undef DOPS_CASE
+    default: TORCH_CHECK(false, "decode_ops: grouped attention needs head_dim/8 in 1..16");
+  }
+}
+
 // qkv [B, T, (H + 2*KV) * D] (q heads, then k heads, then v heads, as the fused projection
 // writes them); cos/sin [max_len, D]; k_cache/v_cache [rows, KV, max_len, D] (one layer).
 // For batch row b and token t at position p = starts[b] + t: rotates q and k with
@@ -321,14 +371,41 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
       }
     }
   }
-  // 2) Every (row, token, head) query on its own.
+  // 2) Attention. Head dims that are a multiple of 8 (up to 128): one unit per (row, kv head)
+  // with all its queries together (each key is loaded once for all of them, outputs stay in
+  // registers); anything else: one query at a time. Both do each query's arithmetic in the
+  // same order, so a query's result does not depend on which other queries share the call.
   at::Tensor out = at::empty({B, T, H * D}, qkv.options());
   float* op = out.data_ptr<float>();
   const int64_t group = H / KV;
   const int64_t max_keys = *std::max_element(starts.begin(), starts.end()) + T;
-  const int64_t work = B * T * H;
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, max_keys * D * 2));
+  const bool grouped = D % 8 == 0 && D <= 128;
+  const int64_t work = grouped ? B * KV : B * T * H;
+  const int64_t per_unit = (grouped ? T * group : 1) * max_keys * D * 2;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, per_unit));
   at::parallel_for(0, work, grain, [&](int64_t w0, int64_t w1) {
+    if (grouped) {
+      const int64_t nq = T * group;
+      std::vector<float> qbuf(nq * D), scores(nq * max_keys);
+      std::vector<int64_t> qpos(nq);
+      std::vector<float*> outs(nq);
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t b = w / KV, g = w % KV;
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t p = starts[b] + t;
+          for (int64_t hh = 0; hh < group; ++hh) {
+            const int64_t qi = t * group + hh, h = g * group + hh;
+            rope(src + (b * T + t) * W + h * D, cp + p * D, sp + p * D, qbuf.data() + qi * D, D);
+            qpos[qi] = p;
+            outs[qi] = op + (b * T + t) * H * D + h * D;
+          }
+        }
+        const int64_t off = (row0 + b) * s_row + g * s_head;
+        attend_grouped(D / 8, qbuf.data(), qpos.data(), nq, kc + off, vc + off, starts[b] + T,
+                       static_cast<float>(scale), scores.data(), outs.data());
+      }
+      return;
+    }
     std::vector<float> scores(max_keys);
     std::vector<float> q(D);
     for (int64_t w = w0; w < w1; ++w) {
