@@ -400,3 +400,22 @@ def test_fast_linear_bf16_without_kernel(monkeypatch):
     torch.testing.assert_close(kernels.fast_linear_bf16(x, w, b), F.linear(x.bfloat16().float(), w.float(), b))
     w32 = w.float()
     torch.testing.assert_close(kernels.fast_linear_bf16(x, w32, b), F.linear(x, w32, b))
+
+
+@pytest.mark.parametrize("bf16_dot", [False, True])
+def test_prefill_sized_bf16_calls_run_in_chunks_bit_identical_to_single_rows(bf16_dot: bool) -> None:
+    """More than MAX_M rows with a bf16 weight: the kernel in chunks, each row equal to its 1-row call."""
+    if not fast_linear_available():
+        pytest.skip("kernel unavailable")
+    ext = kernels.load_extension()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 75, 37, generator=g)  # 150 rows: 64 + 64 + 22
+    w = torch.randn(29, 37, generator=g).bfloat16()
+    b = torch.randn(29, generator=g)
+    y = ext.linear(x, w, b, bf16_dot=bf16_dot)
+    assert y.shape == (2, 75, 29)
+    rows = x.reshape(-1, 37)
+    singles = torch.cat([ext.linear(rows[i : i + 1], w, b, bf16_dot=bf16_dot) for i in range(rows.shape[0])])
+    assert torch.equal(y.reshape(-1, 29), singles)
+    xr = x.bfloat16().float() if bf16_dot else x
+    torch.testing.assert_close(y, F.linear(xr, w.float(), b), rtol=1e-5, atol=1e-5)

@@ -709,14 +709,26 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   int64_t M = 0;
   if (ok) {
     M = K > 0 ? x.numel() / K : 0;
-    ok = K > 0 && M >= 1 && M <= MAX_M;
+    // More rows than a call takes (a prefill): bf16 weights go through the kernel in MAX_M-row
+    // chunks (rows are batch-invariant, so chunking changes no bit, and eager would first widen
+    // the whole weight to fp32); fp32 weights are left to the BLAS GEMM.
+    ok = K > 0 && M >= 1 && (M <= MAX_M || w.scalar_type() == at::kBFloat16);
   }
   if (ok && at::GradMode::is_enabled()) {  // no backward here: let autograd see eager ops
     ok = !x.requires_grad() && !w.requires_grad() && !(has_bias && bias->requires_grad());
   }
   if (!ok) return eager_linear(x, w, bias, bf16_dot);
   at::Tensor x2 = x.reshape({M, K}).contiguous();
-  at::Tensor y = smallm_linear(x2, w, bias, false, bf16_dot, std::nullopt);
+  at::Tensor y;
+  if (M <= MAX_M) {
+    y = smallm_linear(x2, w, bias, false, bf16_dot, std::nullopt);
+  } else {
+    y = at::empty({M, w.size(0)}, x2.options());
+    for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
+      const int64_t n = std::min(MAX_M, M - m0);
+      y.narrow(0, m0, n).copy_(smallm_linear(x2.narrow(0, m0, n), w, bias, false, bf16_dot, std::nullopt));
+    }
+  }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(0);
   return y.view(shape);
