@@ -133,25 +133,32 @@ class LlamaModel(nn.Module):
                        last_only: bool) -> torch.Tensor:
         """The same layer math with the fused CPU ops (``kernels/decode_ops.cpp``): per layer four
         projections plus three calls, each residual add fused into the norm that follows it."""
-        cfg, layers = self.cfg, self.layers
+        cfg = self.cfg
         eps, hd = cfg.norm_eps, cfg.head_dim
         scale = 1.0 / math.sqrt(hd)
         row0 = meta.rows.indices(cache.batch_size)[0]
+        # (wqkv, bqkv, wo, w13, w2, mlp_norm, next norm) per layer, gathered once: nn.Module attribute
+        # lookups are a measurable share of a small model's step
+        plan = self.__dict__.get("_fused_plan")
+        if plan is None or plan[0][0] is not self.layers[0].wqkv:  # first call, or weights reassigned
+            layers = list(self.layers)
+            nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
+            plan = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt) for lay, nxt in zip(layers, nexts)]
+            self.__dict__["_fused_plan"] = plan
         x = F.embedding(tokens, self.embed).to(torch.float32).contiguous()  # updated in place below
-        h = ext.rms_norm(x, layers[0].attn_norm, eps)
-        for i, layer in enumerate(layers):
-            qkv = linear(h, layer.wqkv, layer.bqkv)
+        h = ext.rms_norm(x, self.layers[0].attn_norm, eps)
+        last = len(plan) - 1
+        for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, next_norm) in enumerate(plan):
+            qkv = linear(h, wqkv, bqkv)
             attn = ext.attention(qkv, self.rope_cos, self.rope_sin, cache.k_layer(i), cache.v_layer(i), row0,
                                  meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, scale)
-            h = ext.add_rms_norm_(x, linear(attn, layer.wo), layer.mlp_norm, eps)
-            down = linear(ext.silu_mul(linear(h, layer.w13)), layer.w2)
-            if i + 1 < len(layers):
-                h = ext.add_rms_norm_(x, down, layers[i + 1].attn_norm, eps)
-            elif last_only:
+            h = ext.add_rms_norm_(x, linear(attn, wo), mlp_norm, eps)
+            down = linear(ext.silu_mul(linear(h, w13)), w2)
+            if i < last or not last_only:
+                h = ext.add_rms_norm_(x, down, next_norm, eps)
+            else:
                 x.add_(down)
                 h = ext.rms_norm(x[:, -1:].contiguous(), self.norm, eps)
-            else:
-                h = ext.add_rms_norm_(x, down, self.norm, eps)
         return linear(h, self.embed if self.lm_head is None else self.lm_head)
 
     @staticmethod
