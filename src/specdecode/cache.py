@@ -86,6 +86,13 @@ class KVCache:
     def v_layer(self, layer: int) -> torch.Tensor:
         return self._v_layers[layer]
 
+    def k_layers(self) -> list[torch.Tensor]:
+        """Every layer's key view, in order (the list itself; do not modify)."""
+        return self._k_layers
+
+    def v_layers(self) -> list[torch.Tensor]:
+        return self._v_layers
+
     def length(self, row: int = 0) -> int:
         return self.lengths[row]
 

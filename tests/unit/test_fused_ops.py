@@ -150,3 +150,25 @@ def test_env_var_turns_fused_ops_off(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         monkeypatch.delenv("SPECDECODE_FUSED_OPS")
         enable_fused_ops(was)
+
+
+def test_python_layer_loop_equals_the_one_call_stack(tmp_path: Path) -> None:
+    """With a linear that only Python can call (a user's own), the layer loop runs in Python; it must
+    give the same logits as the whole-stack C++ call."""
+    from specdecode import ops
+
+    path = build_model(tmp_path / "m", "llama", num_key_value_heads=2)
+    model = sd.load_model(path)
+    ids = torch.randint(1, model.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for python_loop in (False, True):
+        previous = ops._linear_impl
+        if python_loop:
+            ops.set_linear_impl(lambda x, w, b=None: previous(x, w, b))
+        try:
+            cache = model.new_cache(1, 16)
+            model.forward(ids[:, :5], cache)
+            out[python_loop] = model.forward(ids[:, 5:], cache)
+        finally:
+            ops.set_linear_impl(previous)
+    assert torch.equal(out[False], out[True])

@@ -47,7 +47,7 @@ from .build import ExtensionBuildError, build_extension
 
 __all__ = [
     "enable_fast_linear", "fast_linear", "fast_linear_available", "fast_linear_bf16", "fast_linear_enabled",
-    "fast_linear_mode", "kernel_isa", "load_extension", "set_kernel_isa",
+    "fast_linear_mode", "kernel_isa", "load_extension", "native_linear", "set_kernel_isa",
 ]
 
 logger = logging.getLogger(__name__)
@@ -180,3 +180,15 @@ def set_kernel_isa(isa: str = "auto") -> str:
     if not fast_linear_available():
         raise RuntimeError(f"fast linear kernel unavailable: {_load_error or 'disabled'}")
     return _ext.set_isa(isa)  # type: ignore[union-attr]
+
+
+def native_linear() -> Optional[tuple[int, bool]]:
+    """The installed ``ops.linear`` as C++ can call it: (function address, bf16_dot), (0, False) for
+    ``F.linear`` (eager ``at::linear``), or None for any other implementation (then only Python may call it)."""
+    if ops._linear_impl is F.linear:
+        return 0, False
+    mode = fast_linear_mode()
+    if mode is None:
+        return None
+    assert _ext is not None
+    return int(_ext.linear_address()), mode == "bf16_dot"

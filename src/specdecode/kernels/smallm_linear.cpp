@@ -763,4 +763,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_isa", &set_isa, "use another path ('auto' = the best); returns the previous one",
         pybind11::arg("isa"));
   m.attr("MAX_M") = MAX_M;
+  // For other extensions (the fused decode ops' whole-forward loop): the address of ``linear`` as a
+  // plain function pointer, so C++ can call the kernel without a round trip through Python.
+  m.def("linear_address", []() {
+    using Fn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, bool);
+    return reinterpret_cast<uintptr_t>(static_cast<Fn>(&linear));
+  }, "address of linear(input, weight, bias, bf16_dot) as a C++ function pointer");
 }

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import AttentionMeta, KVCache
+from ..kernels import native_linear
 from ..kernels.fused import fused_ops
 from ..ops import linear, rms_norm
 from .config import ModelConfig
@@ -146,6 +147,18 @@ class LlamaModel(nn.Module):
             plan = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt) for lay, nxt in zip(layers, nexts)]
             self.__dict__["_fused_plan"] = plan
         x = F.embedding(tokens, self.embed).to(torch.float32).contiguous()  # updated in place below
+        head = self.embed if self.lm_head is None else self.lm_head
+        native = native_linear()
+        if native is not None:  # the whole stack in one C++ call
+            stack = self.__dict__.get("_fused_stack")
+            if stack is None or stack[0] is not plan:
+                stack = (plan, ext.Stack(*[list(col) for col in zip(*plan)][:5],
+                                         [lay.attn_norm for lay in self.layers], [p[5] for p in plan], self.norm))
+                self.__dict__["_fused_stack"] = stack
+            h = ext.stack_forward(stack[1], x, self.rope_cos, self.rope_sin, cache.k_layers(), cache.v_layers(),
+                                  row0, meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps, scale, last_only,
+                                  native[0], native[1])
+            return linear(h, head)
         h = ext.rms_norm(x, self.layers[0].attn_norm, eps)
         last = len(plan) - 1
         for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, next_norm) in enumerate(plan):
@@ -159,7 +172,7 @@ class LlamaModel(nn.Module):
             else:
                 x.add_(down)
                 h = ext.rms_norm(x[:, -1:].contiguous(), self.norm, eps)
-        return linear(h, self.embed if self.lm_head is None else self.lm_head)
+        return linear(h, head)
 
     @staticmethod
     def convert_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
