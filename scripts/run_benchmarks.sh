@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 BIN=.venv/bin
 mkdir -p runs
 
+# 0. Step costs per runtime mode (eager, AVX2, AVX-512, bf16 products): v(γ) and c.
+$BIN/python scripts/fast_path_modes.py 2>&1 | tee runs/fast-path-modes.log
+
 # 1. The benchmark: ours (plain, draft-model γ sweep, γ=auto, prompt lookup, eager path) beside transformers.
 $BIN/specdecode bench --threads 1 --per-category 4 --reps 2 --gammas 1,2,3,4,5,6,8,auto --lookup-tokens 4,8 \
     --out runs/bench-full 2>&1 | tee runs/bench-full.log
