@@ -172,3 +172,13 @@ def test_python_layer_loop_equals_the_one_call_stack(tmp_path: Path) -> None:
         finally:
             ops.set_linear_impl(previous)
     assert torch.equal(out[False], out[True])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embed_rows_and_bad_ids(dtype: torch.dtype) -> None:
+    table = torch.randn(11, 6).to(dtype)
+    tokens = torch.tensor([[3, 0, 10], [7, 7, 1]])
+    out = ext.embed(tokens, table)
+    assert out.dtype == torch.float32 and torch.equal(out, F.embedding(tokens, table).float())
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        ext.embed(torch.tensor([[11]]), table)

@@ -89,6 +89,7 @@ class DraftModelDrafter:
             logits = fixed
         return logits
 
+    @torch.inference_mode()  # once per proposal, not once per draft step
     def propose(self, ctx: DraftContext) -> Draft:
         if self._cache is None:
             raise RuntimeError("DraftModelDrafter.prepare(target) must be called before propose()")

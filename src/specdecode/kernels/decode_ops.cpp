@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -420,6 +421,37 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   return out;
 }
 
+// ------------------------------------------------------------------ embedding
+// tokens [B, T] int64 -> rows of the (fp32 or bf16) embedding matrix as a new fp32 [B, T, dim]
+// tensor (the residual stream the stack updates in place); one call for what is three ops in Python.
+at::Tensor embed(const at::Tensor& tokens, const at::Tensor& table) {
+  TORCH_CHECK(tokens.device().is_cpu() && tokens.scalar_type() == at::kLong && tokens.dim() == 2,
+              "decode_ops: tokens must be an int64 [B, T] CPU tensor");
+  TORCH_CHECK(table.dim() == 2 && table.is_contiguous() &&
+                  (table.scalar_type() == at::kFloat || table.scalar_type() == at::kBFloat16),
+              "decode_ops: the embedding must be a contiguous fp32 or bf16 [vocab, dim] tensor");
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = table.size(0), Dm = table.size(1);
+  at::Tensor out = at::empty({B, T, Dm}, tokens.options().dtype(at::kFloat));
+  const at::Tensor tok = tokens.contiguous();
+  const int64_t* ids = tok.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  for (int64_t r = 0; r < B * T; ++r) {
+    const int64_t id = ids[r];
+    TORCH_CHECK(id >= 0 && id < V, "decode_ops: token id ", id, " is outside the vocabulary of ", V);
+    if (table.scalar_type() == at::kFloat) {
+      const float* src = table.data_ptr<float>() + id * Dm;
+      std::copy(src, src + Dm, op + r * Dm);
+    } else {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(table.data_ptr<at::BFloat16>()) + id * Dm;
+      for (int64_t k = 0; k < Dm; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(src[k]) << 16;
+        std::memcpy(op + r * Dm + k, &bits, sizeof(float));
+      }
+    }
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------ whole decoder stack
 // A Llama-family stack's weights, gathered once (the Python side caches it per model), so a
 // forward is one call: a small model's step otherwise spends a third of its time going back
@@ -486,6 +518,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("scale"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA (required)");
+  m.def("embed", &embed, "embedding rows for int64 tokens [B, T] as a new fp32 [B, T, dim] tensor",
+        pybind11::arg("tokens"), pybind11::arg("table"), pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<Stack>(m, "Stack", "a decoder stack's weights, gathered once for stack_forward")
       .def(pybind11::init([](std::vector<at::Tensor> wqkv, std::vector<std::optional<at::Tensor>> bqkv,
                              std::vector<at::Tensor> wo, std::vector<at::Tensor> w13, std::vector<at::Tensor> w2,

@@ -146,7 +146,7 @@ class LlamaModel(nn.Module):
             nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
             plan = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt) for lay, nxt in zip(layers, nexts)]
             self.__dict__["_fused_plan"] = plan
-        x = F.embedding(tokens, self.embed).to(torch.float32).contiguous()  # updated in place below
+        x = ext.embed(tokens, self.embed)  # a new fp32 tensor, updated in place below
         head = self.embed if self.lm_head is None else self.lm_head
         native = native_linear()
         if native is not None:  # the whole stack in one C++ call
