@@ -133,7 +133,8 @@ class LlamaModel(nn.Module):
     def _forward_fused(self, ext, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
                        last_only: bool) -> torch.Tensor:
         """The same layer math with the fused CPU ops (``kernels/decode_ops.cpp``): per layer four
-        projections plus three calls, each residual add fused into the norm that follows it."""
+        projections plus three ops, each residual add fused into the norm that follows it; the whole
+        stack in one C++ call when the installed linear is one C++ can call (else a Python loop)."""
         cfg = self.cfg
         eps, hd = cfg.norm_eps, cfg.head_dim
         scale = 1.0 / math.sqrt(hd)
@@ -146,7 +147,10 @@ class LlamaModel(nn.Module):
             nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
             plan = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt) for lay, nxt in zip(layers, nexts)]
             self.__dict__["_fused_plan"] = plan
-        x = ext.embed(tokens, self.embed)  # a new fp32 tensor, updated in place below
+        if self.embed.dtype in (torch.float32, torch.bfloat16):
+            x = ext.embed(tokens, self.embed)  # a new fp32 tensor, updated in place below
+        else:
+            x = F.embedding(tokens, self.embed).to(torch.float32)
         head = self.embed if self.lm_head is None else self.lm_head
         native = native_linear()
         if native is not None:  # the whole stack in one C++ call
