@@ -182,3 +182,20 @@ def test_embed_rows_and_bad_ids(dtype: torch.dtype) -> None:
     assert out.dtype == torch.float32 and torch.equal(out, F.embedding(tokens, table).float())
     with pytest.raises(RuntimeError, match="outside the vocabulary"):
         ext.embed(torch.tensor([[11]]), table)
+
+
+def test_long_prefill_attention_in_blocks_matches_eager_and_single_queries() -> None:
+    """A prefill long enough that the queries are processed in several blocks (bounded buffers)."""
+    h, kv, d, t, L = 3, 1, 8, 700, 720
+    cos, sin = rope_tables(_cfg(h, kv, d, L), L)
+    g = torch.Generator().manual_seed(5)
+    kc0, vc0 = torch.zeros(1, kv, L, d), torch.zeros(1, kv, L, d)
+    qkv = torch.randn(1, t, (h + 2 * kv) * d, generator=g)
+    kc, vc = kc0.clone(), vc0.clone()
+    out = ext.attention(qkv, cos, sin, kc, vc, 0, [0], h, kv, d, 1 / math.sqrt(d))
+    kr, vr = kc0.clone(), vc0.clone()
+    ref = _eager_attention(qkv, cos, sin, kr, vr, 0, [0], h, kv, d)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for pos in (0, 498, 499, 699):  # around the block boundary: same bits as one query alone
+        one = ext.attention(qkv[:, pos : pos + 1].contiguous(), cos, sin, kc, vc, 0, [pos], h, kv, d, 1 / math.sqrt(d))
+        assert torch.equal(one[0, 0], out[0, pos])

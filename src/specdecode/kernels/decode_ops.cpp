@@ -386,24 +386,29 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, per_unit));
   at::parallel_for(0, work, grain, [&](int64_t w0, int64_t w1) {
     if (grouped) {
-      const int64_t nq = T * group;
-      std::vector<float> qbuf(nq * D), scores(nq * max_keys);
-      std::vector<int64_t> qpos(nq);
-      std::vector<float*> outs(nq);
+      // queries in blocks of tokens so the score buffer stays bounded (~4 MB) on long prefills;
+      // a query's result does not depend on the block it is in
+      const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 20) / (group * max_keys)));
+      std::vector<float> qbuf(tb * group * D), scores(tb * group * max_keys);
+      std::vector<int64_t> qpos(tb * group);
+      std::vector<float*> outs(tb * group);
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t b = w / KV, g = w % KV;
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t p = starts[b] + t;
-          for (int64_t hh = 0; hh < group; ++hh) {
-            const int64_t qi = t * group + hh, h = g * group + hh;
-            rope(src + (b * T + t) * W + h * D, cp + p * D, sp + p * D, qbuf.data() + qi * D, D);
-            qpos[qi] = p;
-            outs[qi] = op + (b * T + t) * H * D + h * D;
-          }
-        }
         const int64_t off = (row0 + b) * s_row + g * s_head;
-        attend_grouped(D / 8, qbuf.data(), qpos.data(), nq, kc + off, vc + off, starts[b] + T,
-                       static_cast<float>(scale), scores.data(), outs.data());
+        for (int64_t t0 = 0; t0 < T; t0 += tb) {
+          const int64_t t1 = std::min(T, t0 + tb);
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t p = starts[b] + t;
+            for (int64_t hh = 0; hh < group; ++hh) {
+              const int64_t qi = (t - t0) * group + hh, h = g * group + hh;
+              rope(src + (b * T + t) * W + h * D, cp + p * D, sp + p * D, qbuf.data() + qi * D, D);
+              qpos[qi] = p;
+              outs[qi] = op + (b * T + t) * H * D + h * D;
+            }
+          }
+          attend_grouped(D / 8, qbuf.data(), qpos.data(), (t1 - t0) * group, kc + off, vc + off, starts[b] + t1,
+                         static_cast<float>(scale), scores.data(), outs.data());
+        }
       }
       return;
     }
