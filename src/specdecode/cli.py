@@ -42,9 +42,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=parse_gamma, default="auto",
                    help="draft tokens proposed per target pass, or 'auto': chosen each step from the measured "
                         "cost model and the running acceptance rate (default: auto; prompt lookup: 10)")
+    p.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
+                   help="tokens a draft model may propose: 'auto' = the cut recommended by the draft's "
+                        "draft_vocab.json (its most frequent training tokens; full vocabulary without one), "
+                        "'full', or a number N of most frequent tokens. A smaller output layer makes each draft "
+                        "step cheaper; the output is exact either way (default: auto)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest n-gram to match (default: 3)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest n-gram to match (default: 1)")
     add_dataclass_args(p, ModelLoadConfig)
+
+
+def parse_draft_vocab(text: str) -> object:
+    from .config import ConfigError
+    from .drafters.vocab import parse_vocab_spec
+
+    try:
+        return parse_vocab_spec(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_gamma(text: str) -> object:
@@ -85,7 +100,7 @@ def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> ob
         draft_path = str(default_model_dir(DEFAULT_DRAFT))
         if not (Path(draft_path) / "config.json").is_file():
             raise CLIError(f"no --draft given and the bundled draft is missing at {draft_path}; pass --draft DIR")
-    return DraftModelDrafter(load(draft_path), gamma=args.gamma)  # type: ignore[arg-type]
+    return DraftModelDrafter(load(draft_path), gamma=args.gamma, vocab=args.draft_vocab)  # type: ignore[arg-type]
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

@@ -88,19 +88,22 @@ def _median_pass_time(model: "Model", n_tokens: int, reps: int, context: int = 1
     return statistics.median(times)
 
 
-def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15) -> Costs:
+def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,
+                  draft_head: Optional[torch.Tensor] = None) -> Costs:
     """Time target passes over 1..max_gamma+1 tokens and one draft pass (c = 0 without a draft model).
+    ``draft_head`` is the draft's restricted output matrix when it drafts over a subset of the vocabulary.
 
     v is kept as measured, not forced monotonic: the kernel's row blocking makes some widths
     genuinely cheaper than their neighbours (v(3) < v(2) on the bundled target), and the median
     of ``reps`` passes keeps noise below those differences."""
     t1 = _median_pass_time(target, 1, reps)
     v = [1.0] + [max(1.0, _median_pass_time(target, k + 1, reps) / t1) for k in range(1, max_gamma + 1)]
-    c = _draft_step_time(target, draft, reps) / t1 if draft is not None else 0.0
+    c = _draft_step_time(target, draft, reps, head=draft_head) / t1 if draft is not None else 0.0
     return Costs(c=c, v=tuple(v))
 
 
-def _draft_step_time(target: "Model", draft: "Model", reps: int, run: int = 4, context: int = 192) -> float:
+def _draft_step_time(target: "Model", draft: "Model", reps: int, run: int = 4, context: int = 192,
+                     head: Optional[torch.Tensor] = None) -> float:
     """Median seconds per draft step in runs of ``run`` steps, each run right after a target pass.
 
     That is how the engine drafts, and it costs more than back-to-back draft steps: the target's
@@ -118,15 +121,15 @@ def _draft_step_time(target: "Model", draft: "Model", reps: int, run: int = 4, c
             t_cache.trim(1)
             t = time.perf_counter()
             for _ in range(run):
-                float(draft.forward(ids[:, :1], d_cache, last_only=True)[0, -1, 0])
+                float(draft.forward(ids[:, :1], d_cache, last_only=True, head=head)[0, -1, 0])
                 d_cache.trim(1)
             if i >= 2:
                 times.append((time.perf_counter() - t) / run)
     return statistics.median(times)
 
 
-def _fingerprint(models: Sequence[Optional["Model"]]) -> str:
-    parts = [platform.processor() or platform.machine(), cpu_name(), str(torch.get_num_threads()),
+def _fingerprint(models: Sequence[Optional["Model"]], extra: str = "") -> str:
+    parts = [extra, platform.processor() or platform.machine(), cpu_name(), str(torch.get_num_threads()),
              torch.__version__, ops.linear_impl_name(), f"fused={fused_ops() is not None}",
              f"isa={kernel_isa() if fast_linear_enabled() else None}"]
     for m in models:
@@ -157,9 +160,11 @@ def cache_dir() -> Path:
 _MEMO: dict[str, Costs] = {}
 
 
-def load_or_measure_costs(target: "Model", draft: Optional["Model"]) -> Costs:
-    """Costs for this machine and pair, measured on first use and cached as JSON."""
-    key = _fingerprint([target, draft])
+def load_or_measure_costs(target: "Model", draft: Optional["Model"],
+                          draft_head: Optional[torch.Tensor] = None) -> Costs:
+    """Costs for this machine and pair, measured on first use and cached as JSON (``draft_head``: the
+    draft's restricted output matrix, whose size changes c)."""
+    key = _fingerprint([target, draft], f"draft_head={None if draft_head is None else tuple(draft_head.shape)}")
     if key in _MEMO:
         return _MEMO[key]
     path = cache_dir() / f"{key}.json"
@@ -171,7 +176,7 @@ def load_or_measure_costs(target: "Model", draft: Optional["Model"]) -> Costs:
         except (ValueError, KeyError):
             pass  # a corrupt cache file is re-measured
     log.info("gamma=auto: measuring target pass costs v(k) and draft cost c (once per machine and model pair)")
-    costs = _MEMO[key] = measure_costs(target, draft)
+    costs = _MEMO[key] = measure_costs(target, draft, draft_head=draft_head)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(costs)))
@@ -180,44 +185,58 @@ def load_or_measure_costs(target: "Model", draft: Optional["Model"]) -> Costs:
     return costs
 
 
+ALPHA_BUCKETS = 1024  # α resolution of AdaptiveGamma's γ choice
+
+
 class AdaptiveGamma:
     """Picks γ each step from the running acceptance estimate and the measured costs.
 
     α is estimated as accepted / evaluated, where evaluated counts the accepted
     tokens plus the one rejected token per step (later draft tokens were never
-    judged): the maximum-likelihood estimate for i.i.d. acceptance. A weak
-    prior keeps the first steps sane. When no γ pays, it still drafts one token
-    every ``probe_every`` steps so the estimate can recover (well under 1% of a
-    pass's cost on average).
+    judged): the maximum-likelihood estimate for i.i.d. acceptance, over about the
+    last ``memory`` judged tokens, so a change of workload shows within a few
+    steps. A weak prior keeps the first steps sane.
+
+    The evidence is about the drafter, not the sequence, so it carries over from
+    one request to the next, and it fades with a half-life of ``half_life`` target
+    passes. When no γ pays, that fading is what brings drafting back: the prior
+    regains weight until one probe step drafts again and either confirms the
+    drafter is useless (off for another stretch) or finds it useful. A useless
+    draft therefore costs a probe every few hundred passes, wherever request
+    boundaries fall, not a draft prefill per request.
     """
 
     def __init__(self, costs: Costs, max_gamma: int = MAX_GAMMA, prior_alpha: float = 0.7,
-                 prior_weight: float = 2.0, probe_every: int = 256) -> None:
+                 prior_weight: float = 2.0, memory: float = 100.0, half_life: float = 1024.0) -> None:
+        if memory <= 0 or half_life <= 0:
+            raise ValueError("memory and half_life must be positive")
         self.costs = costs
         self.max_gamma = max_gamma
-        self.prior_alpha, self.prior_weight, self.probe_every = prior_alpha, prior_weight, probe_every
+        self.prior_alpha, self.prior_weight, self.memory = prior_alpha, prior_weight, memory
+        self._fade = 0.5 ** (1.0 / half_life)
         self.accepted = 0.0
         self.evaluated = 0.0
-        self._steps_off = 0
+        self.resuming = False  # the last choose() drafts after one or more plain steps: a probe
+        self._last = 1  # the previous choice (a drafter's first request starts as if it had been drafting)
+        self._best: dict[int, int] = {}  # best γ per α bucket: choose() runs every step, best_gamma costs ~20 µs
 
     def reset(self) -> None:
-        """A new sequence: halve the evidence instead of dropping it, so a drafter that was useless
-        on the last request does not pay to find that out again, yet a new workload still shows."""
-        self.accepted *= 0.5
-        self.evaluated *= 0.5
-        self._steps_off = 0
+        """A new sequence. The evidence is kept: it describes the drafter, and it fades with time."""
 
     @property
     def alpha(self) -> float:
         return (self.accepted + self.prior_alpha * self.prior_weight) / (self.evaluated + self.prior_weight)
 
     def choose(self) -> int:
-        g = self.costs.best_gamma(self.alpha, self.max_gamma)
-        if g == 0:
-            self._steps_off += 1
-            if self._steps_off >= self.probe_every:
-                self._steps_off = 0
-                return 1
+        """γ for the next target pass (0 = plain decoding); called once per pass."""
+        self.accepted *= self._fade
+        self.evaluated *= self._fade
+        bucket = int(self.alpha * ALPHA_BUCKETS)
+        g = self._best.get(bucket)
+        if g is None:
+            g = self._best[bucket] = self.costs.best_gamma((bucket + 0.5) / ALPHA_BUCKETS, self.max_gamma)
+        self.resuming = g > 0 and self._last == 0
+        self._last = g
         return g
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
@@ -225,3 +244,7 @@ class AdaptiveGamma:
             return
         self.accepted += n_accepted
         self.evaluated += n_accepted + (1 if n_accepted < n_drafted else 0)
+        if self.evaluated > self.memory:
+            keep = self.memory / self.evaluated
+            self.accepted *= keep
+            self.evaluated *= keep

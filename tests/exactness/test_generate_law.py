@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import specdecode as sd
 from specdecode.config import SamplingConfig
+from specdecode.drafters.vocab import write_vocab_file
 from specdecode.sampling import probs_from_logits
 from tiny import build_model
 
@@ -52,6 +54,21 @@ def test_generate_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: Sam
         samples.append(tuple(r.token_ids))
     assert gof_pvalue(samples, exact_law(target, cfg)) > 1e-3
     # the same test rejects the draft's law: it has power
+    assert gof_pvalue(samples, exact_law(draft, cfg)) < 1e-6
+
+
+def test_restricted_vocabulary_draft_law_matches_target(models: tuple[sd.Model, sd.Model]) -> None:
+    """A draft that may only propose 4 of the 8 tokens (FR-Spec): its law q is zero elsewhere, and the
+    output must still follow the target's law, including tokens the draft can never propose."""
+    target, draft = models
+    write_vocab_file(draft.path, [5, 1, 6, 2, 0, 3, 4, 7], np.ones(V), V, "test")  # auto stays the full vocabulary
+    drafter = sd.DraftModelDrafter(draft, gamma=2, vocab=4)
+    assert drafter.vocab is not None and sorted(drafter.vocab.ids.tolist()) == [1, 2, 5, 6]
+    cfg = SamplingConfig(temperature=1.0)
+    samples = [tuple(sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=3, temperature=1.0, seed=s,
+                                 ignore_eos=True).token_ids) for s in range(N)]
+    assert any(t in (0, 3, 4, 7) for s in samples for t in s)
+    assert gof_pvalue(samples, exact_law(target, cfg)) > 1e-3
     assert gof_pvalue(samples, exact_law(draft, cfg)) < 1e-6
 
 

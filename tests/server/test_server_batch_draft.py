@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from specdecode.config import SamplingConfig
 from specdecode.drafters import DraftContext, DraftModelDrafter
+from specdecode.drafters.vocab import write_vocab_file
 from specdecode.sampling import make_generator
 from specdecode.server.batch_draft import BatchedDraftModel
 
 from server_helpers import Models
 
 
+@pytest.mark.parametrize("vocab", ["full", 100])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_batched_drafts_equal_per_row_drafts(models: Models, temperature: float) -> None:
+def test_batched_drafts_equal_per_row_drafts(models: Models, temperature: float, vocab: object) -> None:
     rng = random.Random(0)
     sampling = SamplingConfig(temperature=temperature)
     prompts = [models.target.encode(p) for p in ("def fib(n):", "class Point:\n    def __init__", "x")]
     seqs = [list(p) for p in prompts]
-    batched = BatchedDraftModel(models.draft, models.target, rows=4, max_len=256)
-    singles = [DraftModelDrafter(models.draft, gamma=8) for _ in prompts]
+    if vocab != "full":  # a ranking whose recommended cut is the whole vocabulary: other tests see no change
+        V = models.draft.vocab_size
+        write_vocab_file(models.draft.path, list(range(V))[::-1], np.ones(V), V, "test")
+    batched = BatchedDraftModel(models.draft, models.target, rows=4, max_len=256, vocab=vocab)  # type: ignore[arg-type]
+    singles = [DraftModelDrafter(models.draft, gamma=8, vocab=vocab) for _ in prompts]  # type: ignore[arg-type]
     for d in singles:
         d.prepare(models.target)
     gens_b = [make_generator(i) for i in range(3)]
@@ -36,6 +42,8 @@ def test_batched_drafts_equal_per_row_drafts(models: Models, temperature: float)
                 continue
             ref = singles[r].propose(DraftContext(seqs[r], g, sampling, gens_s[r]))
             assert got[r].tokens == ref.tokens, (step, r)
+            if vocab != "full":  # the top 100 of the reversed ranking
+                assert all(t >= models.draft.vocab_size - 100 for t in got[r].tokens)
             if temperature:
                 assert got[r].probs is not None and ref.probs is not None
                 assert (got[r].probs - ref.probs).abs().max() < 1e-5

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from specdecode.train.cli import add_subcommands
+from specdecode.train.cli import add_subcommands, main
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,3 +37,22 @@ def test_help_mentions_flags(cmd: str, flag: str, capsys) -> None:
 def test_eval_draft_requires_target() -> None:
     with pytest.raises(SystemExit):
         _parser().parse_args(["eval-draft"])
+
+
+def test_draft_vocab_command(tmp_path, quick_target, corpus_dir, capsys) -> None:
+    import json
+    import shutil
+
+    from specdecode.drafters.vocab import draft_vocab_for
+    from specdecode.models import load_model
+
+    draft = tmp_path / "draft"
+    shutil.copytree(quick_target, draft)
+    assert main(["draft-vocab", "--draft", str(draft), "--corpus", str(corpus_dir), "--size", "64"]) == 0
+    assert "64 of" in capsys.readouterr().out
+    data = json.loads((draft / "draft_vocab.json").read_text())
+    assert data["size"] == 64 and 0 < data["coverage"] <= 1
+    v = draft_vocab_for(load_model(draft), "auto")
+    assert v is not None and v.size == 64
+    with pytest.raises(ValueError, match="--size"):
+        main(["draft-vocab", "--draft", str(draft), "--corpus", str(corpus_dir), "--size", "0"])

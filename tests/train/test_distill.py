@@ -24,6 +24,9 @@ def test_distill_end_to_end_and_rerun_reuses_rollouts(tmp_path: Path, quick_targ
     assert _distill(quick_target, corpus_dir, out, run) == 0
     printed = capsys.readouterr()
     assert "α (T=0)" in printed.out
+    ranking = json.loads((out / "draft_vocab.json").read_text())  # distill ranks the tokens for the runtime
+    assert sorted(ranking["token_ids"]) == list(range(len(ranking["token_ids"])))
+    assert f"draft/top{ranking['size']}" in printed.out or ranking["size"] >= len(ranking["token_ids"])
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (out / name).read_bytes() == (quick_target / name).read_bytes()
     draft, target = load_model(out), load_model(quick_target)

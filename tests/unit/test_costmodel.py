@@ -30,16 +30,32 @@ def test_best_gamma_follows_alpha_and_costs() -> None:
     assert steep.best_gamma(0.9) < flat.best_gamma(0.9)
 
 
-def test_adaptive_gamma_turns_off_and_probes() -> None:
-    policy = AdaptiveGamma(Costs(c=0.2, v=tuple(1.0 + 0.3 * k for k in range(16))), probe_every=4)
+def test_adaptive_gamma_turns_off_and_probes_as_evidence_fades() -> None:
+    policy = AdaptiveGamma(Costs(c=0.2, v=tuple(1.0 + 0.3 * k for k in range(16))), half_life=16)
     assert policy.choose() > 0  # optimistic prior
     for _ in range(20):
         policy.update(3, 0)  # everything rejected
-    picks = [policy.choose() for _ in range(8)]
-    assert picks.count(0) == 6 and picks.count(1) == 2
+    policy.reset()  # a new request does not make a useless drafter draft again
+    picks = [policy.choose() for _ in range(200)]
+    first = next(i for i, g in enumerate(picks) if g)
+    # threshold α = 0.5 here, i.e. evidence weight 0.8; it fades from 20 to that in 16 * log2(25) = 74 passes
+    assert 70 <= first <= 80 and picks[first] == 1
     for _ in range(200):
         policy.update(4, 4)
     assert policy.choose() >= 4
+    assert policy.evaluated <= policy.memory  # a window over the recent judged tokens
+
+
+def test_adaptive_gamma_follows_a_change_of_workload_quickly() -> None:
+    policy = AdaptiveGamma(Costs(c=0.2, v=tuple(1.0 + 0.1 * k for k in range(16))))
+    for _ in range(500):  # 2000 accepted tokens
+        policy.update(4, 4)
+    assert policy.choose() >= 4
+    steps = 0
+    while policy.choose() > 0:
+        policy.update(4, 0)
+        steps += 1
+    assert steps < 150  # the estimate spans ~100 judged tokens, not all 2000
 
 
 def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
@@ -47,14 +63,14 @@ def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
     import specdecode.drafters.model as drafter_module
 
     # a cheap draft with flat verification cost: with draft == target (alpha = 1) auto must draft
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d: Costs(c=0.05, v=tuple([1.0] * 16)))
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
     target = sd.load_model(tiny_dirs["llama"])
     plain = sd.generate(target, "def fib(n):", max_new_tokens=20, ignore_eos=True)
     auto = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
     assert auto.token_ids == plain.token_ids
     assert auto.stats.tau > 3.0
     # the same pair priced as it really is (draft = target costs c = 1): speculation never pays
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d: Costs(c=1.0, v=tuple([1.0] * 16)))
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: Costs(c=1.0, v=tuple([1.0] * 16)))
     off = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
     assert off.token_ids == plain.token_ids and off.stats.drafted == 0
 
@@ -74,3 +90,34 @@ def test_costs_are_measured_once_and_cached(tiny_dirs: dict[str, Path], tmp_path
     monkeypatch.setattr(cm, "_MEMO", {})
     monkeypatch.setattr(cm, "measure_costs", lambda *a: pytest.fail("measured again despite the cache file"))
     assert load_or_measure_costs(target, draft) == costs
+
+
+def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdecode.drafters.model as drafter_module
+    from specdecode.config import SamplingConfig
+
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
+    target = sd.load_model(tiny_dirs["llama"])
+    drafter = sd.DraftModelDrafter(target)  # self-speculation: everything it proposes is accepted
+    drafter.prepare(target)
+    policy = drafter.policy
+    assert policy is not None
+    policy.evaluated = 60.0  # α̂ ≈ 0.02 < c: plain decoding
+    tokens = target.encode("def fib(n):\n    return n\n" * 24)
+    assert len(tokens) > 2 * drafter_module.PROBE_WINDOW
+    ctx = sd.DraftContext(tokens, 4, SamplingConfig(), None)
+    assert len(drafter.propose(ctx)) == 0 and not policy.resuming
+    policy.accepted = 60.0  # the evidence now says draft: this step is a probe after plain steps
+    d = drafter.propose(ctx)
+    assert policy.resuming and len(d) > 0
+    assert drafter._cache is not None and drafter._cache.length() == drafter_module.PROBE_WINDOW + len(d) - 1
+    drafter.on_verified(len(d))
+    # and whole generations that start off, probe with a window, then draft: still exact
+    plain = sd.generate(target, tokens, max_new_tokens=40, ignore_eos=True)
+    drafter.reset()
+    drafter.policy = AdaptiveGamma(Costs(c=0.05, v=tuple([1.0] * 16)), half_life=4)
+    drafter.policy.evaluated = 40.0
+    r = sd.generate(target, tokens, drafter=drafter, max_new_tokens=40, ignore_eos=True)
+    assert r.token_ids == plain.token_ids  # the draft saw a 64-token window; the output does not change
+    assert r.stats.drafted > 0

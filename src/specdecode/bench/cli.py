@@ -72,6 +72,7 @@ def parse_int_list(text: str, what: str) -> list[int]:
 
 
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from ..cli import parse_draft_vocab
     from .runners import DEFAULT_METHODS, REGISTRY
 
     b = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding and transformers",
@@ -90,6 +91,9 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--lookup-tokens", help=f"prompt-lookup draft lengths, ours and transformers' "
                                            f"(default: {FULL.lookup_tokens}; quick: {QUICK.lookup_tokens})")
     b.add_argument("--peer-gammas", help=f"γ for transformers' assistant_model (default: {FULL.peer_gammas})")
+    b.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
+                   help="output vocabulary of the draft methods: auto (the draft's draft_vocab.json cut, if any), "
+                        "full, or N most frequent tokens; 'draft-fullvocab' always uses the full one (default: auto)")
     b.add_argument("--lookup-max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches (default: 3)")
     b.add_argument("--lookup-min-ngram", type=int, default=1, help="shortest n-gram (ours; default: 1)")
     b.add_argument("--reps", type=int, help=f"timed repetitions of every run (default: {FULL.reps}; quick: {QUICK.reps})")
@@ -316,7 +320,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     memory = {"after_loading_mib": _maxrss_mib()}
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
                        ignore_eos=not args.stop_at_eos, lookup_max_ngram=args.lookup_max_ngram,
-                       lookup_min_ngram=args.lookup_min_ngram)
+                       lookup_min_ngram=args.lookup_min_ngram, draft_vocab=args.draft_vocab)
     methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
                                                      "peer_gammas": peer_gammas})
     memory["after_loading_peers_mib"] = _maxrss_mib()
@@ -334,7 +338,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     longest = max(prompts, key=lambda p: len(p.ids))
     mean_len = int(sum(len(p.ids) for p in prompts) / len(prompts))
     costs = measure_costs(target, draft, longest.ids[:mean_len] or longest.ids, max_setting + 1,
-                          st.cost_repeats)
+                          st.cost_repeats, draft_head=ctx.draft_head())
 
     per_method_rss: dict[str, float] = {}
     failures = []

@@ -52,8 +52,9 @@ class Costs:
 
 @torch.inference_mode()
 def measure_costs(target: Model, draft: Optional[Model], context: list[int], max_tokens: int,
-                  repeats: int = 20) -> Costs:
-    """Median forward times of the target for 1..max_tokens new tokens and of the draft for one token."""
+                  repeats: int = 20, draft_head: Optional[torch.Tensor] = None) -> Costs:
+    """Median forward times of the target for 1..max_tokens new tokens and of the draft for one token
+    (``draft_head``: the restricted output matrix the draft methods use)."""
     limit = target.max_seq_len - max_tokens - 1
     if draft is not None:
         limit = min(limit, draft.max_seq_len - 2)
@@ -82,7 +83,7 @@ def measure_costs(target: Model, draft: Optional[Model], context: list[int], max
             # the first step finds the draft's weights evicted by the target's, the rest do not.
             t0 = time.perf_counter()
             for _ in range(DRAFT_RUN):
-                draft.forward(probe[:, :1], d_cache, last_only=True)  # as DraftModelDrafter does per token
+                draft.forward(probe[:, :1], d_cache, last_only=True, head=draft_head)  # as DraftModelDrafter does
                 d_cache.trim(1)
             dt = (time.perf_counter() - t0) / DRAFT_RUN
             if r:

@@ -19,6 +19,7 @@ import torch
 
 from ..config import ConfigError
 from ..drafters import Draft, DraftContext, Drafter, DraftModelDrafter, PromptLookupDrafter
+from ..drafters.vocab import VocabSpec, draft_vocab_for
 from ..engine import generate
 from ..models import Model
 from .stats import Step
@@ -60,6 +61,7 @@ class BenchContext:
     ignore_eos: bool = True
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
+    draft_vocab: VocabSpec = "auto"  # the draft methods' output vocabulary (drafters/vocab.py)
     _hf: dict[str, object] = field(default_factory=dict)
     _eager: dict[str, Model] = field(default_factory=dict)
 
@@ -71,6 +73,13 @@ class BenchContext:
             self._eager[path] = load_model(path, device=str(self.target.device), dtype=self.target.dtype,
                                            weight_dtype="same")
         return self._eager[path]
+
+    def draft_head(self) -> Optional[torch.Tensor]:
+        """The draft's restricted output matrix under ``draft_vocab`` (None: the full vocabulary)."""
+        if self.draft is None:
+            return None
+        vocab = draft_vocab_for(self.draft, self.draft_vocab)
+        return vocab.head if vocab is not None else None
 
     def require_draft(self) -> Model:
         if self.draft is None:
@@ -187,12 +196,12 @@ def _eager_draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     draft = ctx.eager_model(ctx.draft_path) if ctx.draft_path else ctx.require_draft()
     return EagerMethod(OursMethod(f"draft/g{setting}", "draft", setting, ctx.eager_model(ctx.target_path),
-                                  DraftModelDrafter(draft, gamma=setting), ctx.ignore_eos))
+                                  DraftModelDrafter(draft, gamma=setting, vocab=ctx.draft_vocab), ctx.ignore_eos))
 
 
 def _draft_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
     return OursMethod("draft/auto", "draft-auto", None, ctx.target,
-                      DraftModelDrafter(ctx.require_draft(), gamma="auto"), ctx.ignore_eos)
+                      DraftModelDrafter(ctx.require_draft(), gamma="auto", vocab=ctx.draft_vocab), ctx.ignore_eos)
 
 
 def _plain(ctx: BenchContext, setting: Optional[int]) -> Method:
@@ -202,7 +211,13 @@ def _plain(ctx: BenchContext, setting: Optional[int]) -> Method:
 def _draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"draft/g{setting}", "draft", setting, ctx.target,
-                      DraftModelDrafter(ctx.require_draft(), gamma=setting), ctx.ignore_eos)
+                      DraftModelDrafter(ctx.require_draft(), gamma=setting, vocab=ctx.draft_vocab), ctx.ignore_eos)
+
+
+def _draft_fullvocab(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    return OursMethod(f"draft-fullvocab/g{setting}", "draft-fullvocab", setting, ctx.target,
+                      DraftModelDrafter(ctx.require_draft(), gamma=setting, vocab="full"), ctx.ignore_eos)
 
 
 def _lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
@@ -316,6 +331,8 @@ for _spec in (
     MethodSpec("draft", "specdecode", "gammas", _draft, "draft model, γ from --gammas"),
     MethodSpec("draft-auto", "specdecode", "none", _draft_auto,
                "draft model with gamma='auto': γ chosen every step from measured costs and running α̂"),
+    MethodSpec("draft-fullvocab", "specdecode", "gammas", _draft_fullvocab,
+               "draft model over its full output vocabulary (the ablation of draft_vocab.json), γ from --gammas"),
     MethodSpec("lookup", "specdecode", "lookup_tokens", _lookup, "prompt lookup, k from --lookup-tokens"),
     MethodSpec("eager-plain", "specdecode", "none", _eager_plain,
                "plain decoding on PyTorch's eager F.linear with fp32 weights (the fast kernel off)"),

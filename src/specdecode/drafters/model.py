@@ -10,6 +10,7 @@ from ..config import ConfigError
 from ..costmodel import MAX_GAMMA, AdaptiveGamma, load_or_measure_costs
 from ..sampling import draw, probs_from_logits
 from .base import Draft, DraftContext, VocabularyMismatchError
+from .vocab import VocabSpec, draft_vocab_for
 
 if TYPE_CHECKING:
     from ..cache import KVCache
@@ -34,6 +35,9 @@ def check_vocab_compatible(draft: "Model", target: "Model") -> None:
         )
 
 
+PROBE_WINDOW = 64  # context tokens a probe after plain-decoding steps feeds the draft (see _catch_up)
+
+
 class DraftModelDrafter:
     """Runs ``gamma`` autoregressive steps of a small model per target pass.
 
@@ -41,19 +45,27 @@ class DraftModelDrafter:
     step it holds the sequence plus its own accepted tokens, so the next
     proposal feeds only what it has not seen (the target's correction, or the
     last draft token plus the bonus token after a fully accepted block).
+
+    ``vocab`` restricts its proposals to the most frequent tokens (``drafters/vocab.py``):
+    "auto" uses the cut recommended by the draft's ``draft_vocab.json`` when it has one.
     """
 
-    def __init__(self, model: "Model", gamma: Union[int, Literal["auto"]] = "auto", max_gamma: int = MAX_GAMMA) -> None:
+    def __init__(self, model: "Model", gamma: Union[int, Literal["auto"]] = "auto", max_gamma: int = MAX_GAMMA,
+                 vocab: VocabSpec = "auto") -> None:
         if gamma != "auto" and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
             raise ConfigError(f"gamma (draft length) must be a positive integer or 'auto', got {gamma!r}")
         self.model = model
+        self.vocab = draft_vocab_for(model, vocab)
+        self._head = self.vocab.head if self.vocab is not None else None
+        self._ids = self.vocab.ids.tolist() if self.vocab is not None else None
         self.gamma = gamma
         self.max_gamma = max_gamma
         self.policy: Optional[AdaptiveGamma] = None  # set by prepare() when gamma == "auto"
         self._checked_target: Optional["Model"] = None
         self._cache: Optional["KVCache"] = None
         self._target_vocab = model.vocab_size
-        self._n_cached = 0  # tokens of the sequence held in the draft cache
+        self._n_cached = 0  # sequence tokens covered by the draft cache (it holds tokens _offset.._n_cached)
+        self._offset = 0  # sequence tokens dropped by a windowed catch-up (cache position = index - offset)
         self._base = 0  # sequence length when the last draft started
         self._drafted = 0
 
@@ -65,7 +77,7 @@ class DraftModelDrafter:
                                   "load both on one device")
             self._target_vocab = target.vocab_size
             if self.gamma == "auto":
-                self.policy = AdaptiveGamma(load_or_measure_costs(target, self.model), self.max_gamma)
+                self.policy = AdaptiveGamma(load_or_measure_costs(target, self.model, self._head), self.max_gamma)
             self._checked_target = target
         if self._cache is None:
             self._cache = self.model.new_cache(1, self.model.max_seq_len)
@@ -74,13 +86,19 @@ class DraftModelDrafter:
     def reset(self) -> None:
         if self._cache is not None:
             self._cache.reset()
-        self._n_cached = self._base = self._drafted = 0
+        self._n_cached = self._offset = self._base = self._drafted = 0
         if self.policy is not None:
             self.policy.reset()
 
     def _logits(self, new_tokens: list[int]) -> torch.Tensor:
+        """The last position's logits: over the restricted vocabulary when there is one."""
         ids = torch.tensor([new_tokens], dtype=torch.long, device=self.model.device)
-        logits = self.model.forward(ids, self._cache, last_only=True)[0, -1]
+        return self.model.forward(ids, self._cache, last_only=True, head=self._head)[0, -1]
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary (-inf where the draft cannot propose)."""
+        if self.vocab is not None:
+            logits = self.vocab.expand(logits)
         v = self._target_vocab
         if logits.shape[-1] != v:  # same tokenizer, differently padded embedding matrices
             fixed = torch.full((v,), float("-inf"), device=logits.device)
@@ -89,28 +107,54 @@ class DraftModelDrafter:
             logits = fixed
         return logits
 
-    @torch.inference_mode()  # once per proposal, not once per draft step
     def propose(self, ctx: DraftContext) -> Draft:
         if self._cache is None:
             raise RuntimeError("DraftModelDrafter.prepare(target) must be called before propose()")
         n = len(ctx.tokens)
         want = self.policy.choose() if self.policy is not None else int(self.gamma)
-        g = min(want, ctx.max_tokens, self._cache.max_len - n)
+        g = min(want, ctx.max_tokens, self._cache.max_len - (n - self._offset))
         self._base, self._drafted = n, 0
-        if g <= 0:
+        if g <= 0:  # plain decoding this step: the cheap path (no inference-mode switch)
             return Draft()
+        with torch.inference_mode():  # once per proposal, not once per draft step
+            return self._draft(ctx, n, g)
+
+    def _catch_up(self, tokens: list[int]) -> torch.Tensor:
+        """Feed the sequence tokens the cache lacks; return the logits after the last one.
+
+        A probe after a stretch of plain decoding (``policy.resuming``) would have to feed every
+        token since the draft last ran, which costs about 1% of a target step per token and
+        would be most of what a useless drafter costs. So a probe that lags by more than
+        ``PROBE_WINDOW`` tokens restarts the draft on the last ``PROBE_WINDOW`` tokens only (RoPE
+        attention depends on relative positions, so the draft sees a shorter context, not a
+        shifted one). Proposals stay exact whatever context the draft saw."""
+        n = len(tokens)
+        lag = n - self._n_cached
+        if lag > PROBE_WINDOW and self.policy is not None and self.policy.resuming:
+            self._cache.reset()
+            self._offset = self._n_cached = n - PROBE_WINDOW
+        return self._logits(tokens[self._n_cached :])
+
+    def _draft(self, ctx: DraftContext, n: int, g: int) -> Draft:
+        assert self._cache is not None
         if self._n_cached >= n:  # nothing new (or a rollback): re-feed the last token for its logits
             self._n_cached = n - 1 if self._n_cached == n else 0
-            self._cache.set_length(self._n_cached)
-        logits = self._logits(ctx.tokens[self._n_cached :])
+            if self._n_cached < self._offset:  # rolled back past the window: start over from the sequence start
+                self._n_cached = self._offset = 0
+            self._cache.set_length(self._n_cached - self._offset)
+        logits = self._catch_up(ctx.tokens)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         greedy = ctx.sampling.greedy
         for i in range(g):
-            if greedy:
+            if greedy and self.model.vocab_size == self._target_vocab:
                 t = int(logits.argmax())
+                if self._ids is not None:
+                    t = self._ids[t]
+            elif greedy:
+                t = int(self._full(logits).argmax())
             else:
-                q = probs_from_logits(logits.unsqueeze(0), ctx.sampling)
+                q = probs_from_logits(self._full(logits).unsqueeze(0), ctx.sampling)
                 t = int(draw(q, ctx.generator)[0])
                 probs.append(q[0])
             tokens.append(t)
@@ -127,6 +171,6 @@ class DraftModelDrafter:
         if self.policy is not None:
             self.policy.update(self._drafted, n_accepted)
         keep = self._base + min(n_accepted, self._drafted - 1)
-        self._cache.set_length(keep)
+        self._cache.set_length(keep - self._offset)
         self._n_cached = keep
         self._drafted = 0

@@ -6,6 +6,8 @@ time so every projection is the same ``linear(x, W[out, in])`` as in llama.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,15 +58,18 @@ class GPT2Model(nn.Module):
         self.layers = nn.ModuleList(GPT2Block(cfg, i) for i in range(cfg.n_layers))
         self.lnf_w, self.lnf_b = nn.Parameter(torch.ones(cfg.dim)), nn.Parameter(torch.zeros(cfg.dim))
 
+    def output_matrix(self) -> torch.Tensor:
+        return self.wte
+
     def forward(self, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = (F.embedding(tokens, self.wte) + F.embedding(meta.positions, self.wpe)).to(self.lnf_w.dtype)
         for layer in self.layers:
             x = layer(x, meta, cache)
         if last_only:
             x = x[:, -1:]
         x = F.layer_norm(x, (self.cfg.dim,), self.lnf_w, self.lnf_b, self.cfg.norm_eps)
-        return linear(x, self.wte)
+        return linear(x, self.wte if head is None else head)
 
     @staticmethod
     def convert_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

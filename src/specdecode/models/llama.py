@@ -109,13 +109,18 @@ class LlamaModel(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def output_matrix(self) -> torch.Tensor:
+        return self.embed if self.lm_head is None else self.lm_head
+
     def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
-                last_only: bool = False) -> torch.Tensor:
-        """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training)."""
+                last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training).
+        ``head`` replaces the output matrix (a draft's restricted vocabulary)."""
+        head = self.output_matrix() if head is None else head
         ext = fused_ops()
         if (ext is not None and cache is not None and meta is not None and self.norm.dtype == torch.float32
                 and cache.k.dtype == torch.float32 and tokens.device.type == "cpu"):
-            return self._forward_fused(ext, tokens, meta, cache, last_only)
+            return self._forward_fused(ext, tokens, meta, cache, last_only, head)
         x = F.embedding(tokens, self.embed).to(self.norm.dtype)  # weights may be stored narrower
         if meta is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
@@ -128,10 +133,10 @@ class LlamaModel(nn.Module):
         if last_only:
             x = x[:, -1:]
         x = rms_norm(x, self.norm, self.cfg.norm_eps)
-        return linear(x, self.embed if self.lm_head is None else self.lm_head)
+        return linear(x, head)
 
     def _forward_fused(self, ext, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
-                       last_only: bool) -> torch.Tensor:
+                       last_only: bool, head: torch.Tensor) -> torch.Tensor:
         """The same layer math with the fused CPU ops (``kernels/decode_ops.cpp``): per layer four
         projections plus three ops, each residual add fused into the norm that follows it; the whole
         stack in one C++ call when the installed linear is one C++ can call (else a Python loop)."""
@@ -151,7 +156,6 @@ class LlamaModel(nn.Module):
             x = ext.embed(tokens, self.embed)  # a new fp32 tensor, updated in place below
         else:
             x = F.embedding(tokens, self.embed).to(torch.float32)
-        head = self.embed if self.lm_head is None else self.lm_head
         native = native_linear()
         if native is not None:  # the whole stack in one C++ call
             stack = self.__dict__.get("_fused_stack")

@@ -58,22 +58,30 @@ class Model:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
 
+    def output_matrix(self) -> torch.Tensor:
+        """The [V, dim] matrix that maps the final hidden state to logits (tied or not)."""
+        return self.module.output_matrix()
+
     def new_cache(self, batch_size: int = 1, max_len: Optional[int] = None) -> KVCache:
         c = self.config
         return KVCache(c.n_layers, batch_size, c.n_kv_heads, max_len or self.max_seq_len, c.head_dim,
                        self.dtype, self.device)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None,
-                last_only: bool = False) -> torch.Tensor:
-        """Append ``tokens`` [B, T] to the cache rows and return float32 logits [B, T or 1, V]."""
-        if torch.is_inference_mode_enabled():  # entering the mode again costs a draft step ~3%
-            return self._forward(tokens, cache, rows, last_only)
-        with torch.inference_mode():
-            return self._forward(tokens, cache, rows, last_only)
+                last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Append ``tokens`` [B, T] to the cache rows and return float32 logits [B, T or 1, V].
 
-    def _forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice], last_only: bool) -> torch.Tensor:
+        ``head`` replaces the output matrix (rows of ``output_matrix()``: a draft's restricted
+        vocabulary), and the logits then have one column per row of it."""
+        if torch.is_inference_mode_enabled():  # entering the mode again costs a draft step ~3%
+            return self._forward(tokens, cache, rows, last_only, head)
+        with torch.inference_mode():
+            return self._forward(tokens, cache, rows, last_only, head)
+
+    def _forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice], last_only: bool,
+                 head: Optional[torch.Tensor]) -> torch.Tensor:
         meta = cache.prepare(tokens.shape[1], rows)
-        logits = self.module(tokens, meta, cache, last_only=last_only)
+        logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
         cache.commit(meta)
         return logits.float()
 

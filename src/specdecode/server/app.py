@@ -37,6 +37,7 @@ from .scheduler import (Event, Failure, QueueFullError, RequestHandle, RequestSp
                         ServedStep)
 
 if TYPE_CHECKING:
+    from ..drafters.vocab import VocabSpec
     from ..models import Model
 
 log = logging.getLogger("specdecode.server")
@@ -404,14 +405,14 @@ def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[di
 
 def make_state(target: "Model", draft_model: Optional["Model"], config: ServerConfig, default_drafter: str = "model",
                default_gamma: int = 4, ngram_max: int = 3, ngram_min: int = 1,
-               model_name: Optional[str] = None) -> ServerState:
+               model_name: Optional[str] = None, draft_vocab: "VocabSpec" = "auto") -> ServerState:
     """Everything the app needs, from loaded models and the serving flags."""
     if default_drafter == "model" and draft_model is None:
         raise ConfigError("default drafter 'model' needs a draft model; pass one or choose 'ngram' / 'none'")
     metrics = ServerMetrics()
     scheduler = Scheduler(target, draft_model, max_batch_size=config.max_batch_size, max_queue=config.max_queue,
                           speculation=config.speculation, max_context=config.max_context, ngram_max=ngram_max,
-                          ngram_min=ngram_min, metrics=metrics)
+                          ngram_min=ngram_min, metrics=metrics, draft_vocab=draft_vocab)
     chat = ChatFormatter.for_model(target.path)
     return ServerState(scheduler, metrics, config, model_name or target.name, chat, chat.source != PLAIN_TEMPLATE,
                        default_drafter, default_gamma, now())

@@ -25,6 +25,7 @@ import torch
 from ..config import ConfigError
 from ..drafters import Draft, DraftContext
 from ..drafters.model import check_vocab_compatible
+from ..drafters.vocab import VocabSpec, draft_vocab_for
 from ..sampling import draw, probs_from_logits
 
 if TYPE_CHECKING:
@@ -42,12 +43,13 @@ def move_row(cache: "KVCache", src: int, dst: int) -> None:
 
 
 class BatchedDraftModel:
-    def __init__(self, model: "Model", target: "Model", rows: int, max_len: int) -> None:
+    def __init__(self, model: "Model", target: "Model", rows: int, max_len: int, vocab: VocabSpec = "auto") -> None:
         check_vocab_compatible(model, target)
         if model.device != target.device:
             raise ConfigError(f"draft is on {model.device} but target is on {target.device}; load both on one device")
         self.model = model
         self.vocab = target.vocab_size
+        self.subset = draft_vocab_for(model, vocab)  # proposals restricted to frequent tokens (FR-Spec)
         self.cache = model.new_cache(rows, min(max_len, model.max_seq_len))
         self.n_cached = [0] * rows  # tokens of the row's sequence in the draft cache
         self.base = [0] * rows  # sequence length when the row's last draft started
@@ -80,12 +82,15 @@ class BatchedDraftModel:
         real = [self.cache.lengths[r] + len(feeds.get(r, [])) for r in range(lo, hi)]
         ids = [feeds.get(r, []) + [0] * (width - len(feeds.get(r, []))) for r in range(lo, hi)]
         x = torch.tensor(ids, dtype=torch.long, device=self.model.device)
-        logits = self.model.forward(x, self.cache, rows=slice(lo, hi))
+        logits = self.model.forward(x, self.cache, rows=slice(lo, hi),
+                                    head=self.subset.head if self.subset is not None else None)
         for r, n in zip(range(lo, hi), real):  # drop the padding entries
             self.cache.set_length(n, r)
         out = {}
         for r, f in feeds.items():
             row = logits[r - lo, len(f) - 1]
+            if self.subset is not None:
+                row = self.subset.expand(row)
             if row.shape[-1] != self.vocab:  # same tokenizer, differently padded embedding matrices
                 fixed = torch.full((self.vocab,), float("-inf"), device=row.device)
                 m = min(self.vocab, row.shape[-1])

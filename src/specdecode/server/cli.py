@@ -54,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     draft = load(draft_path) if draft_path else None
     gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
     state = make_state(target, draft, config, default_drafter=args.drafter or "model", default_gamma=gamma,
-                       ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_vocab=args.draft_vocab)
     app = create_app(state)
     print(f"specdecode serve: {state.model_name} on http://{config.host}:{config.port}/ "
           f"(drafter {state.default_drafter}, gamma {state.default_gamma}, batch {config.max_batch_size})")

@@ -39,6 +39,7 @@ import torch
 
 from ..config import GenerationConfig, SamplingConfig
 from ..drafters import Draft, DraftContext, Drafter, PromptLookupDrafter
+from ..drafters.vocab import VocabSpec
 from ..engine import FinishEvent, IncrementalDetokenizer, StepEvent, find_stop, truncate_pieces
 from ..metrics import GenerationStats
 from ..models import Model
@@ -298,7 +299,8 @@ class Scheduler:
 
     def __init__(self, target: Model, draft_model: Optional[Model] = None, *, max_batch_size: int = 16,
                  max_queue: int = 64, speculation: str = "auto", max_context: Optional[int] = None,
-                 ngram_max: int = 3, ngram_min: int = 1, metrics: Optional["ServerMetrics"] = None) -> None:
+                 ngram_max: int = 3, ngram_min: int = 1, metrics: Optional["ServerMetrics"] = None,
+                 draft_vocab: VocabSpec = "auto") -> None:
         self.target = target
         self.draft_model = draft_model
         self.max_batch_size = max_batch_size
@@ -309,7 +311,8 @@ class Scheduler:
         self.policy = SpeculationPolicy(speculation)
         self.cache = target.new_cache(max_batch_size, self.context_len)
         # fails at startup (vocabulary, device), not at the first request
-        self.drafts = BatchedDraftModel(draft_model, target, max_batch_size, self.context_len) if draft_model else None
+        self.drafts = (BatchedDraftModel(draft_model, target, max_batch_size, self.context_len, draft_vocab)
+                       if draft_model else None)
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._active: list[_Slot] = []
         self._cond = threading.Condition()

@@ -35,6 +35,7 @@ from . import data as D
 from .checkpoint import has_checkpoint, load_checkpoint
 from .common import (autocast, count_params, fmt_count, init_llama, llama_config, param_groups, pick_device,
                      seed_everything, ThreadGovernor)
+from .draft_vocab import build_draft_vocab
 from .evaluate import EVAL_SEED, DraftEvalResult, doc_separator, evaluate_draft
 from .export import save_hf
 from .loop import LoopState, log, resume, save_run, train_loop
@@ -258,7 +259,9 @@ def distill(cfg: DistillConfig) -> DistillResult:
             "corpus_tokens": int(ds["corpus"].numel()), "train_tokens_per_s": state.tok_s,
             "wall_minutes": state.elapsed() / 60}
     save_hf(model, Path(cfg.out), cfg.save_dtype, tokenizer_dir=Path(target.path), extra={"distill": info})
-    log(f"wrote {cfg.out} ({fmt_count(n_params)} params, {cfg.save_dtype}); measuring held-out α")
+    vocab_file = build_draft_vocab(cfg.out, corpus=cfg.corpus or None)
+    log(f"wrote {cfg.out} ({fmt_count(n_params)} params, {cfg.save_dtype}) and its token ranking {vocab_file.name}; "
+        "measuring held-out α")
     draft = load_model(cfg.out, device=str(device))
     target_eval = load_model(cfg.target, device=str(device))
     res = evaluate_draft(target_eval, draft, corpus=cfg.corpus or None, prompts=cfg.eval_prompts, batch_size=32,

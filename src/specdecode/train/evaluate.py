@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from ..drafters.vocab import draft_vocab_for
 from ..models import Model, load_model
 from . import data as D
 from .common import fmt_count
@@ -62,10 +63,10 @@ class DraftEvalResult:
                  f"  {self.prompts} prompts x {self.prompt_len} tokens from {self.held_out_files} held-out files, "
                  f"{self.new_tokens} target tokens each ({self.positions_t0} positions at T=0, "
                  f"{self.positions_t1} at T=1)",
-                 f"  {'drafter':<10} {'params':>9} {'α (T=0)':>9} {'α (T=1)':>9}"]
+                 f"  {'drafter':<14} {'params':>9} {'α (T=0)':>9} {'α (T=1)':>9}"]
         for r in self.rows:
             params = fmt_count(r.params) if r.params else "-"
-            lines.append(f"  {r.drafter:<10} {params:>9} {r.alpha_t0:>9.3f} {r.alpha_t1:>9.3f}")
+            lines.append(f"  {r.drafter:<14} {params:>9} {r.alpha_t0:>9.3f} {r.alpha_t1:>9.3f}")
         return "\n".join(lines)
 
 
@@ -163,6 +164,24 @@ def model_drafter(m: Model) -> Drafter:
     return lambda seqs: full_logits(m, seqs)
 
 
+def restricted_drafters(m: Model) -> dict[str, Drafter]:
+    """The draft over its full vocabulary and, when it ships draft_vocab.json, over the restricted one
+    the runtime uses by default (``draft/topN``); one forward pass serves both."""
+    vocab = draft_vocab_for(m, "auto")
+    if vocab is None:
+        return {"draft": model_drafter(m)}
+    memo: dict[str, torch.Tensor] = {}
+
+    def full(seqs: torch.Tensor) -> torch.Tensor:
+        if memo.get("seqs") is not seqs:
+            memo["seqs"], memo["logits"] = seqs, full_logits(m, seqs)
+        return memo["logits"]
+
+    mask = torch.full((m.vocab_size,), float("-inf"), device=m.device)
+    mask[vocab.ids] = 0.0
+    return {"draft": full, f"draft/top{vocab.size}": lambda seqs: full(seqs) + mask}
+
+
 def evaluate_draft(target: str | Model, draft: Optional[str | Model], corpus: Optional[Sequence[str]] = None,
                    prompts: int = 64, prompt_len: int = 64, new_tokens: int = 128, seed: int = EVAL_SEED,
                    device: str = "cpu", dtype: str = "auto", ngrams: bool = True,
@@ -174,8 +193,9 @@ def evaluate_draft(target: str | Model, draft: Optional[str | Model], corpus: Op
     if draft is not None:
         drf = draft if isinstance(draft, Model) else load_model(draft, device=device, dtype=dtype)
         check_compatible(tgt, drf)
-        drafters["draft"] = model_drafter(drf)
-        params["draft"] = drf.num_parameters()
+        for name, fn in restricted_drafters(drf).items():
+            drafters[name] = fn
+            params[name] = drf.num_parameters()
     if tgt.tokenizer is None:
         raise ValueError(f"target {tgt.path} has no tokenizer.json; α is measured on held-out corpus text")
     train, held = D.split_corpus(D.list_corpus(corpus or None))
