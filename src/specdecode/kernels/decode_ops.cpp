@@ -58,6 +58,20 @@ DOPS_AVX2 inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// hsum8 of eight vectors at once: r[k] = hsum8(a[k]) bit for bit (the same additions in the same
+// association, ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))), in 11 shuffles/adds instead of 40.
+DOPS_AVX2 inline __m256 hsum8x8(const __m256* a) {
+  __m256 b[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m256 lo = _mm256_permute2f128_ps(a[k], a[k + 4], 0x20);  // [low half of a[k], of a[k+4]]
+    const __m256 hi = _mm256_permute2f128_ps(a[k], a[k + 4], 0x31);  // [high halves]
+    b[k] = _mm256_permute_ps(_mm256_add_ps(lo, hi), 0xD8);  // per 128-bit lane: (p0, p2, p1, p3)
+  }
+  const __m256 c01 = _mm256_hadd_ps(b[0], b[1]);  // (p0+p2, p1+p3) of k = 0, 1 | of k = 4, 5
+  const __m256 c23 = _mm256_hadd_ps(b[2], b[3]);
+  return _mm256_hadd_ps(c01, c23);  // (r0, r1, r2, r3 | r4, r5, r6, r7)
+}
+
 DOPS_AVX2 inline float hmax8(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -276,25 +290,37 @@ DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase
 }
 
 // All queries of one kv head (nq of them, rotated, [nq][NV*8]; query qi sits at position
-// qpos[qi] and attends keys 0..qpos[qi]) against keys [0, n_keys). Scores go key by key so each
-// key row is loaded once for every query; then per query softmax and the weighted sum of V
-// with the output accumulated in registers. The per-query arithmetic (a dot product as 8-lane
-// FMAs then hsum8, times scale; exp; FMAs over keys in order; times 1/sum) is that of
-// attend_one, so results are identical to it bit for bit.
+// qpos[qi] and attends keys 0..qpos[qi]) against keys [0, n_keys). Scores per query in blocks
+// of 8 keys (eight dot products as 8-lane FMAs, reduced together by hsum8x8), the last
+// n % 8 keys one at a time; then per query softmax and the weighted sum of V with the output
+// accumulated in registers. The per-query arithmetic (each dot product as 8-lane FMAs then the
+// hsum8 lane tree, times scale; exp; FMAs over keys in order; times 1/sum) is that of
+// attend_one, so results are identical to it bit for bit, whatever other queries are present.
 template <int NV>
 DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* qpos, int64_t nq, const float* kbase,
                                 const float* vbase, int64_t n_keys, float scale, float* S, float* const* outs) {
 #if DOPS_X86
   constexpr int64_t D = NV * 8;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    __m256 kv[NV];
-    for (int i = 0; i < NV; ++i) kv[i] = _mm256_loadu_ps(kbase + j * D + 8 * i);
-    for (int64_t qi = 0; qi < nq; ++qi) {
-      if (j > qpos[qi]) continue;
-      const float* q = Q + qi * D;
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const float* q = Q + qi * D;
+    float* s = S + qi * n_keys;
+    const int64_t n = qpos[qi] + 1;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+      __m256 acc[8];
+      for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_setzero_ps();
+      const float* kb = kbase + j * D;
+      for (int i = 0; i < NV; ++i) {
+        const __m256 qv = _mm256_loadu_ps(q + 8 * i);
+        for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + kk * D + 8 * i), acc[kk]);
+      }
+      _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8x8(acc), sc));
+    }
+    for (; j < n; ++j) {
       __m256 acc = _mm256_setzero_ps();
-      for (int i = 0; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), kv[i], acc);
-      S[qi * n_keys + j] = hsum8(acc) * scale;
+      for (int i = 0; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kbase + j * D + 8 * i), acc);
+      s[j] = hsum8(acc) * scale;
     }
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
