@@ -290,60 +290,82 @@ DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase
 }
 
 // All queries of one kv head (nq of them, rotated, [nq][NV*8]; query qi sits at position
-// qpos[qi] and attends keys 0..qpos[qi]) against keys [0, n_keys). Scores per query in blocks
-// of 8 keys (eight dot products as 8-lane FMAs, reduced together by hsum8x8), the last
-// n % 8 keys one at a time; then per query softmax and the weighted sum of V with the output
-// accumulated in registers. The per-query arithmetic (each dot product as 8-lane FMAs then the
-// hsum8 lane tree, times scale; exp; FMAs over keys in order; times 1/sum) is that of
-// attend_one, so results are identical to it bit for bit, whatever other queries are present.
+// qpos[qi] and attends keys 0..qpos[qi]) against keys [0, n_keys).
+//
+// Why tiled: the queries of one kv head (every token of the pass times the heads sharing it)
+// all read the same K and V rows. Query by query, each would stream them from L2 again (8
+// cache lines per key at head_dim 64, the bottleneck of a verification pass); in tiles of
+// kKeyTile keys, the tile stays in L1 while every query works on it.
+//
+// Bits: each score is one dot product as 8-lane FMAs then the hsum8 lane tree, times scale
+// (keys in blocks of 8 reduce together with hsum8x8, which gives the same bits); the softmax
+// is per query over its whole row; the weighted sum of V runs over keys in ascending order per
+// query, its accumulators parked in ``acc_buf`` between tiles. That is attend_one's arithmetic,
+// so a query's result is identical to it bit for bit, whatever other queries share the call.
+constexpr int64_t kKeyTile = 32;
+
 template <int NV>
 DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* qpos, int64_t nq, const float* kbase,
-                                const float* vbase, int64_t n_keys, float scale, float* S, float* const* outs) {
+                                const float* vbase, int64_t n_keys, float scale, float* S, float* acc_buf,
+                                float* const* outs) {
 #if DOPS_X86
   constexpr int64_t D = NV * 8;
   const __m256 sc = _mm256_set1_ps(scale);
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    const float* q = Q + qi * D;
-    float* s = S + qi * n_keys;
-    const int64_t n = qpos[qi] + 1;
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-      __m256 acc[8];
-      for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_setzero_ps();
-      const float* kb = kbase + j * D;
-      for (int i = 0; i < NV; ++i) {
-        const __m256 qv = _mm256_loadu_ps(q + 8 * i);
-        for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + kk * D + 8 * i), acc[kk]);
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const int64_t j1 = std::min(j0 + kKeyTile, qpos[qi] + 1);
+      const float* q = Q + qi * D;
+      float* s = S + qi * n_keys;
+      int64_t j = j0;
+      for (; j + 8 <= j1; j += 8) {
+        __m256 acc[8];
+        for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_setzero_ps();
+        const float* kb = kbase + j * D;
+        for (int i = 0; i < NV; ++i) {
+          const __m256 qv = _mm256_loadu_ps(q + 8 * i);
+          for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + kk * D + 8 * i), acc[kk]);
+        }
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8x8(acc), sc));
       }
-      _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8x8(acc), sc));
+      for (; j < j1; ++j) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < NV; ++i)
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kbase + j * D + 8 * i), acc);
+        s[j] = hsum8(acc) * scale;
+      }
     }
-    for (; j < n; ++j) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int i = 0; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kbase + j * D + 8 * i), acc);
-      s[j] = hsum8(acc) * scale;
+  }
+  std::vector<float> inv(nq);
+  for (int64_t qi = 0; qi < nq; ++qi) inv[qi] = 1.0f / softmax_numer(S + qi * n_keys, qpos[qi] + 1);
+  std::fill(acc_buf, acc_buf + nq * D, 0.f);
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const int64_t j1 = std::min(j0 + kKeyTile, qpos[qi] + 1);
+      if (j1 <= j0) continue;
+      const float* s = S + qi * n_keys;
+      float* a = acc_buf + qi * D;
+      __m256 acc[NV];
+      for (int i = 0; i < NV; ++i) acc[i] = _mm256_loadu_ps(a + 8 * i);
+      for (int64_t j = j0; j < j1; ++j) {
+        const __m256 wj = _mm256_set1_ps(s[j]);
+        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vbase + j * D + 8 * i), acc[i]);
+      }
+      for (int i = 0; i < NV; ++i) _mm256_storeu_ps(a + 8 * i, acc[i]);
     }
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
-    float* s = S + qi * n_keys;
-    const int64_t n = qpos[qi] + 1;
-    const float inv = 1.0f / softmax_numer(s, n);
-    __m256 acc[NV];
-    for (int i = 0; i < NV; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 wj = _mm256_set1_ps(s[j]);
-      for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vbase + j * D + 8 * i), acc[i]);
-    }
-    const __m256 iv = _mm256_set1_ps(inv);
-    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(outs[qi] + 8 * i, _mm256_mul_ps(acc[i], iv));
+    const __m256 iv = _mm256_set1_ps(inv[qi]);
+    for (int i = 0; i < NV; ++i)
+      _mm256_storeu_ps(outs[qi] + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(acc_buf + qi * D + 8 * i), iv));
   }
 #endif
 }
 
 void attend_grouped(int64_t nv, const float* Q, const int64_t* qpos, int64_t nq, const float* kbase,
-                    const float* vbase, int64_t n_keys, float scale, float* S, float* const* outs) {
+                    const float* vbase, int64_t n_keys, float scale, float* S, float* acc_buf, float* const* outs) {
   switch (nv) {
 #define DOPS_CASE(N) \
-  case N: attend_grouped_t<N>(Q, qpos, nq, kbase, vbase, n_keys, scale, S, outs); break;
+  case N: attend_grouped_t<N>(Q, qpos, nq, kbase, vbase, n_keys, scale, S, acc_buf, outs); break;
     DOPS_CASE(1) DOPS_CASE(2) DOPS_CASE(3) DOPS_CASE(4) DOPS_CASE(5) DOPS_CASE(6) DOPS_CASE(7) DOPS_CASE(8)
     DOPS_CASE(9) DOPS_CASE(10) DOPS_CASE(11) DOPS_CASE(12) DOPS_CASE(13) DOPS_CASE(14) DOPS_CASE(15) DOPS_CASE(16)
 #undef DOPS_CASE
@@ -415,7 +437,7 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
       // queries in blocks of tokens so the score buffer stays bounded (~4 MB) on long prefills;
       // a query's result does not depend on the block it is in
       const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 20) / (group * max_keys)));
-      std::vector<float> qbuf(tb * group * D), scores(tb * group * max_keys);
+      std::vector<float> qbuf(tb * group * D), scores(tb * group * max_keys), acc_buf(tb * group * D);
       std::vector<int64_t> qpos(tb * group);
       std::vector<float*> outs(tb * group);
       for (int64_t w = w0; w < w1; ++w) {
@@ -433,7 +455,7 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
             }
           }
           attend_grouped(D / 8, qbuf.data(), qpos.data(), (t1 - t0) * group, kc + off, vc + off, starts[b] + t1,
-                         static_cast<float>(scale), scores.data(), outs.data());
+                         static_cast<float>(scale), scores.data(), acc_buf.data(), outs.data());
         }
       }
       return;
