@@ -19,6 +19,7 @@ from .config import ConfigError, GenerationConfig, SamplingConfig
 from .drafters.base import Draft, DraftContext, Drafter
 from .metrics import GenerationStats
 from .models import Model
+from .ops import argmax_list
 from .sampling import make_generator, probs_from_logits
 from .verify import greedy_verify, rejection_sample
 
@@ -154,7 +155,7 @@ def stream(
         g = len(draft)
         logits = _target_step(target, [tokens[-1]] + draft.tokens, cache)
         if sampling.greedy:
-            res = greedy_verify(logits.argmax(dim=-1).tolist(), draft.tokens)
+            res = greedy_verify(argmax_list(logits), draft.tokens)
         else:
             draft_ids = torch.tensor(draft.tokens, dtype=torch.long, device=logits.device)
             res = rejection_sample(probs_from_logits(logits, sampling), draft_ids, draft.probs, gen)

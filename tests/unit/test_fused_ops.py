@@ -199,3 +199,24 @@ def test_long_prefill_attention_in_blocks_matches_eager_and_single_queries() -> 
     for pos in (0, 498, 499, 699):  # around the block boundary: same bits as one query alone
         one = ext.attention(qkv[:, pos : pos + 1].contiguous(), cos, sin, kc, vc, 0, [pos], h, kv, d, 1 / math.sqrt(d))
         assert torch.equal(one[0, 0], out[0, pos])
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (8192,), (5, 8192), (3, 13)])
+def test_argmax_list_equals_torch(shape: tuple[int, ...]) -> None:
+    from specdecode.ops import argmax_list
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    assert argmax_list(x) == x.argmax(-1).reshape(-1).tolist()
+    x = x.round()  # ties: the first maximum, as torch
+    assert argmax_list(x) == x.argmax(-1).reshape(-1).tolist()
+
+
+def test_argmax_list_special_values() -> None:
+    from specdecode.ops import argmax_list
+
+    inf, nan = float("inf"), float("nan")
+    for row in ([-inf] * 10, [1.0, nan, 3.0, nan], [1.0] * 9 + [inf], [nan] + [0.0] * 20, [-1.0] * 17 + [nan]):
+        x = torch.tensor(row)
+        assert argmax_list(x) == [int(x.argmax())], row
+    assert argmax_list(torch.randn(4, 10)[:, ::2]) is not None  # non-contiguous rows fall back to torch

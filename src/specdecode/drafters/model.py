@@ -8,6 +8,7 @@ import torch
 
 from ..config import ConfigError
 from ..costmodel import MAX_GAMMA, AdaptiveGamma, load_or_measure_costs
+from ..ops import argmax_list
 from ..sampling import draw, probs_from_logits
 from .base import Draft, DraftContext, VocabularyMismatchError
 from .vocab import VocabSpec, draft_vocab_for
@@ -148,11 +149,11 @@ class DraftModelDrafter:
         greedy = ctx.sampling.greedy
         for i in range(g):
             if greedy and self.model.vocab_size == self._target_vocab:
-                t = int(logits.argmax())
+                t = argmax_list(logits)[0]
                 if self._ids is not None:
                     t = self._ids[t]
             elif greedy:
-                t = int(self._full(logits).argmax())
+                t = argmax_list(self._full(logits))[0]
             else:
                 q = probs_from_logits(self._full(logits).unsqueeze(0), ctx.sampling)
                 t = int(draw(q, ctx.generator)[0])

@@ -505,6 +505,55 @@ at::Tensor embed(const at::Tensor& tokens, const at::Tensor& table) {
   return out;
 }
 
+// ------------------------------------------------------------------ argmax
+// Index of the first maximum of x[0, n), NaN counting as the maximum (torch.argmax's rule).
+// Why: greedy decoding takes an argmax over the vocabulary for every verified row and draft
+// step, and ATen's costs 9 us per 8192-entry row here, against a draft step of ~100 us.
+DOPS_AVX2 int64_t argmax_row(const float* x, int64_t n) {
+  int64_t j = 0;
+  float mx = -INFINITY;
+#if DOPS_X86
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  __m256 nan = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    mv = _mm256_max_ps(mv, v);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  if (_mm256_movemask_ps(nan)) {
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isnan(x[i])) return i;
+  }
+  mx = hmax8(mv);
+#endif
+  for (; j < n; ++j) {
+    if (std::isnan(x[j])) return j;
+    mx = std::max(mx, x[j]);
+  }
+  j = 0;
+#if DOPS_X86
+  const __m256 m8 = _mm256_set1_ps(mx);
+  for (; j + 8 <= n; j += 8) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), m8, _CMP_EQ_OQ));
+    if (mask) return j + __builtin_ctz(static_cast<unsigned>(mask));
+  }
+#endif
+  for (; j < n; ++j)
+    if (x[j] == mx) return j;
+  return 0;  // n == 0 or every entry -inf below the first: torch returns 0 for an all -inf row too
+}
+
+// Per row of a 2-D fp32 tensor [R, n] (contiguous rows): the argmax indices as a Python list.
+std::vector<int64_t> argmax_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) > 0 &&
+                  x.stride(1) == 1,
+              "decode_ops: argmax_rows needs a CPU fp32 [rows, n] tensor with contiguous rows");
+  std::vector<int64_t> out(x.size(0));
+  const float* p = x.data_ptr<float>();
+  for (int64_t r = 0; r < x.size(0); ++r) out[r] = argmax_row(p + r * x.stride(0), x.size(1));
+  return out;
+}
+
 // ------------------------------------------------------------------ whole decoder stack
 // A Llama-family stack's weights, gathered once (the Python side caches it per model), so a
 // forward is one call: a small model's step otherwise spends a third of its time going back
@@ -571,6 +620,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("scale"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA (required)");
+  m.def("argmax_rows", &argmax_rows, "first argmax of each row of a CPU fp32 [rows, n] tensor (NaN = max)",
+        pybind11::arg("x"));
   m.def("embed", &embed, "embedding rows for int64 tokens [B, T] as a new fp32 [B, T, dim] tensor",
         pybind11::arg("tokens"), pybind11::arg("table"), pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<Stack>(m, "Stack", "a decoder stack's weights, gathered once for stack_forward")

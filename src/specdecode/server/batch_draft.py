@@ -26,6 +26,7 @@ from ..config import ConfigError
 from ..drafters import Draft, DraftContext
 from ..drafters.model import check_vocab_compatible
 from ..drafters.vocab import VocabSpec, draft_vocab_for
+from ..ops import argmax_list
 from ..sampling import draw, probs_from_logits
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class BatchedDraftModel:
                     continue
                 ctx = contexts[r]
                 if ctx.sampling.greedy:
-                    t = int(logits[r].argmax())
+                    t = argmax_list(logits[r])[0]
                 else:
                     q = probs_from_logits(logits[r].unsqueeze(0), ctx.sampling)
                     t = int(draw(q, ctx.generator)[0])

@@ -43,6 +43,7 @@ from ..drafters.vocab import VocabSpec
 from ..engine import FinishEvent, IncrementalDetokenizer, StepEvent, find_stop, truncate_pieces
 from ..metrics import GenerationStats
 from ..models import Model
+from ..ops import argmax_list
 from ..sampling import make_generator, probs_from_logits
 from ..verify import VerifyResult, greedy_verify, rejection_sample
 from .batch_draft import BatchedDraftModel, move_row
@@ -518,7 +519,8 @@ class Scheduler:
         t0 = time.perf_counter()
         ids = torch.tensor(rows, dtype=torch.long, device=self.target.device)
         logits = self.target.forward(ids, self.cache, rows=slice(0, batch))
-        argmax = logits.argmax(dim=-1).tolist()
+        flat = argmax_list(logits.reshape(batch * width, -1))
+        argmax = [flat[i * width : (i + 1) * width] for i in range(batch)]
         self.policy.record_target(batch, width, time.perf_counter() - t0)
         self.forward_passes += 1
 
