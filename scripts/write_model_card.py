@@ -55,7 +55,7 @@ def main() -> None:
       "for speculative decoding. Both are ordinary Hugging Face directories (bf16 `model.safetensors`, "
       "`config.json` with `LlamaForCausalLM`, `tokenizer.json`, `generation_config.json`) that "
       "`specdecode.models.load_model` and `transformers.AutoModelForCausalLM` / `AutoTokenizer` both load. "
-      "They are demo models: small enough to train on a 2-core CPU in about an hour and to ship in the repository, "
+      "They are demo models: small enough to train on a 2-core CPU in under two hours and to ship in the repository, "
       "not useful code generators.\n")
     w("| | code-target | code-draft |\n|---|---|---|")
     w(f"| parameters | {t['params']:,} | {d['params']:,} |")
@@ -73,7 +73,12 @@ def main() -> None:
       "equals the target's along the target's greedy path. T=1: mean of Σx min(p(x), q(x)) along a path the target "
       "samples. Unigram and bigram drafters are fitted on the training split.\n")
     w("| drafter | parameters | α at T=0 | α at T=1 |\n|---|---|---|---|")
-    for name, label in (("draft", "code-draft"), ("unigram", "unigram (train split)"), ("bigram", "bigram (train split)")):
+    top = next((n for n in rows if n.startswith("draft/top")), None)
+    labels = [("draft", "code-draft (full vocabulary)" if top else "code-draft")]
+    if top:
+        labels.append((top, f"code-draft over its {top.removeprefix('draft/top')} most frequent tokens (runtime default)"))
+    labels += [("unigram", "unigram (train split)"), ("bigram", "bigram (train split)")]
+    for name, label in labels:
         if name in rows:
             r = rows[name]
             params = f"{r['params']:,}" if r.get("params") else "-"
@@ -84,15 +89,16 @@ def main() -> None:
     if cost:
         c = cost["c"]
         w(f"- Cost ratio **c = {c:.3f}**: median single-token decode step (KV cache holding {cost['context']} tokens, "
-          f"{cost['reps']} interleaved repetitions, {cost['device']}, {cost['threads']} thread(s), fp32 compute) "
-          f"draft {cost['draft_ms']:.2f} ms vs target {cost['target_ms']:.2f} ms. At this size a step is dominated "
-          "by per-layer overhead rather than arithmetic, so c tracks the layer count "
-          f"({dcfg['num_hidden_layers']} vs {tcfg['num_hidden_layers']}) more than the parameter ratio.")
-        a0 = rows["draft"]["alpha_t0"]
+          f"{cost['reps']} interleaved repetitions, {cost['device']}, {cost['threads']} thread(s), the runtime's "
+          f"CPU fast path with --matmul {cost.get('matmul', 'bf16')}) draft {cost['draft_ms']:.3f} ms "
+          f"(output layer over {cost.get('draft_vocab', dcfg['vocab_size'])} tokens) vs target "
+          f"{cost['target_ms']:.3f} ms; each draft step follows a target step, as when the engine drafts.")
+        a0 = rows[top or "draft"]["alpha_t0"]
         best = max(range(1, 9), key=lambda g: (1 - a0 ** (g + 1)) / ((1 - a0) * (g * c + 1)))
         pred = (1 - a0 ** (best + 1)) / ((1 - a0) * (best * c + 1))
         w(f"- Predicted (not measured) greedy speedup from Leviathan et al.'s formula "
-          f"(1 - α^(γ+1)) / ((1 - α)(γc + 1)) with these α and c: {pred:.2f}x at γ = {best}.\n")
+          f"(1 - α^(γ+1)) / ((1 - α)(γc + 1)) with these α and c (it assumes verification is free, v = 1): "
+          f"{pred:.2f}x at γ = {best}. Measured speedups: `docs/benchmarks.md`.\n")
     else:
         w("- Cost ratio c: TODO (measure with `scripts/measure_cost_ratio.py`).\n")
     w("## Corpus and split\n")
