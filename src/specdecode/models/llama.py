@@ -8,6 +8,7 @@ RoPE follows transformers' rotate-half convention so HF weights load as is.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 import torch
 import torch.nn.functional as F
@@ -97,6 +98,22 @@ class LlamaBlock(nn.Module):
         return x + linear(F.silu(gate) * up, self.w2)
 
 
+@dataclass
+class _FusedPlan:
+    """A Llama module's tensors as the fused forward uses them (see ``LlamaModel._fused_plan``)."""
+
+    layers: list[tuple]  # (wqkv, bqkv, wo, w13, w2, mlp_norm, next norm) per layer
+    attn_norms: list[torch.Tensor]
+    embed: torch.Tensor
+    lm_head: Optional[torch.Tensor]
+    head: torch.Tensor  # the output matrix (lm_head, or embed when tied)
+    norm: torch.Tensor
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    wqkv0: torch.Tensor  # the first layer's projection: its identity tells a reassigned weight
+    stack: Optional[object] = None  # the C++ Stack, built on first use
+
+
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
@@ -116,11 +133,13 @@ class LlamaModel(nn.Module):
                 last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training).
         ``head`` replaces the output matrix (a draft's restricted vocabulary)."""
-        head = self.output_matrix() if head is None else head
         ext = fused_ops()
-        if (ext is not None and cache is not None and meta is not None and self.norm.dtype == torch.float32
-                and cache.k.dtype == torch.float32 and tokens.device.type == "cpu"):
-            return self._forward_fused(ext, tokens, meta, cache, last_only, head)
+        if ext is not None and cache is not None and meta is not None and tokens.device.type == "cpu":
+            plan = self._fused_plan()
+            if plan.norm.dtype == torch.float32 and cache.k.dtype == torch.float32:
+                return self._forward_fused(ext, plan, tokens, meta, cache, last_only,
+                                           plan.head if head is None else head)
+        head = self.output_matrix() if head is None else head
         x = F.embedding(tokens, self.embed).to(self.norm.dtype)  # weights may be stored narrower
         if meta is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
@@ -135,7 +154,25 @@ class LlamaModel(nn.Module):
         x = rms_norm(x, self.norm, self.cfg.norm_eps)
         return linear(x, head)
 
-    def _forward_fused(self, ext, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
+    def _fused_plan(self) -> "_FusedPlan":
+        """What a fused forward reads from the module, gathered once: nn.Module attribute lookups
+        cost ~1 µs each, a measurable share of a small draft's ~70 µs step. Rebuilt when a weight
+        was reassigned (an identity check per call; in-place updates need nothing)."""
+        plan: Optional[_FusedPlan] = self.__dict__.get("_plan")
+        params, first = self._parameters, self.layers._modules["0"]._parameters
+        if (plan is None or first["wqkv"] is not plan.wqkv0 or params["embed"] is not plan.embed
+                or params["norm"] is not plan.norm or params.get("lm_head") is not plan.lm_head
+                or self._buffers["rope_cos"] is not plan.rope_cos):
+            layers = list(self.layers)
+            nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
+            per_layer = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt)
+                         for lay, nxt in zip(layers, nexts)]
+            plan = _FusedPlan(per_layer, [lay.attn_norm for lay in layers], self.embed, self.lm_head,
+                              self.output_matrix(), self.norm, self.rope_cos, self.rope_sin, first["wqkv"])
+            self.__dict__["_plan"] = plan
+        return plan
+
+    def _forward_fused(self, ext, plan: "_FusedPlan", tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
                        last_only: bool, head: torch.Tensor) -> torch.Tensor:
         """The same layer math with the fused CPU ops (``kernels/decode_ops.cpp``): per layer four
         projections plus three ops, each residual add fused into the norm that follows it; the whole
@@ -144,34 +181,24 @@ class LlamaModel(nn.Module):
         eps, hd = cfg.norm_eps, cfg.head_dim
         scale = 1.0 / math.sqrt(hd)
         row0 = meta.rows.indices(cache.batch_size)[0]
-        # (wqkv, bqkv, wo, w13, w2, mlp_norm, next norm) per layer, gathered once: nn.Module attribute
-        # lookups are a measurable share of a small model's step
-        plan = self.__dict__.get("_fused_plan")
-        if plan is None or plan[0][0] is not self.layers[0].wqkv:  # first call, or weights reassigned
-            layers = list(self.layers)
-            nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
-            plan = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt) for lay, nxt in zip(layers, nexts)]
-            self.__dict__["_fused_plan"] = plan
-        if self.embed.dtype in (torch.float32, torch.bfloat16):
-            x = ext.embed(tokens, self.embed)  # a new fp32 tensor, updated in place below
+        if plan.embed.dtype in (torch.float32, torch.bfloat16):
+            x = ext.embed(tokens, plan.embed)  # a new fp32 tensor, updated in place below
         else:
-            x = F.embedding(tokens, self.embed).to(torch.float32)
+            x = F.embedding(tokens, plan.embed).to(torch.float32)
         native = native_linear()
         if native is not None:  # the whole stack in one C++ call
-            stack = self.__dict__.get("_fused_stack")
-            if stack is None or stack[0] is not plan:
-                stack = (plan, ext.Stack(*[list(col) for col in zip(*plan)][:5],
-                                         [lay.attn_norm for lay in self.layers], [p[5] for p in plan], self.norm))
-                self.__dict__["_fused_stack"] = stack
-            h = ext.stack_forward(stack[1], x, self.rope_cos, self.rope_sin, cache.k_layers(), cache.v_layers(),
+            if plan.stack is None:
+                cols = [list(col) for col in zip(*plan.layers)]
+                plan.stack = ext.Stack(*cols[:5], plan.attn_norms, cols[5], plan.norm)
+            h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(), cache.v_layers(),
                                   row0, meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps, scale, last_only,
                                   native[0], native[1])
             return linear(h, head)
-        h = ext.rms_norm(x, self.layers[0].attn_norm, eps)
-        last = len(plan) - 1
-        for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, next_norm) in enumerate(plan):
+        h = ext.rms_norm(x, plan.attn_norms[0], eps)
+        last = len(plan.layers) - 1
+        for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, next_norm) in enumerate(plan.layers):
             qkv = linear(h, wqkv, bqkv)
-            attn = ext.attention(qkv, self.rope_cos, self.rope_sin, cache.k_layer(i), cache.v_layer(i), row0,
+            attn = ext.attention(qkv, plan.rope_cos, plan.rope_sin, cache.k_layer(i), cache.v_layer(i), row0,
                                  meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, scale)
             h = ext.add_rms_norm_(x, linear(attn, wo), mlp_norm, eps)
             down = linear(ext.silu_mul(linear(h, w13)), w2)
@@ -179,7 +206,7 @@ class LlamaModel(nn.Module):
                 h = ext.add_rms_norm_(x, down, next_norm, eps)
             else:
                 x.add_(down)
-                h = ext.rms_norm(x[:, -1:].contiguous(), self.norm, eps)
+                h = ext.rms_norm(x[:, -1:].contiguous(), plan.norm, eps)
         return linear(h, head)
 
     @staticmethod
