@@ -8,7 +8,8 @@ Modes: eager PyTorch (F.linear, eager layer ops); fused decode ops with the smal
 on its AVX2 and AVX-512 paths (exact fp32 products); and the bf16-dot mode (``--matmul
 bf16``, the CLI default). Rounds alternate the modes so background load hits all alike; each
 number is the minimum over rounds of the median of ``--reps`` passes, in thread CPU time.
-The draft step is timed as the engine drafts: a run of 4 steps right after a target pass.
+The draft step is timed as the engine drafts: a run of 4 steps right after a target pass,
+over the full vocabulary and over the draft's restricted one (its draft_vocab.json, if any).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from specdecode import ops
 from specdecode.kernels import enable_fast_linear, fast_linear_available, set_kernel_isa
 from specdecode.kernels.fused import enable_fused_ops
+from specdecode.drafters.vocab import draft_vocab_for
 from specdecode.models import load_model
 
 WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
@@ -52,6 +54,8 @@ def main() -> None:
     enable_fast_linear(True)  # load with bf16 weights kept (weight_dtype auto)
     target, draft = load_model(args.target), load_model(args.draft)
     eager_target, eager_draft = (load_model(p, weight_dtype="fp32") for p in (args.target, args.draft))
+    subsets = {id(m): draft_vocab_for(m, "auto") for m in (draft, eager_draft)}
+    n_sub = next((v.size for v in subsets.values() if v is not None), None)
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(1, target.vocab_size, (1, args.context), generator=gen)
     probe = torch.randint(1, target.vocab_size, (1, max(WIDTHS)), generator=gen)
@@ -73,25 +77,29 @@ def main() -> None:
                     tc.trim(n)
                 key = (mode, "t", n)
                 best[key] = min(best.get(key, float("inf")), statistics.median(times))
-            times = []
-            for _ in range(args.reps):
-                t.forward(probe[:, :1], tc)
-                tc.trim(1)
-                s = time.thread_time()
-                for _ in range(4):
-                    d.forward(probe[:, :1], dc, last_only=True)
-                    dc.trim(1)
-                times.append((time.thread_time() - s) / 4)
-            best[(mode, "d", 1)] = min(best.get((mode, "d", 1), float("inf")), statistics.median(times))
+            sub = subsets[id(d)]
+            for kind, head in (("d", None), ("dv", sub.head if sub is not None else None)):
+                times = []
+                for _ in range(args.reps):
+                    t.forward(probe[:, :1], tc)
+                    tc.trim(1)
+                    s = time.thread_time()
+                    for _ in range(4):
+                        d.forward(probe[:, :1], dc, last_only=True, head=head)
+                        dc.trim(1)
+                    times.append((time.thread_time() - s) / 4)
+                best[(mode, kind, 1)] = min(best.get((mode, kind, 1), float("inf")), statistics.median(times))
     print(f"context {args.context} tokens, 1 thread, min over {args.rounds} rounds of the median of {args.reps}")
-    head = "| mode | target, 1 token (ms) | " + " | ".join(f"v({n - 1})" for n in WIDTHS[1:]) + " | draft step (ms) | c |"
+    vocab = f"top {n_sub}" if n_sub else "no draft_vocab.json"
+    head = ("| mode | target, 1 token (ms) | " + " | ".join(f"v({n - 1})" for n in WIDTHS[1:])
+            + f" | draft step, full vocab (ms) | c | draft step, {vocab} (ms) | c |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for mode in modes:
         t1 = best[(mode, "t", 1)]
         vs = " | ".join(f"{best[(mode, 't', n)] / t1:.2f}" for n in WIDTHS[1:])
-        d1 = best[(mode, "d", 1)]
-        print(f"| {mode} | {t1 * 1e3:.3f} | {vs} | {d1 * 1e3:.3f} | {d1 / t1:.3f} |")
+        d1, dv = best[(mode, "d", 1)], best[(mode, "dv", 1)]
+        print(f"| {mode} | {t1 * 1e3:.3f} | {vs} | {d1 * 1e3:.3f} | {d1 / t1:.3f} | {dv * 1e3:.3f} | {dv / t1:.3f} |")
 
 
 if __name__ == "__main__":
