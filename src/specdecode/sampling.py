@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from .config import SamplingConfig
+from .kernels.fused import fused_ops
 
 
 def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -43,8 +44,29 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
 
 
 def draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """One token per row of ``probs`` [N, V] -> [N] int64."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row of ``probs`` [N, V] (non-negative weights, not necessarily normalised) -> [N] int64.
+
+    Inverse-CDF sampling: the first index whose cumulative weight exceeds u * total, with u ~ U[0, 1)
+    from ``generator`` and the sum in float64 (so the law is the weights' up to ~1e-16; a zero-weight
+    token is never drawn). Why not ``torch.multinomial``: on the CPU it costs ~180 µs for 8192
+    categories, more than a draft step and a sixth of a target step; the fused CPU op costs ~5 µs.
+    """
+    if probs.dim() != 2 or probs.shape[-1] == 0:
+        raise ValueError(f"draw needs weights [rows, categories], got shape {tuple(probs.shape)}")
+    u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device=probs.device)
+    ext = fused_ops()
+    if ext is not None and probs.device.type == "cpu" and probs.dtype == torch.float32 and probs.stride(-1) == 1:
+        idx = ext.sample_rows(probs, u.tolist())
+        if min(idx) < 0:
+            raise ValueError("cannot sample: the weights hold a negative, inf or nan entry, or sum to zero")
+        return torch.tensor(idx, dtype=torch.long)
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    if not bool(torch.isfinite(total).all() and (total > 0).all() and (probs >= 0).all()):
+        raise ValueError("cannot sample: the weights hold a negative, inf or nan entry, or sum to zero")
+    idx = torch.searchsorted(cdf, u.unsqueeze(-1) * total, right=True).squeeze(-1)
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)  # u * total rounded up to total
+    return torch.minimum(idx, last)
 
 
 def make_generator(seed: Optional[int], device: torch.device | str = "cpu") -> torch.Generator:

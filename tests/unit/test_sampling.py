@@ -69,3 +69,33 @@ def test_seed_reproduces_draws() -> None:
 def test_invalid_sampling_values(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-op", "torch"])
+def test_draw_follows_the_weights_and_never_draws_a_zero(fused: bool) -> None:
+    """Inverse-CDF draws: the frequencies match the (unnormalised) weights by a chi-square test,
+    zero-weight tokens never appear, and the test rejects a wrong law (it has power)."""
+    from scipy.stats import chisquare
+
+    from specdecode.kernels.fused import enable_fused_ops, fused_ops
+
+    was_on = fused_ops() is not None
+    enable_fused_ops(fused)
+    try:
+        w = torch.tensor([[0.0, 2.0, 0.0, 5.0, 1.0, 0.0, 0.5, 1.5] * 8])  # 64 categories, a third of them zero
+        g = make_generator(0)
+        counts = torch.bincount(torch.cat([draw(w.expand(50, -1), g) for _ in range(200)]), minlength=64)
+        assert counts[w[0] == 0].sum() == 0
+        nz = w[0] > 0
+        expected = (w[0][nz] / w[0][nz].sum() * counts.sum()).numpy()
+        assert chisquare(counts[nz].numpy(), expected).pvalue > 1e-3
+        wrong = torch.ones(int(nz.sum())) / int(nz.sum()) * counts.sum()
+        assert chisquare(counts[nz].numpy(), wrong.numpy()).pvalue < 1e-6
+    finally:
+        enable_fused_ops(was_on)
+
+
+@pytest.mark.parametrize("bad", [[0.0, 0.0], [1.0, float("nan")], [1.0, -1.0], [float("inf"), 1.0]])
+def test_draw_rejects_invalid_weights(bad: list[float]) -> None:
+    with pytest.raises(ValueError, match="cannot sample"):
+        draw(torch.tensor([bad]), make_generator(0))
