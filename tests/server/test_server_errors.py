@@ -167,11 +167,12 @@ def test_disconnect_while_waiting_for_a_non_streaming_answer(tiny_server: Runnin
 
 
 def test_request_timeout_is_a_504(models: Models) -> None:
-    for running in serve(models, None, ServerConfig(max_batch_size=1, request_timeout=0.2), drafter="none"):
-        r = running.post("/v1/completions", _with(OK, max_tokens=1000, ignore_eos=True))
+    # 4000 tokens of the tiny model take well over 50 ms even on a fast machine (~0.1 ms a step)
+    for running in serve(models, None, ServerConfig(max_batch_size=1, request_timeout=0.05), drafter="none"):
+        r = running.post("/v1/completions", _with(OK, max_tokens=4000, ignore_eos=True))
         assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
         assert _wait_rows_free(running)
-        with httpx.stream("POST", running.url + "/v1/completions", json=_with(OK, max_tokens=1000, ignore_eos=True,
+        with httpx.stream("POST", running.url + "/v1/completions", json=_with(OK, max_tokens=4000, ignore_eos=True,
                                                                               stream=True), timeout=30) as s:
             lines = [ln for ln in s.iter_lines() if ln]
         assert lines[-1] == "data: [DONE]" and '"request_timeout"' in lines[-2]
