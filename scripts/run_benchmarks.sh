@@ -24,6 +24,8 @@ $BIN/specdecode bench --threads 1 --per-category 2 --reps 2 --gammas 3,5 --metho
 $BIN/python scripts/make_random_draft.py --out runs/random-draft
 $BIN/specdecode bench --threads 1 --draft runs/random-draft --per-category 2 --reps 3 --gammas 4,auto \
     --methods plain,draft,draft-auto --out runs/bench-random-draft 2>&1 | tee runs/bench-random-draft.log
+$BIN/specdecode bench --threads 1 --draft runs/random-draft --per-category 4 --reps 3 --gammas auto \
+    --methods plain,draft-auto --out runs/bench-random-draft-long 2>&1 | tee runs/bench-random-draft-long.log
 
 # 3. The server under load: concurrency 1, 4, 16, speculation on vs off.
 $BIN/python scripts/load_test.py --target models/code-target --draft models/code-draft --concurrency 1 4 16 \

@@ -219,7 +219,7 @@ class AdaptiveGamma:
     """
 
     def __init__(self, costs: Costs, max_gamma: int = MAX_GAMMA, prior_alpha: float = 0.7,
-                 prior_weight: float = 2.0, memory: float = 100.0, half_life: float = 1024.0) -> None:
+                 prior_weight: float = 2.0, memory: float = 100.0, half_life: float = 4096.0) -> None:
         if memory <= 0 or half_life <= 0:
             raise ValueError("memory and half_life must be positive")
         self.costs = costs
