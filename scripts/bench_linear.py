@@ -20,7 +20,8 @@ SPECDECODE_KERNEL_ISA). Further columns time each code path explicitly, as
 and with --bf16 also avx2_b / avx512_b (bf16 weights, fp32 x, exact products)
 and dot_b (bf16-dot mode: x rounded to bf16, vdpbf16ps where the CPU has
 AVX512_BF16, else the same math on the best path). ``--paths`` picks them
-(default: every one this CPU supports; "none" for the original table only).
+(default: all; a path this CPU lacks, e.g. avx512 on an AVX2-only CPU, shows as
+"absent"; "none" for the original table only).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from specdecode import kernels
-from specdecode.kernels import fast_linear, fast_linear_available
+from specdecode.kernels import fast_linear, fast_linear_available, supported_isas
 
 # (name, N = out features, K = in features) for a ~25M llama (dim 512, 4 heads x 128 q,
 # 4 kv heads) and one 4096 x 4096 layer of a 7B-class model.
@@ -81,7 +82,6 @@ PATHS = {
     "avx512_b": ("avx512", True, False),
     "dot_b": ("auto", True, True),
 }
-_LEVEL = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512bf16": 3}
 
 
 def path_fn(ext, isa: str, bf16_dot: bool):
@@ -106,7 +106,8 @@ def main() -> None:
                     help="thread: this thread's CPU time (needs --threads 1); ignores time spent preempted")
     ap.add_argument("--shapes", default="", help="comma-separated substrings selecting shapes (default: all)")
     ap.add_argument("--paths", default="auto",
-                    help=f"extra per-path columns, comma-separated from {','.join(PATHS)} (auto: all this CPU has; none)")
+                    help=f"extra per-path columns, comma-separated from {','.join(PATHS)} (auto: all, those this "
+                         "CPU lacks shown as absent; none)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -122,16 +123,14 @@ def main() -> None:
     for p in wanted:
         if p not in PATHS:
             raise SystemExit(f"unknown path {p!r}: choose from {', '.join(PATHS)}")
-    paths = [p for p in wanted if PATHS[p][0] == "auto" or _LEVEL[PATHS[p][0]] <= _LEVEL[best]]
-    if not args.bf16:
-        paths = [p for p in paths if not PATHS[p][1]]
-    skipped = [p for p in wanted if p not in paths]
+    paths = [p for p in wanted if args.bf16 or not PATHS[p][1]]  # bf16-weight columns need --bf16
+    absent = {p for p in paths if PATHS[p][0] != "auto" and PATHS[p][0] not in supported_isas()}
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, "
           f"weights={'hot (one copy)' if args.hot else f'cold (cycling ~{args.pool_mb:.0f} MB of copies)'}, "
           f"clock={args.clock}, {args.stat} of {args.repeats} runs")
     print(f"kernel: default path {ext.isa()}, best here {best}"
           + (f"; dot_b uses {'vdpbf16ps' if best == 'avx512bf16' else best + ' (no AVX512_BF16)'}" if "dot_b" in paths else "")
-          + (f"; skipped (not on this CPU or no --bf16): {', '.join(skipped)}" if skipped else ""))
+          + (f"; absent on this CPU: {', '.join(sorted(absent))}" if absent else ""))
     print("times in microseconds per call; r = T / T_eager(M=1); path columns: T(v), v = T / T(M=1) of that column")
 
     gen = torch.Generator().manual_seed(0)
@@ -162,6 +161,9 @@ def main() -> None:
                     tb = time_call(fast_linear, x, w16, None, args.min_time, args.repeats, clock, stat)
                     row += f" {tb * 1e6:>10.1f} {tb / t_eager1:>7.2f}"
                 for p in paths:
+                    if p in absent:
+                        row += f" {'absent':>12}"
+                        continue
                     isa, narrow, dot = PATHS[p]
                     tp = time_call(path_fn(ext, isa, dot), x, w16 if narrow else w32, None, args.min_time,
                                    args.repeats, clock, stat)

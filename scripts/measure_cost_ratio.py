@@ -60,7 +60,8 @@ def main() -> None:
                 times[name].append(t)
     med = {n: statistics.median(v) for n, v in times.items()}
     out = {"target_ms": med["target"] * 1e3, "draft_ms": med["draft"] * 1e3, "c": med["draft"] / med["target"],
-           "threads": torch.get_num_threads(), "device": cfg.device, "fast_path": cfg.fast_linear, "matmul": cfg.matmul, "context": args.context, "reps": args.reps,
+           "threads": torch.get_num_threads(), "device": cfg.device, "matmul": cfg.matmul,
+           "kernels": {n: m.kernels.describe() for n, m in models.items()},  # what each model ran with "context": args.context, "reps": args.reps,
            "draft_vocab": vocab.size if vocab is not None else models["draft"].vocab_size,
            "target_params": models["target"].num_parameters(), "draft_params": models["draft"].num_parameters()}
     print(json.dumps(out, indent=2))

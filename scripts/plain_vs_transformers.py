@@ -82,36 +82,27 @@ def main() -> None:
     import transformers
 
     path = Path(args.model) if args.model else build_30m(Path(tempfile.mkdtemp()), args.bf16)
-    from specdecode import ops
-
-    fast_on = sd.enable_fast_linear()
-    fast = sd.load_model(path)  # weight_dtype auto: a bf16 checkpoint keeps bf16 matrices under the kernel
-    eager = sd.load_model(path, weight_dtype="same")
+    fast = sd.load_model(path)  # the default: the kernel where it builds; a bf16 checkpoint keeps bf16 matrices
+    eager = sd.load_model(path, weight_dtype="same", fast=False)  # eager PyTorch, side by side in this process
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     print(f"model: {path} ({fast.num_parameters() / 1e6:.1f}M params), threads={args.threads}, "
-          f"fast kernel: {fast_on}, weights {fast.weight_dtype}")
-
-    def eager_run(fn):  # the kernel off for one call, restored after
-        previous = ops.set_linear_impl(None)
-        try:
-            return fn()
-        finally:
-            ops.set_linear_impl(previous)
+          f"kernels: {fast.kernels.describe()}, weights {fast.weight_dtype}")
 
     prompt = list(range(1, 33))
-    time_ours(fast, prompt, 8), eager_run(lambda: time_ours(eager, prompt, 8)), time_hf(hf, prompt, 8)  # warm-up
+    time_ours(fast, prompt, 8), time_ours(eager, prompt, 8), time_hf(hf, prompt, 8)  # warm-up
     a, e, b = [], [], []
     for _ in range(args.reps):  # interleaved so background load hits all alike
         a.append(time_ours(fast, prompt, args.tokens))
-        e.append(eager_run(lambda: time_ours(eager, prompt, args.tokens)))
+        e.append(time_ours(eager, prompt, args.tokens))
         b.append(time_hf(hf, prompt, args.tokens))
-    for name, xs in (("ours, fast path", a), ("ours, eager F.linear", e), ("transformers generate", b)):
+    fast_name = "ours, fast path" if fast.fast else "ours, fast (absent)"
+    for name, xs in ((fast_name, a), ("ours, eager (fast=False)", e), ("transformers generate", b)):
         print(f"{name:24s} {statistics.mean(xs):7.1f} ± {statistics.pstdev(xs):.1f} tok/s")
     print(f"ratio ours(fast)/transformers: {statistics.mean(a) / statistics.mean(b):.2f}x; "
           f"ours(eager)/transformers: {statistics.mean(e) / statistics.mean(b):.2f}x; "
           f"fast/eager: {statistics.mean(a) / statistics.mean(e):.2f}x")
-    for name, m, wrap in (("fast", fast, lambda f: f()), ("eager", eager, eager_run)):
-        v = wrap(lambda: v_gamma(m, range(1, 9)))
+    for name, m in (("fast", fast), ("eager", eager)):
+        v = v_gamma(m, range(1, 9))
         print(f"v(gamma) {name:5s}: " + "  ".join(f"{g}:{x:.2f}" for g, x in v.items()))
 
 

@@ -14,15 +14,8 @@ from tiny import build_model  # noqa: E402
 torch.set_num_threads(1)  # tiny models gain nothing from threads; avoids oversubscription
 
 
-@pytest.fixture(autouse=True, scope="session")
-def fast_path() -> None:
-    """Every test runs on the fast CPU kernel when it builds here (SPECDECODE_FAST_LINEAR=0: eager path),
-    so the exactness tests cover the code users run."""
-    from specdecode.kernels import enable_fast_linear
-    from specdecode.kernels.fused import enable_fused_ops
-
-    enable_fast_linear(True, bf16_dot=True)  # the CLI's default (--matmul bf16); fp32 weights are unaffected
-    enable_fused_ops(True)
+# Models come from load_model, whose default is the fast CPU kernel with bf16-dot products where it builds
+# (SPECDECODE_FAST_LINEAR=0: eager path), so the exactness tests cover the code users run.
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,16 @@ Rollback never copies: ``trim(n)`` only moves the host-side length of a row, and
 stale entries past a row's length are never attended (the causal mask admits
 key j for a query at position p only if j <= p) and get overwritten by the next
 write. Lengths live on the host as plain ints so the decode loop needs no
-device sync to know where to write.
+device sync to know where to write. After a tree pass, ``keep(indices)`` packs
+the accepted path's entries to the front of what that pass wrote, copying only
+entries that move.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -22,11 +24,18 @@ class ContextLengthError(ValueError):
 
 @dataclass
 class AttentionMeta:
-    """Everything a forward pass needs to know about where its tokens go.
+    """Everything a forward pass needs to know about where its tokens go (and what to record).
 
-    Built once per forward (not per layer). ``positions`` (for RoPE) and
-    ``mask`` are made on first use: the fused CPU layer needs neither, and on a
-    small model every tensor op per step is measurable.
+    Built once per forward (not per layer). ``slots``, ``positions`` (for RoPE)
+    and ``mask`` are made on first use: the fused CPU layer needs none of them,
+    and on a small model every tensor op per step is measurable.
+
+    New tokens always go to cache slots ``start .. start + T - 1`` of their row.
+    ``tree`` ([B, T, T] or [T, T] bool, as the caller gave it) lets new token i see
+    only itself and the new tokens j with ``tree[b, i, j]`` (its draft-tree
+    ancestors) besides every key already in the row; None is the ordinary causal
+    chain. RoPE/learned positions are ``explicit_positions`` when given, else
+    ``start + depth`` under a tree (depth = ancestors), else the slots.
     """
 
     rows: slice
@@ -35,10 +44,15 @@ class AttentionMeta:
     kv_len: int  # number of cache slots attention reads
     contiguous: bool  # all rows start at the same offset -> slice write
     arange: torch.Tensor  # the cache's [max_len] position ramp
+    tree: Optional[torch.Tensor] = None  # [B, T, T] or [T, T] bool ancestor matrix, or None (causal chain)
+    explicit_positions: Optional[torch.Tensor] = None  # [B, T] int64, or None (derived)
+    capture: Optional[tuple[int, ...]] = None  # record the final hidden and these layers' residual streams
+    hidden: Optional[torch.Tensor] = None  # set by the model when capture is not None
+    layer_states: Optional[dict[int, torch.Tensor]] = None  # likewise
 
     @cached_property
-    def positions(self) -> torch.Tensor:
-        """[B, T] int64 positions of the new tokens."""
+    def slots(self) -> torch.Tensor:
+        """[B, T] int64 cache slots of the new tokens (start + arange(T) per row)."""
         if self.contiguous:
             s = self.starts[0]
             return self.arange[s : s + self.n_new].unsqueeze(0).expand(len(self.starts), self.n_new)
@@ -46,12 +60,37 @@ class AttentionMeta:
         return offs + self.arange[: self.n_new].unsqueeze(0)
 
     @cached_property
+    def ancestors(self) -> Optional[torch.Tensor]:
+        """[B, T, T] bool: ``tree`` per row with the diagonal set (a token always sees itself, which also
+        keeps a padding row's dummy tokens from attending to nothing). The fused path does this in C++."""
+        if self.tree is None:
+            return None
+        t = self.n_new
+        return self.tree.expand(len(self.starts), t, t) | torch.eye(t, dtype=torch.bool, device=self.tree.device)
+
+    @cached_property
+    def positions(self) -> torch.Tensor:
+        """[B, T] int64 positions of the new tokens (RoPE / learned position index)."""
+        if self.explicit_positions is not None:
+            return self.explicit_positions
+        if self.tree is None:
+            return self.slots
+        offs = torch.tensor(self.starts, device=self.arange.device).unsqueeze(1)
+        return offs + self.ancestors.sum(-1) - 1
+
+    @cached_property
     def mask(self) -> Optional[torch.Tensor]:
         """[B, 1, T, kv_len] bool, True = attend; None when a single query attends to everything before it."""
+        end = self.kv_len
+        if self.tree is not None:
+            b, t = len(self.starts), self.n_new
+            offs = torch.tensor(self.starts, device=self.arange.device).view(b, 1, 1)
+            mask = (self.arange[:end].view(1, 1, end) < offs).expand(b, t, end).clone()  # the row's prefix
+            mask.scatter_(2, self.slots.unsqueeze(1).expand(b, t, t), self.ancestors)  # plus ancestors and self
+            return mask.unsqueeze(1)
         if self.n_new == 1 and self.contiguous:
             return None
-        end = self.kv_len
-        return self.arange[:end].view(1, 1, 1, end) <= self.positions.view(len(self.starts), 1, self.n_new, 1)
+        return self.arange[:end].view(1, 1, 1, end) <= self.slots.view(len(self.starts), 1, self.n_new, 1)
 
 
 class KVCache:
@@ -76,6 +115,9 @@ class KVCache:
         self.max_len = max_len
         self.batch_size = batch_size
         self.lengths: list[int] = [0] * batch_size
+        # where each row's last forward wrote (start, count): what ``keep`` compacts
+        self.last_start: list[int] = [0] * batch_size
+        self.last_count: list[int] = [0] * batch_size
         self.device = torch.device(device)
         self._arange = torch.arange(max_len, device=device)
 
@@ -108,14 +150,28 @@ class KVCache:
             raise ValueError(f"set_length({length}) would grow row {row} beyond its {self.lengths[row]} written tokens")
         self.lengths[row] = length
 
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy row ``src``'s live keys/values into row ``dst`` and empty ``src`` (the decode core
+        keeps its running rows a contiguous slice)."""
+        n = self.lengths[src]
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.lengths[dst] = n
+        self.lengths[src] = 0
+
     def reset(self, row: Optional[int] = None) -> None:
         if row is None:
             self.lengths = [0] * self.batch_size
+            self.last_start, self.last_count = [0] * self.batch_size, [0] * self.batch_size
         else:
-            self.lengths[row] = 0
+            self.lengths[row] = self.last_start[row] = self.last_count[row] = 0
 
-    def prepare(self, n_new: int, rows: Optional[slice] = None) -> AttentionMeta:
-        """Plan a forward that appends ``n_new`` tokens to each row in ``rows``."""
+    def prepare(self, n_new: int, rows: Optional[slice] = None, positions: Optional[torch.Tensor] = None,
+                tree_mask: Optional[torch.Tensor] = None) -> AttentionMeta:
+        """Plan a forward that appends ``n_new`` tokens to each row in ``rows``.
+
+        ``tree_mask`` ([B, T, T] or [T, T] bool, ``[b, i, j]`` True iff new token j is i or an ancestor
+        of i) and ``positions`` ([B, T] int64) are as in ``Model.run``; see ``AttentionMeta``."""
         rows = rows if rows is not None else slice(0, self.batch_size)
         starts = self.lengths[rows]
         end = max(starts) + n_new
@@ -125,12 +181,57 @@ class KVCache:
                 "use a shorter prompt or fewer new tokens"
             )
         contiguous = all(s == starts[0] for s in starts)
-        return AttentionMeta(rows, list(starts), n_new, end, contiguous, self._arange)
+        meta = AttentionMeta(rows, list(starts), n_new, end, contiguous, self._arange)
+        if tree_mask is not None or positions is not None:
+            self._plan_tree(meta, positions, tree_mask)
+        return meta
+
+    def _plan_tree(self, meta: AttentionMeta, positions: Optional[torch.Tensor],
+                   tree_mask: Optional[torch.Tensor]) -> None:
+        b, t = len(meta.starts), meta.n_new
+        if positions is not None:
+            if positions.shape != (b, t):
+                raise ValueError(f"positions must be [{b}, {t}] (rows x new tokens), got {tuple(positions.shape)}")
+            meta.explicit_positions = positions.to(device=self.device, dtype=torch.int64)
+        if tree_mask is None or t == 1:  # one new token: its only "ancestor" is itself, the causal case
+            return
+        if tree_mask.shape not in ((b, t, t), (t, t)):
+            raise ValueError(f"tree_mask must be [{b}, {t}, {t}] or [{t}, {t}], got {tuple(tree_mask.shape)}")
+        if tree_mask.dtype != torch.bool or tree_mask.device != self.device:
+            tree_mask = tree_mask.to(device=self.device, dtype=torch.bool)
+        meta.tree = tree_mask  # as given: the fused path reads it directly (see AttentionMeta.ancestors)
 
     def commit(self, meta: AttentionMeta) -> None:
         """Advance the lengths of the rows a forward wrote."""
         for i, r in enumerate(range(*meta.rows.indices(self.batch_size))):
             self.lengths[r] = meta.starts[i] + meta.n_new
+            self.last_start[r] = meta.starts[i]
+            self.last_count[r] = meta.n_new
+
+    def keep(self, indices: Sequence[int], row: int = 0) -> int:
+        """Keep only the entries at ``indices`` (strictly increasing offsets into what the row's last
+        forward wrote, e.g. a tree's accepted path) packed in order from that forward's start; the
+        others are dropped. Returns the new length. Only entries that move are copied (a prefix of the
+        written tokens costs nothing, as ``trim``), on every layer, K and V."""
+        start, count = self.last_start[row], self.last_count[row]
+        if self.lengths[row] < start:
+            raise ValueError(f"row {row} was trimmed below the start ({start}) of its last forward")
+        prev = -1
+        for i in indices:
+            if not prev < i < count:
+                raise ValueError(f"keep indices must be strictly increasing offsets below {count} "
+                                 f"(the tokens of row {row}'s last forward), got {list(indices)}")
+            prev = i
+        moved = [(start + d, start + i) for d, i in enumerate(indices) if i != d]
+        if moved:
+            dst = torch.tensor([m[0] for m in moved], device=self.device)
+            src = torch.tensor([m[1] for m in moved], device=self.device)
+            for cache in (self.k, self.v):
+                rows = cache[:, row]  # [layers, kv_heads, max_len, head_dim], a view
+                rows.index_copy_(2, dst, rows.index_select(2, src))
+        self.lengths[row] = start + len(indices)
+        self.last_count[row] = len(indices)
+        return self.lengths[row]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over."""
@@ -142,7 +243,7 @@ class KVCache:
             kc[:, :, s : s + meta.n_new] = k
             vc[:, :, s : s + meta.n_new] = v
         else:
-            b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.positions)
-            kc[b_idx, :, meta.positions] = k.transpose(1, 2)
-            vc[b_idx, :, meta.positions] = v.transpose(1, 2)
+            b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.slots)
+            kc[b_idx, :, meta.slots] = k.transpose(1, 2)
+            vc[b_idx, :, meta.slots] = v.transpose(1, 2)
         return kc[:, :, : meta.kv_len], vc[:, :, : meta.kv_len]

@@ -8,9 +8,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
+
+if TYPE_CHECKING:
+    from .drafters import DrafterOptions
 
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
 # when present so a missing optional dependency never breaks `generate`.
@@ -34,11 +37,13 @@ class CLIError(Exception):
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    from .drafters.registry import REGISTRY
+
     p.add_argument("--target", help=f"target model directory or cached hub id (default: bundled models/{DEFAULT_TARGET})")
     p.add_argument("--draft", help=f"draft model directory (default with --drafter model: bundled models/{DEFAULT_DRAFT})")
-    p.add_argument("--drafter", choices=("model", "ngram", "none"), default=None,
-                   help="how tokens are proposed: a draft model, prompt lookup (n-gram), or none = plain decoding "
-                        "(default: model)")
+    p.add_argument("--drafter", choices=tuple(REGISTRY), default=None,
+                   help="how tokens are proposed (default: model): "
+                        + "; ".join(f"{name} = {spec.help}" for name, spec in REGISTRY.items()))
     p.add_argument("--gamma", type=parse_gamma, default="auto",
                    help="draft tokens proposed per target pass, or 'auto': chosen each step from the measured "
                         "cost model and the running acceptance rate (default: auto; prompt lookup: 10)")
@@ -84,23 +89,37 @@ def resolve_target(args: argparse.Namespace) -> str:
     return str(path)
 
 
+def resolve_draft_path(args: argparse.Namespace, needed: bool) -> Optional[str]:
+    """The draft model directory for generate, serve and bench: --draft if given; else, when a draft
+    model is needed, the bundled one (which only fits the bundled target)."""
+    if getattr(args, "draft", None):
+        return str(args.draft)
+    if not needed:
+        return None
+    if args.target and getattr(args, "drafter", None) is None:
+        raise CLIError("--target given without --draft: pass --draft DIR, or --drafter ngram / --drafter none")
+    path = default_model_dir(DEFAULT_DRAFT)
+    if not (path / "config.json").is_file():
+        raise CLIError(f"no --draft given and the bundled draft is missing at {path}; pass --draft DIR")
+    return str(path)
+
+
+def drafter_options(args: argparse.Namespace, load: Callable[[str], object], needs_draft_model: bool) -> "DrafterOptions":
+    """What the registry builds drafters from, as the model flags say (loads the draft model if needed)."""
+    from .drafters import DrafterOptions
+
+    path = resolve_draft_path(args, needs_draft_model)
+    return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,  # type: ignore[arg-type]
+                          ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+
+
 def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> object:
     """The drafter named by --drafter/--draft/--gamma (None for plain decoding)."""
-    from .drafters import DraftModelDrafter, PromptLookupDrafter
+    from .drafters import build_drafter as build
+    from .drafters.registry import get_spec
 
-    kind = args.drafter or "model"
-    if kind == "none":
-        return None
-    if kind == "ngram":
-        return PromptLookupDrafter(max_ngram=args.ngram_max, min_ngram=args.ngram_min, num_draft_tokens=10 if args.gamma == "auto" else args.gamma)
-    draft_path = args.draft
-    if draft_path is None:
-        if args.target and args.drafter is None:
-            raise CLIError("--target given without --draft: pass --draft DIR, or --drafter ngram / --drafter none")
-        draft_path = str(default_model_dir(DEFAULT_DRAFT))
-        if not (Path(draft_path) / "config.json").is_file():
-            raise CLIError(f"no --draft given and the bundled draft is missing at {draft_path}; pass --draft DIR")
-    return DraftModelDrafter(load(draft_path), gamma=args.gamma, vocab=args.draft_vocab)  # type: ignore[arg-type]
+    name = args.drafter or "model"
+    return build(name, drafter_options(args, load, get_spec(name).needs_draft_model))
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -117,17 +136,12 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def model_loader(cfg: ModelLoadConfig) -> Callable[[str], object]:
-    """Turn the fast CPU kernel on or off as asked, then load models with the configured dtypes."""
-    from .kernels import enable_fast_linear
-    from .kernels.fused import enable_fused_ops
+    """Load models as the flags say: device, dtypes, and each model's kernels (``--fast-linear``, ``--matmul``)."""
     from .models import load_model
 
-    if cfg.device == "cpu" or cfg.device.startswith("cpu"):
-        enable_fast_linear(cfg.fast_linear, bf16_dot=cfg.matmul == "bf16")
-        enable_fused_ops(cfg.fast_linear)
-
     def load(path: str) -> object:
-        return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype)
+        return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype,
+                          fast=cfg.fast_linear, matmul=cfg.matmul)
 
     return load
 
@@ -168,7 +182,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        drafter_name = type(drafter).__name__ if drafter is not None else "none (plain decoding)"
+        drafter_name = (args.drafter or "model") if drafter is not None else "none (plain decoding)"
         legend = f" | {GREEN}green{RESET} = accepted draft tokens" if colour else ""
         print(f"[{drafter_name}] {finish.stats.summary()} | finish: {finish.reason}{legend}", file=sys.stderr)
     return 0

@@ -75,32 +75,46 @@ class GenerationConfig:
 
 _DTYPE_NAMES = ("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 
+# How a checkpoint runs: ``ModelLoadConfig`` (the CLI's flags) and ``load_model`` (the library)
+# both take their defaults from these, so the CLI and the Python API run the same way.
+DEFAULT_DEVICE = "cpu"
+DEFAULT_DTYPE = "auto"
+DEFAULT_WEIGHT_DTYPE = "auto"
+DEFAULT_FAST = True  # the small-M CPU kernel and fused decode ops (SPECDECODE_FAST_LINEAR=0 turns them off)
+DEFAULT_MATMUL = "bf16"
+MATMUL_MODES = ("bf16", "fp32")
+
 
 @dataclass(frozen=True)
 class ModelLoadConfig:
     """Where and how a checkpoint is run."""
 
-    device: str = field(default="cpu", metadata=_help("torch device: cpu, cuda, cuda:0 ..."))
-    dtype: str = field(default="auto", metadata=_help("compute dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
-    weight_dtype: str = field(default="auto", metadata=_help(
+    device: str = field(default=DEFAULT_DEVICE, metadata=_help("torch device: cpu, cuda, cuda:0 ..."))
+    dtype: str = field(default=DEFAULT_DTYPE, metadata=_help("compute dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
+    weight_dtype: str = field(default=DEFAULT_WEIGHT_DTYPE, metadata=_help(
         "storage dtype of weight matrices: auto (a bf16 checkpoint stays bf16 under fp32 compute when the fast CPU "
         "kernel is on), same (= dtype), fp32, bf16"))
-    fast_linear: bool = field(default=True, metadata=_help(
+    fast_linear: bool = field(default=DEFAULT_FAST, metadata=_help(
         "use the small-M CPU linear kernel and fused decode ops (compiled on first use; falls back to PyTorch "
         "if they cannot build)"))
-    matmul: str = field(default="bf16", metadata=_help(
+    matmul: str = field(default=DEFAULT_MATMUL, metadata=_help(
         "how the fast kernel multiplies by bf16-stored weights (fp32 weights are unaffected): bf16 = round the "
         "activations to bf16 and sum exact products in fp32, as llama.cpp does for bf16 models (about 2x the "
         "multiply-adds per cycle with AVX512_BF16, so verifying several tokens costs little more than one); "
         "fp32 = exact fp32 products (logits match transformers' fp32 run of the same weights)"))
 
     def __post_init__(self) -> None:
-        if self.matmul not in ("fp32", "bf16"):
-            raise ConfigError(f"matmul must be fp32 or bf16; got {self.matmul!r}")
+        check_matmul(self.matmul)
         if self.dtype not in _DTYPE_NAMES:
             raise ConfigError(f"dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
         if self.weight_dtype not in _DTYPE_NAMES + ("same",):
             raise ConfigError(f"weight_dtype must be one of auto, same, fp32, bf16, fp16; got {self.weight_dtype!r}")
+
+
+def check_matmul(matmul: str) -> None:
+    """Raise ``ConfigError`` unless ``matmul`` names a product mode (shared by the CLI and ``load_model``)."""
+    if matmul not in MATMUL_MODES:
+        raise ConfigError(f"matmul must be one of {', '.join(MATMUL_MODES)}; got {matmul!r}")
 
 
 C = TypeVar("C")

@@ -19,23 +19,30 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
-from . import ops
-from .kernels import fast_linear_enabled, kernel_isa
-from .kernels.fused import fused_ops
+from .config import ConfigError
 
 if TYPE_CHECKING:
     from .models import Model
 
 MAX_GAMMA = 15
+DEFAULT_CONTEXT = 192  # context tokens when no real prompt is given (see measure_costs)
+DRAFT_RUN = 4  # draft steps per timing sample (a typical γ)
+WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches
 log = logging.getLogger(__name__)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
-    """E(α, γ): expected tokens per target pass with γ draft tokens (γ=0 gives 1)."""
+    """E(α, γ) = (1 − α^(γ+1)) / (1 − α): expected tokens per target pass with γ draft tokens each
+    accepted i.i.d. with probability α (γ = 0 gives 1). The one definition: the γ policy, the
+    bench's prediction and ``specdecode theory`` all call it."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"alpha (acceptance rate) must be in [0, 1], got {alpha}")
+    if not isinstance(gamma, int) or gamma < 0:
+        raise ConfigError(f"gamma (draft length) must be an integer >= 0, got {gamma!r}")
     if alpha >= 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
@@ -48,13 +55,40 @@ def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> flo
 
 @dataclass(frozen=True)
 class Costs:
-    """c and v(k) for k = 0..MAX_GAMMA (v[0] = 1 by definition)."""
+    """The hardware's side of the speedup: c and v(k) for k = 0..len(v) - 1 (v[0] = 1 by definition).
 
-    c: float
+    ``target_s``, ``draft_s``, ``context_len`` and ``repeats`` are the measurement behind c and v
+    (``measure_costs``; empty for costs written by hand): the bench reports them, the γ policy
+    needs only c and v."""
+
+    c: float  # draft step / one-token target pass; 0 without a draft model
     v: tuple[float, ...]
+    target_s: tuple[float, ...] = ()  # median seconds of a target pass over k + 1 new tokens, k = 0, 1, ...
+    draft_s: Optional[float] = None  # median seconds of one draft step (None: no draft model)
+    context_len: int = 0  # tokens in the cache during the measurement
+    repeats: int = 0  # timed samples per size
+
+    @classmethod
+    def from_times(cls, target_s: Sequence[float], draft_s: Optional[float], context_len: int,
+                   repeats: int) -> "Costs":
+        """c and v from median pass times. v is kept as measured, not forced monotonic: the kernel's
+        row blocking makes some widths genuinely cheaper than their neighbours (v(3) < v(2) on the
+        bundled target); only v >= 1 is imposed, since a wider pass cannot really be cheaper."""
+        t1 = target_s[0]
+        v = (1.0,) + tuple(max(1.0, t / t1) for t in target_s[1:])
+        return cls(c=draft_s / t1 if draft_s is not None else 0.0, v=v, target_s=tuple(target_s), draft_s=draft_s,
+                   context_len=context_len, repeats=repeats)
+
+    def v_at(self, gamma: int) -> float:
+        """v(γ); beyond the measured range, extrapolated linearly from the last two points."""
+        if gamma < len(self.v):
+            return self.v[gamma]
+        top = len(self.v) - 1
+        slope = self.v[top] - self.v[top - 1] if top > 0 else 0.0
+        return self.v[top] + slope * (gamma - top)
 
     def speedup(self, alpha: float, gamma: int) -> float:
-        return predicted_speedup(alpha, gamma, self.c, self.v[min(gamma, len(self.v) - 1)])
+        return predicted_speedup(alpha, gamma, self.c, self.v_at(gamma))
 
     def best_gamma(self, alpha: float, max_gamma: int = MAX_GAMMA) -> int:
         """The γ in 0..max_gamma maximising the predicted speedup; 0 means speculation does not pay."""
@@ -65,8 +99,15 @@ class Costs:
                 best, best_s = g, s
         return best
 
+    def to_dict(self) -> dict[str, object]:
+        """The measurement as the bench's JSON records it."""
+        return {"context_len": self.context_len, "repeats": self.repeats,
+                "target_forward_s": {str(k + 1): t for k, t in enumerate(self.target_s)},
+                "draft_forward_s": self.draft_s, "c": self.c if self.draft_s is not None else None,
+                "v": {str(g): v for g, v in enumerate(self.v)}}
 
-def _clock(model: "Model"):
+
+def _clock(model: "Model") -> Callable[[], float]:
     """The timer for cost measurements: this thread's CPU time when the model runs single-threaded
     on the CPU (other processes then cannot inflate a measurement: a busy machine once gave
     v(1..5) = 1.0 and auto drafted 13 tokens a pass), wall time otherwise (GPU work, and intra-op
@@ -76,81 +117,74 @@ def _clock(model: "Model"):
     return time.perf_counter
 
 
-def _median_pass_time(model: "Model", n_tokens: int, reps: int, context: int = 192) -> float:
-    # a typical context: a tiny draft's step grows with the cache it attends over (c at 64 tokens
-    # read 0.20 where the benchmark's 188-token prompts gave 0.34, and auto then drafted too long)
-    context = max(1, min(context, model.max_seq_len - n_tokens - 1))
-    cache = model.new_cache(1, context + n_tokens + 1)
-    with torch.inference_mode():
-        model.forward(torch.arange(context, device=model.device).unsqueeze(0) % model.vocab_size, cache)
-        ids = torch.arange(n_tokens, device=model.device).unsqueeze(0) % model.vocab_size
-        times = []
-        clock = _clock(model)
-        for i in range(reps + 2):
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            t = clock()
-            logits = model.forward(ids, cache)
-            float(logits[0, -1, 0])  # the engine reads the logits back every step; so do we
-            dt = clock() - t
-            cache.trim(n_tokens)
-            if i >= 2:
-                times.append(dt)
-    return statistics.median(times)
-
-
 def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,
-                  draft_head: Optional[torch.Tensor] = None) -> Costs:
-    """Time target passes over 1..max_gamma+1 tokens and one draft pass (c = 0 without a draft model).
-    ``draft_head`` is the draft's restricted output matrix when it drafts over a subset of the vocabulary.
+                  draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None) -> Costs:
+    """Median times of target passes over 1..max_gamma+1 new tokens and of a draft step (c = 0
+    without a draft model), with the engine's own forward calls: tokens appended to a prefilled
+    cache, logits read back, then rolled back, as a decode step does.
 
-    v is kept as measured, not forced monotonic: the kernel's row blocking makes some widths
-    genuinely cheaper than their neighbours (v(3) < v(2) on the bundled target), and the median
-    of ``reps`` passes keeps noise below those differences."""
-    t1 = _median_pass_time(target, 1, reps)
-    v = [1.0] + [max(1.0, _median_pass_time(target, k + 1, reps) / t1) for k in range(1, max_gamma + 1)]
-    c = _draft_step_time(target, draft, reps, head=draft_head) / t1 if draft is not None else 0.0
-    return Costs(c=c, v=tuple(v))
-
-
-def _draft_step_time(target: "Model", draft: "Model", reps: int, run: int = 4, context: int = 192,
-                     head: Optional[torch.Tensor] = None) -> float:
-    """Median seconds per draft step in runs of ``run`` steps, each run right after a target pass.
-
-    That is how the engine drafts, and it costs more than back-to-back draft steps: the target's
-    pass evicts the draft's weights from the caches (on the bundled pair, 0.18 of a target step
-    against 0.11 measured back to back)."""
-    context = max(1, min(context, target.max_seq_len - 2, draft.max_seq_len - run - 1))
-    ids = torch.arange(context, device=target.device).unsqueeze(0) % min(target.vocab_size, draft.vocab_size)
-    t_cache, d_cache = target.new_cache(1, context + 1), draft.new_cache(1, context + run)
-    times = []
-    clock = _clock(draft)
+    ``draft_head`` is the draft's restricted output matrix when it drafts over a subset of the
+    vocabulary. ``context``: the tokens in the cache (real ones, e.g. the workload's mean prompt);
+    by default ``DEFAULT_CONTEXT`` synthetic ones, since a tiny draft's step grows with the cache it
+    attends over (c at 64 tokens read 0.20 where the benchmark's 188-token prompts gave 0.34).
+    Sizes are interleaved (alternating order per round) and the median kept, so a burst of
+    background load hits every size alike. Draft steps are timed in runs of ``DRAFT_RUN`` right
+    after a target pass, as the engine drafts: the target's pass evicts the draft's weights from
+    the caches (on the bundled pair 0.18 of a target step, against 0.11 back to back)."""
+    n_max = max_gamma + 1
+    limit = target.max_seq_len - n_max - 1
+    vocab = target.vocab_size
+    if draft is not None:
+        limit, vocab = min(limit, draft.max_seq_len - DRAFT_RUN - 1), min(vocab, draft.vocab_size)
+    ids = list(context) if context else [i % vocab for i in range(DEFAULT_CONTEXT)]
+    ids = ids[:max(1, min(len(ids), limit))]
+    dev, clock = target.device, _clock(target)
+    prompt = torch.tensor([ids], device=dev)
+    probe = torch.tensor([(ids * -(-n_max // len(ids)))[:n_max]], device=dev)  # real tokens; values barely matter
+    sizes = list(range(1, n_max + 1))
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    d_samples: list[float] = []
     with torch.inference_mode():
-        target.forward(ids, t_cache)
-        draft.forward(ids, d_cache)
-        for i in range(reps + 2):
-            float(target.forward(ids[:, :1], t_cache)[0, -1, 0])
-            t_cache.trim(1)
-            t = clock()
-            for _ in range(run):
-                float(draft.forward(ids[:, :1], d_cache, last_only=True, head=head)[0, -1, 0])
-                d_cache.trim(1)
-            if i >= 2:
-                times.append((clock() - t) / run)
-    return statistics.median(times)
+        t_cache = target.new_cache(1, len(ids) + n_max)
+        target.forward(prompt, t_cache, last_only=True)
+        d_cache = None
+        if draft is not None:
+            d_cache = draft.new_cache(1, len(ids) + 1)
+            draft.forward(prompt, d_cache, last_only=True)
+        for r in range(reps + WARMUP_ROUNDS):
+            for n in sizes if r % 2 == 0 else sizes[::-1]:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = clock()
+                float(target.forward(probe[:, :n], t_cache)[0, -1, 0])  # the engine reads the logits back
+                dt = clock() - t0
+                t_cache.trim(n)
+                if r >= WARMUP_ROUNDS:
+                    samples[n].append(dt)
+            if draft is not None and d_cache is not None:
+                t0 = clock()
+                for _ in range(DRAFT_RUN):
+                    float(draft.forward(probe[:, :1], d_cache, last_only=True, head=draft_head)[0, -1, 0])
+                    d_cache.trim(1)
+                if r >= WARMUP_ROUNDS:
+                    d_samples.append((clock() - t0) / DRAFT_RUN)
+    return Costs.from_times([statistics.median(samples[n]) for n in sizes],
+                            statistics.median(d_samples) if d_samples else None, len(ids), reps)
 
 
 def _fingerprint(models: Sequence[Optional["Model"]], extra: str = "") -> str:
+    """The cost cache key: machine, threads, torch, and per model its files, dtypes and kernels
+    (each model's own: an eager model and a fast one time differently in the same process)."""
     parts = [extra, platform.processor() or platform.machine(), cpu_name(), str(torch.get_num_threads()),
-             torch.__version__, ops.linear_impl_name(), f"fused={fused_ops() is not None}",
-             f"isa={kernel_isa() if fast_linear_enabled() else None}"]
+             torch.__version__]
     for m in models:
         if m is None:
             parts.append("none")
             continue
         weights = sorted(Path(m.path).glob("*.safetensors"))
         stamp = ",".join(f"{w.name}:{w.stat().st_size}:{int(w.stat().st_mtime)}" for w in weights)
-        parts += [str(Path(m.path).resolve()), stamp, str(m.dtype), str(m.device)]
+        parts += [str(Path(m.path).resolve()), stamp, str(m.dtype), str(m.weight_dtype), str(m.device),
+                  m.kernels.describe()]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -183,9 +217,11 @@ def load_or_measure_costs(target: "Model", draft: Optional["Model"],
     if path.is_file():
         try:
             d = json.loads(path.read_text())
-            _MEMO[key] = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]))
+            _MEMO[key] = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
+                               target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
+                               context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)))
             return _MEMO[key]
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
             pass  # a corrupt cache file is re-measured
     log.info("gamma=auto: measuring target pass costs v(k) and draft cost c (once per machine and model pair)")
     costs = _MEMO[key] = measure_costs(target, draft, draft_head=draft_head)
@@ -195,68 +231,3 @@ def load_or_measure_costs(target: "Model", draft: Optional["Model"],
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return costs
-
-
-ALPHA_BUCKETS = 1024  # α resolution of AdaptiveGamma's γ choice
-
-
-class AdaptiveGamma:
-    """Picks γ each step from the running acceptance estimate and the measured costs.
-
-    α is estimated as accepted / evaluated, where evaluated counts the accepted
-    tokens plus the one rejected token per step (later draft tokens were never
-    judged): the maximum-likelihood estimate for i.i.d. acceptance, over about the
-    last ``memory`` judged tokens, so a change of workload shows within a few
-    steps. A weak prior keeps the first steps sane.
-
-    The evidence is about the drafter, not the sequence, so it carries over from
-    one request to the next, and it fades with a half-life of ``half_life`` target
-    passes. When no γ pays, that fading is what brings drafting back: the prior
-    regains weight until one probe step drafts again and either confirms the
-    drafter is useless (off for another stretch) or finds it useful. A useless
-    draft therefore costs a probe every few hundred passes, wherever request
-    boundaries fall, not a draft prefill per request.
-    """
-
-    def __init__(self, costs: Costs, max_gamma: int = MAX_GAMMA, prior_alpha: float = 0.7,
-                 prior_weight: float = 2.0, memory: float = 100.0, half_life: float = 4096.0) -> None:
-        if memory <= 0 or half_life <= 0:
-            raise ValueError("memory and half_life must be positive")
-        self.costs = costs
-        self.max_gamma = max_gamma
-        self.prior_alpha, self.prior_weight, self.memory = prior_alpha, prior_weight, memory
-        self._fade = 0.5 ** (1.0 / half_life)
-        self.accepted = 0.0
-        self.evaluated = 0.0
-        self.resuming = False  # the last choose() drafts after one or more plain steps: a probe
-        self._last = 1  # the previous choice (a drafter's first request starts as if it had been drafting)
-        self._best: dict[int, int] = {}  # best γ per α bucket: choose() runs every step, best_gamma costs ~20 µs
-
-    def reset(self) -> None:
-        """A new sequence. The evidence is kept: it describes the drafter, and it fades with time."""
-
-    @property
-    def alpha(self) -> float:
-        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.evaluated + self.prior_weight)
-
-    def choose(self) -> int:
-        """γ for the next target pass (0 = plain decoding); called once per pass."""
-        self.accepted *= self._fade
-        self.evaluated *= self._fade
-        bucket = int(self.alpha * ALPHA_BUCKETS)
-        g = self._best.get(bucket)
-        if g is None:
-            g = self._best[bucket] = self.costs.best_gamma((bucket + 0.5) / ALPHA_BUCKETS, self.max_gamma)
-        self.resuming = g > 0 and self._last == 0
-        self._last = g
-        return g
-
-    def update(self, n_drafted: int, n_accepted: int) -> None:
-        if n_drafted == 0:
-            return
-        self.accepted += n_accepted
-        self.evaluated += n_accepted + (1 if n_accepted < n_drafted else 0)
-        if self.evaluated > self.memory:
-            keep = self.memory / self.evaluated
-            self.accepted *= keep
-            self.evaluated *= keep

@@ -27,6 +27,7 @@ class VerifyResult:
     n_accepted: int  # draft tokens kept (the accepted prefix)
     next_token: int  # recovered token after a rejection, or the bonus token
     bonus: bool  # True when every draft token was accepted
+    path: Optional[tuple[int, ...]] = None  # tree drafts: indices of the accepted nodes, root to leaf
 
 
 def greedy_verify(target_argmax: Sequence[int], draft_tokens: Sequence[int]) -> VerifyResult:
@@ -41,6 +42,28 @@ def greedy_verify(target_argmax: Sequence[int], draft_tokens: Sequence[int]) -> 
             break
         n += 1
     return VerifyResult(n, int(target_argmax[n]), n == len(draft_tokens))
+
+
+def greedy_verify_tree(target_argmax: Sequence[int], draft_tokens: Sequence[int],
+                       parents: Sequence[int]) -> VerifyResult:
+    """Greedy rule on a tree: from the root, follow the child equal to the target's argmax while
+    there is one; the accepted path is exactly the tokens plain greedy decoding would produce.
+
+    ``target_argmax[0]`` is the target's choice after the pending token, ``target_argmax[k + 1]``
+    its choice after draft node k (scored with a tree mask, so along node k's own path).
+    ``parents[k]`` is node k's parent (-1: the root)."""
+    children: dict[int, dict[int, int]] = {}
+    for k, (tok, par) in enumerate(zip(draft_tokens, parents)):
+        children.setdefault(par, {}).setdefault(int(tok), k)  # the first of equal siblings wins
+    path: list[int] = []
+    node = -1
+    while True:
+        want = int(target_argmax[node + 1])
+        nxt = children.get(node, {}).get(want)
+        if nxt is None:
+            return VerifyResult(len(path), want, node >= 0 and node not in children, tuple(path))
+        path.append(nxt)
+        node = nxt
 
 
 def rejection_sample(

@@ -7,10 +7,10 @@ from typing import Optional
 
 import pytest
 
-from specdecode.bench.measure import Costs
 from specdecode.bench.report import format_table, summarize
-from specdecode.bench.runners import Failure, PreparedPrompt, RunOutput, RunRecord, Skipped
+from specdecode.bench.runners import MethodFailure, PreparedPrompt, RunOutput, RunRecord, Skipped
 from specdecode.bench.theory import expected_tokens
+from specdecode.costmodel import Costs
 from specdecode.bench.workloads import Workload
 
 
@@ -47,10 +47,10 @@ def test_speedup_is_ratio_of_mean_per_prompt_throughputs_per_rep() -> None:
         # a wrong method: one token differs on prompt b
         rec("bad", "a", "completion", 0, 1.0, ids), rec("bad", "b", "editing", 0, 1.0, [5, 6, 0, 8]),
     ]
-    costs = Costs(context_len=10, repeats=1, target_s={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.5}, draft_s=0.1)
+    costs = Costs.from_times([1.0, 1.1, 1.2, 1.5], draft_s=0.1, context_len=10, repeats=1)
     methods = [Fake("plain", "plain", None), Fake("spec", "draft", 3), Fake("bad", "bad", None)]
     s = summarize(records, methods, [Skipped("hf-x", "hf-x", "transformers", "not installed")],
-                  [Failure("bad", "b", "boom")], PROMPTS, costs)
+                  [MethodFailure("bad", "b", "boom")], PROMPTS, costs)
     by = {m["name"]: m for m in s["methods"]}
     spec = by["spec"]["categories"]
     assert spec["overall"]["speedup"]["mean"] == pytest.approx(3.0)

@@ -37,3 +37,22 @@ def test_prompts_fit_the_context_window(tiny_dirs: dict[str, Path]) -> None:
     assert len(cut.ids) + cut.max_new_tokens <= 256 and cut.max_new_tokens == 64 and cut.truncated > 0
     assert cut.ids[-5:] == target.encode(long_text)[-5:]  # cut from the left: the end of the prompt stays
     assert budget.truncated == 0 and budget.max_new_tokens == 256 - len(budget.ids) and budget.requested_new_tokens == 512
+
+
+def test_eager_baseline_runs_beside_the_fast_models(tiny_dirs: dict[str, Path]) -> None:
+    """The eager methods load their own models with fast=False; the shared target keeps its kernels."""
+    from specdecode.bench.runners import BenchContext, build_methods
+    from specdecode.kernels import EAGER
+
+    target = specdecode.load_model(tiny_dirs["llama"])
+    draft = specdecode.load_model(tiny_dirs["draft"])
+    ctx = BenchContext(target, draft, str(target.path), str(draft.path))
+    methods, skipped = build_methods(ctx, ["plain", "eager-plain", "eager-draft"], {"peer_gammas": [2]})
+    assert not skipped and [m.name for m in methods] == ["plain", "eager-plain", "eager-draft/g2"]
+    by_name = {m.name: m for m in methods}
+    assert by_name["eager-plain"].target.kernels is EAGER and by_name["eager-plain"].target is not target
+    assert by_name["plain"].target is target and target.kernels.fast == target.fast
+    prompt = target.encode("def add(a, b):\n")
+    outs = [m.run(prompt, 8).token_ids for m in methods]  # interleaved in one process
+    assert all(len(o) == 8 for o in outs)
+    assert target.kernels.fast == specdecode.load_model(tiny_dirs["llama"]).fast  # untouched by the eager runs

@@ -31,7 +31,7 @@ def test_stdin_prompt_ngram_and_summary(tiny_dirs: dict[str, Path]) -> None:
     p = run("generate", "--target", str(tiny_dirs["llama"]), "--drafter", "ngram", "--max-new-tokens", "8",
             "--ignore-eos", "--stream", stdin=PROMPT)
     assert p.returncode == 0, p.stderr
-    assert "[PromptLookupDrafter]" in p.stderr and "tok/s" in p.stderr and "tau" in p.stderr
+    assert "[ngram]" in p.stderr and "tok/s" in p.stderr and "tau" in p.stderr
 
 
 def test_cli_errors_are_one_line(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:

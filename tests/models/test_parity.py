@@ -82,41 +82,34 @@ def test_bf16_runs_close_to_fp32(tiny_dirs: dict[str, Path]) -> None:
 
 
 def test_bf16_checkpoint_keeps_bf16_weights_under_fp32_compute(tmp_path: Path) -> None:
-    """weight_dtype=auto: a bf16 checkpoint's matrices stay bf16 with the fast kernel on, same logits as fp32."""
-    from specdecode.kernels import fast_linear_enabled
-
+    """weight_dtype=auto: a bf16 checkpoint's matrices stay bf16 in a model that runs the fast kernel
+    (and only there: an eager model gets fp32 ones), with the logits of fp32 weights."""
     path = build_model(tmp_path / "m", "llama")
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     hf.to(torch.bfloat16).save_pretrained(path)
-    narrow = sd.load_model(path)  # weight_dtype="auto"
     wide = sd.load_model(path, weight_dtype="same")
-    assert narrow.dtype == wide.dtype == torch.float32 and wide.weight_dtype == torch.float32
-    if not fast_linear_enabled():
-        assert narrow.weight_dtype == torch.float32
-        return
-    assert narrow.weight_dtype == torch.bfloat16
+    eager = sd.load_model(path, fast=False)  # weight_dtype="auto" follows this model's own kernels
+    assert wide.dtype == eager.dtype == torch.float32
+    assert wide.weight_dtype == eager.weight_dtype == torch.float32
+    if not sd.load_model(path).fast:
+        pytest.skip("the fast kernel cannot be built here")
     ids = torch.randint(0, 300, (1, 7))
     b = wide.forward(ids, wide.new_cache(1, 16))
-    from specdecode.kernels import enable_fast_linear, fast_linear_mode
-
-    was_dot = fast_linear_mode() == "bf16_dot"
-    try:
-        for bf16_dot in (False, True):
-            enable_fast_linear(True, bf16_dot=bf16_dot)
-            a = narrow.forward(ids, narrow.new_cache(1, 16))
-            if bf16_dot:  # activations rounded to bf16: close to the fp32 run, not equal
-                assert (a - b).abs().max() < 0.05 * b.abs().max()
-            else:  # exact fp32 products of the bf16 weights
-                torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
-            # either way, verifying several tokens gives the one-token logits bit for bit...
-            cache = narrow.new_cache(1, 16)
-            steps = torch.cat([narrow.forward(ids[:, i : i + 1], cache) for i in range(7)], dim=1)
-            cache.trim(4)
-            assert torch.equal(narrow.forward(ids[:, 3:], cache), steps[:, 3:])
-            # ...so speculation reproduces plain decoding of the model as run
-            plain = sd.generate(narrow, "def", max_new_tokens=12, ignore_eos=True)
-            spec = sd.generate(narrow, "def", drafter=sd.DraftModelDrafter(narrow, 3), max_new_tokens=12,
-                               ignore_eos=True)
-            assert spec.token_ids == plain.token_ids
-    finally:
-        enable_fast_linear(True, bf16_dot=was_dot)
+    for matmul in ("fp32", "bf16"):
+        narrow = sd.load_model(path, matmul=matmul)  # weight_dtype="auto"
+        assert narrow.dtype == torch.float32 and narrow.weight_dtype == torch.bfloat16
+        a = narrow.forward(ids, narrow.new_cache(1, 16))
+        if matmul == "bf16":  # activations rounded to bf16: close to the fp32 run, not equal
+            assert (a - b).abs().max() < 0.05 * b.abs().max()
+        else:  # exact fp32 products of the bf16 weights
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        # either way, verifying several tokens gives the one-token logits bit for bit...
+        cache = narrow.new_cache(1, 16)
+        steps = torch.cat([narrow.forward(ids[:, i : i + 1], cache) for i in range(7)], dim=1)
+        cache.trim(4)
+        assert torch.equal(narrow.forward(ids[:, 3:], cache), steps[:, 3:])
+        # ...so speculation reproduces plain decoding of the model as run
+        plain = sd.generate(narrow, "def", max_new_tokens=12, ignore_eos=True)
+        spec = sd.generate(narrow, "def", drafter=sd.DraftModelDrafter(narrow, 3), max_new_tokens=12,
+                           ignore_eos=True)
+        assert spec.token_ids == plain.token_ids

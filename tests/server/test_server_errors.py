@@ -13,7 +13,7 @@ import pytest
 
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.server.config import ServerConfig
-from specdecode.server.scheduler import Failure, RequestHandle, RequestSpec, Scheduler
+from specdecode.server.scheduler import Failure, Request, RequestHandle, Scheduler
 
 from server_helpers import MODEL_NAME, Models, RunningServer, serve
 from test_server_api import _metric
@@ -103,7 +103,7 @@ def test_api_key(keyed_server: RunningServer, headers: dict[str, str], status: i
 
 def test_draft_model_requested_but_not_loaded(keyed_server: RunningServer) -> None:
     r = keyed_server.post("/v1/completions", _with(OK, drafter="model"), headers={"Authorization": "Bearer s3cret"})
-    assert r.status_code == 400 and "no draft model" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "is not loaded on this server" in r.json()["error"]["message"]
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +179,11 @@ def test_request_timeout_is_a_504(models: Models) -> None:
 
 
 def test_scheduler_times_out_a_request_that_waited_too_long(models: Models) -> None:
-    sched = Scheduler(models.target, None, max_batch_size=1)
+    sched = Scheduler(models.target, {}, max_batch_size=1)
     sched.start()
     try:
         async def run() -> object:
-            h = RequestHandle(RequestSpec([1, 2, 3], SamplingConfig(), GenerationConfig(max_new_tokens=4), "none", 1),
+            h = RequestHandle(Request([1, 2, 3], SamplingConfig(), GenerationConfig(max_new_tokens=4)),
                               asyncio.get_running_loop(), timeout_s=0.0)
             sched.submit(h)
             return await asyncio.wait_for(h.queue.get(), 10)
@@ -215,7 +215,7 @@ def test_graceful_shutdown_finishes_running_requests(models: Models) -> None:
 def test_an_engine_error_fails_only_the_running_requests(models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
     for running in serve(models, None, ServerConfig(max_batch_size=2), drafter="none"):
         sched = running.state.scheduler
-        original = sched._verify
+        original = sched.core._emit
         calls = {"n": 0}
 
         def broken(*args: Any) -> Any:
@@ -224,9 +224,11 @@ def test_an_engine_error_fails_only_the_running_requests(models: Models, monkeyp
                 raise RuntimeError("boom")
             return original(*args)
 
-        monkeypatch.setattr(sched, "_verify", broken)
+        monkeypatch.setattr(sched.core, "_emit", broken)
         r = running.post("/v1/completions", OK)
         assert r.status_code == 500
-        assert r.json()["error"]["type"] == "server_error" and "boom" in r.json()["error"]["message"]
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and "internal error" in err["message"]
+        assert "boom" not in err["message"]  # no internal exception text reaches a client
         assert _wait_rows_free(running)
         assert running.post("/v1/completions", OK).status_code == 200  # the engine thread survived

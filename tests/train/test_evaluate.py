@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from specdecode.cli import main as specdecode_cli
+from specdecode.drafters import VocabularyMismatchError
 from specdecode.train.cli import main as train_cli
-from specdecode.train.evaluate import NGramDrafter, VocabMismatchError, evaluate_draft
+from specdecode.train.evaluate import NGramDrafter, evaluate_draft
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,12 +32,27 @@ def test_draft_equal_to_target_has_alpha_one(quick_target: Path, corpus_dir: Pat
 def test_vocab_mismatch_is_refused(tmp_path: Path, quick_target: Path, corpus_dir: Path) -> None:
     import tiny
 
-    other = tiny.build_model(tmp_path / "other", vocab_size=300)
-    with pytest.raises(VocabMismatchError, match="draft vocab size 300 != target vocab size"):
+    other = tiny.build_model(tmp_path / "other", vocab_size=300)  # its own tokenizer
+    with pytest.raises(VocabularyMismatchError, match="vocab mismatch between draft"):
         evaluate_draft(quick_target, other, corpus=[str(corpus_dir)], prompts=2, prompt_len=4, new_tokens=4)
-    with pytest.raises(VocabMismatchError, match="vocab size"):
+    with pytest.raises(VocabularyMismatchError, match="entries differ"):
         train_cli(["eval-draft", "--target", str(quick_target), "--draft", str(other), "--corpus", str(corpus_dir),
                    "--prompts", "2", "--prompt-len", "4", "--new-tokens", "4"])
+
+
+def test_eval_draft_on_a_mismatched_pair_prints_one_line(tmp_path: Path, quick_target: Path, corpus_dir: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Two checkpoints with different tokenizers: `specdecode eval-draft` exits 2 with the CLI's one-line
+    error (the drafters' VocabularyMismatchError), not a traceback."""
+    import tiny
+
+    draft = tiny.build_model(tmp_path / "draft", vocab_size=300)  # a tokenizer of its own, not the target's
+    capsys.readouterr()  # drop the checkpoint writer's progress bars
+    rc = specdecode_cli(["eval-draft", "--target", str(quick_target), "--draft", str(draft), "--corpus", str(corpus_dir),
+                         "--prompts", "2", "--prompt-len", "4", "--new-tokens", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("specdecode: error: vocab mismatch between draft"), err
 
 
 def test_ngram_drafters() -> None:

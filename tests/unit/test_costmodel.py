@@ -1,4 +1,4 @@
-"""The cost model's arithmetic and the adaptive γ policy."""
+"""The cost model's arithmetic, and the γ policy driven by it as the decode core drives it for one row."""
 
 from __future__ import annotations
 
@@ -7,7 +7,28 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode.costmodel import AdaptiveGamma, Costs, expected_tokens, load_or_measure_costs, predicted_speedup
+from specdecode.costmodel import Costs, expected_tokens, load_or_measure_costs, predicted_speedup
+from specdecode.drafters.base import Acceptance
+from specdecode.policy import GammaPolicy, RowPlan
+
+
+class OneRow:
+    """``GammaPolicy`` with offline costs and a drafter's ``Acceptance``, stepped as ``DecodeCore`` steps
+    a single row (fade, choose, mark)."""
+
+    def __init__(self, costs: Costs, margin: float = 1.0, **acceptance: float) -> None:
+        self.policy = GammaPolicy(margin=margin)
+        self.policy.set_offline("d", costs)
+        self.acc = Acceptance(**acceptance)
+
+    def choose(self) -> int:
+        self.acc.fade()
+        g = self.policy.choose([RowPlan("d", 15, True, self.acc.alpha)])[0]
+        self.acc.mark(g)
+        return g
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.acc.update(drafted, accepted)
 
 
 @pytest.mark.parametrize("alpha, gamma, speedup", [
@@ -31,11 +52,11 @@ def test_best_gamma_follows_alpha_and_costs() -> None:
 
 
 def test_adaptive_gamma_turns_off_and_probes_as_evidence_fades() -> None:
-    policy = AdaptiveGamma(Costs(c=0.2, v=tuple(1.0 + 0.3 * k for k in range(16))), half_life=16)
+    policy = OneRow(Costs(c=0.2, v=tuple(1.0 + 0.3 * k for k in range(16))), half_life=16)
     assert policy.choose() > 0  # optimistic prior
     for _ in range(20):
         policy.update(3, 0)  # everything rejected
-    policy.reset()  # a new request does not make a useless drafter draft again
+    # (the evidence lives with the drafter: a new request does not make a useless drafter draft again)
     picks = [policy.choose() for _ in range(200)]
     first = next(i for i, g in enumerate(picks) if g)
     # threshold α = 0.5 here, i.e. evidence weight 0.8; it fades from 20 to that in 16 * log2(25) = 74 passes
@@ -43,11 +64,11 @@ def test_adaptive_gamma_turns_off_and_probes_as_evidence_fades() -> None:
     for _ in range(200):
         policy.update(4, 4)
     assert policy.choose() >= 4
-    assert policy.evaluated <= policy.memory  # a window over the recent judged tokens
+    assert policy.acc.evaluated <= policy.acc.memory  # a window over the recent judged tokens
 
 
 def test_adaptive_gamma_follows_a_change_of_workload_quickly() -> None:
-    policy = AdaptiveGamma(Costs(c=0.2, v=tuple(1.0 + 0.1 * k for k in range(16))))
+    policy = OneRow(Costs(c=0.2, v=tuple(1.0 + 0.1 * k for k in range(16))))
     for _ in range(500):  # 2000 accepted tokens
         policy.update(4, 4)
     assert policy.choose() >= 4
@@ -101,23 +122,17 @@ def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str,
     target = sd.load_model(tiny_dirs["llama"])
     drafter = sd.DraftModelDrafter(target)  # self-speculation: everything it proposes is accepted
     drafter.prepare(target)
-    policy = drafter.policy
-    assert policy is not None
-    policy.evaluated = 60.0  # α̂ ≈ 0.02 < c: plain decoding
     tokens = target.encode("def fib(n):\n    return n\n" * 24)
     assert len(tokens) > 2 * drafter_module.PROBE_WINDOW
-    ctx = sd.DraftContext(tokens, 4, SamplingConfig(), None)
-    assert len(drafter.propose(ctx)) == 0 and not policy.resuming
-    policy.accepted = 60.0  # the evidence now says draft: this step is a probe after plain steps
-    d = drafter.propose(ctx)
-    assert policy.resuming and len(d) > 0
+    d = drafter.propose(sd.DraftContext(tokens, 4, SamplingConfig(), None, probe=True))
+    assert len(d) > 0
     assert drafter._cache is not None and drafter._cache.length() == drafter_module.PROBE_WINDOW + len(d) - 1
     drafter.on_verified(len(d))
     # and whole generations that start off, probe with a window, then draft: still exact
     plain = sd.generate(target, tokens, max_new_tokens=40, ignore_eos=True)
     drafter.reset()
-    drafter.policy = AdaptiveGamma(Costs(c=0.05, v=tuple([1.0] * 16)), half_life=4)
-    drafter.policy.evaluated = 40.0
+    drafter.acceptance = Acceptance(half_life=4)
+    drafter.acceptance.evaluated = 40.0  # α̂ ≈ 0.03 < c: plain decoding until the evidence fades
     r = sd.generate(target, tokens, drafter=drafter, max_new_tokens=40, ignore_eos=True)
     assert r.token_ids == plain.token_ids  # the draft saw a 64-token window; the output does not change
-    assert r.stats.drafted > 0
+    assert r.stats.drafted > 0 and r.stats.target_passes > r.stats.drafted_by_position[0]  # some steps were plain

@@ -10,8 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdecode import kernels, ops
-from specdecode.kernels import enable_fast_linear, fast_linear, fast_linear_available, fast_linear_enabled
+from specdecode import kernels
+from specdecode.config import ConfigError
+from specdecode.kernels import EAGER, fast_linear, fast_linear_available, select_kernels
+
+CPU = torch.device("cpu")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny import build_model  # noqa: E402
@@ -27,16 +30,9 @@ def ext():
 
 
 @pytest.fixture(autouse=True)
-def restore_linear_impl(monkeypatch):
+def kernel_env(monkeypatch):
     # the kernel is tested whatever SPECDECODE_FAST_LINEAR says (test_env_var_disables sets it)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
-    previous = ops._linear_impl
-    try:
-        yield
-    finally:
-        ops.set_linear_impl(None)
-        assert ops._linear_impl is F.linear
-        ops.set_linear_impl(previous)
 
 
 def _tol(k: int) -> dict:
@@ -124,21 +120,26 @@ def test_inference_mode_parameters(ext):
         torch.testing.assert_close(fast_linear(x, w), F.linear(x, w), **_tol(9))
 
 
-def test_enable_and_disable(ext):
-    assert enable_fast_linear() is True
-    assert fast_linear_enabled()
-    assert ops._linear_impl is ext.linear
+def test_select_kernels(ext):
+    """fast on the CPU: the extension's entry points (C++ calls them by address); otherwise eager."""
+    k = select_kernels(True, "fp32", CPU)
+    assert k.fast and k.mode == "fp32" and k.linear is ext.linear
+    assert k.native == (int(ext.linear_address()), False)
     x, w = torch.randn(2, 5), torch.randn(3, 5)
-    torch.testing.assert_close(ops.linear(x, w), F.linear(x, w), **_tol(5))
-    assert enable_fast_linear(False) is False
-    assert ops._linear_impl is F.linear and not fast_linear_enabled()
+    torch.testing.assert_close(k.linear(x, w, None), F.linear(x, w), **_tol(5))
+    assert select_kernels(False, "fp32", CPU) is EAGER and not EAGER.fast and EAGER.linear is F.linear
+    assert select_kernels(True, "bf16", torch.device("meta")) is EAGER  # not a CPU: the kernel does not apply
+    assert EAGER.describe() == "eager" and k.describe().startswith(f"fp32/{ext.isa()}")
 
 
-def test_env_var_disables(ext, monkeypatch):
+def test_env_var_disables(ext, monkeypatch, tmp_path):
     monkeypatch.setenv(kernels.ENV_VAR, "0")
     assert fast_linear_available() is False
-    assert enable_fast_linear() is False
-    assert ops._linear_impl is F.linear
+    assert select_kernels(True, "bf16", CPU) is EAGER
+    from specdecode.models import load_model
+
+    model = load_model(build_model(tmp_path / "m", "llama"))  # the default asks for fast: the env var wins
+    assert model.kernels is EAGER and not model.fast
     x, w = torch.randn(2, 5), torch.randn(3, 5)
     torch.testing.assert_close(fast_linear(x, w), F.linear(x, w))
 
@@ -157,10 +158,9 @@ def test_build_failure_warns_once_and_falls_back(monkeypatch, caplog):
     monkeypatch.setattr(kernels, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="specdecode.kernels"):
         assert fast_linear_available() is False
-        assert enable_fast_linear() is False
+        assert select_kernels(True, "bf16", CPU) is EAGER
         x, w, b = torch.randn(2, 5), torch.randn(3, 5).bfloat16(), torch.randn(3)
         torch.testing.assert_close(fast_linear(x, w, b), F.linear(x, w.float(), b))
-    assert ops._linear_impl is F.linear
     warnings = [r for r in caplog.records if r.name == "specdecode.kernels"]
     assert len(warnings) == 1
     assert "no such compiler" in warnings[0].getMessage()
@@ -168,53 +168,50 @@ def test_build_failure_warns_once_and_falls_back(monkeypatch, caplog):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
+    """(fast, eager): one checkpoint loaded with the default kernels and with ``fast=False``."""
     from specdecode.models import load_model
 
     path = build_model(tmp_path_factory.mktemp("fast_linear") / "m", "llama")
-    return load_model(path)
+    return load_model(path), load_model(path, fast=False)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])  # biases on the projections
 def test_other_archs_logits_match(ext, tmp_path, arch):
     from specdecode.models import load_model
 
-    model = load_model(build_model(tmp_path / arch, arch))
+    path = build_model(tmp_path / arch, arch)
+    model, eager = load_model(path), load_model(path, fast=False)
+    assert model.fast and not eager.fast
     ids = torch.randint(0, model.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
-    ops.set_linear_impl(None)
-    ref = model.forward(ids, model.new_cache(1, 64))
-    assert enable_fast_linear() is True
+    ref = eager.forward(ids, eager.new_cache(1, 64))
     got = model.forward(ids, model.new_cache(1, 64))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("t", [1, 2, 5, 9, 16, 20])
 def test_llama_logits_match(ext, tiny_llama, t):
-    model = tiny_llama
+    model, eager = tiny_llama
     ids = torch.randint(0, model.vocab_size, (1, t), generator=torch.Generator().manual_seed(t))
-    ops.set_linear_impl(None)
-    ref = model.forward(ids, model.new_cache(1, 64))
-    assert enable_fast_linear() is True
+    ref = eager.forward(ids, eager.new_cache(1, 64))
     got = model.forward(ids, model.new_cache(1, 64))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_llama_decode_steps_match(ext, tiny_llama):
     """Prefill, then verify blocks of 1..5 tokens against the cache, both impls."""
-    model = tiny_llama
+    fast, eager = tiny_llama
     g = torch.Generator().manual_seed(7)
-    prompt = torch.randint(0, model.vocab_size, (1, 20), generator=g)
-    blocks = [torch.randint(0, model.vocab_size, (1, n), generator=g) for n in (1, 3, 5, 2)]
+    prompt = torch.randint(0, fast.vocab_size, (1, 20), generator=g)
+    blocks = [torch.randint(0, fast.vocab_size, (1, n), generator=g) for n in (1, 3, 5, 2)]
 
-    def run() -> list[torch.Tensor]:
+    def run(model) -> list[torch.Tensor]:
         cache = model.new_cache(1, 64)
         outs = [model.forward(prompt, cache)]
         outs += [model.forward(b, cache) for b in blocks]
         return outs
 
-    ops.set_linear_impl(None)
-    ref = run()
-    assert enable_fast_linear() is True
-    got = run()
+    ref = run(eager)
+    got = run(fast)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
@@ -374,22 +371,27 @@ def test_isa_rows_independent_of_m(ext, isa, mode):
         assert torch.equal(ext.smallm_linear(x[rows - m:], w, b, bf16_dot=dot, isa=isa), singles[rows - m:]), m
 
 
-def test_enable_bf16_dot(ext):
-    assert enable_fast_linear(bf16_dot=True) is True
-    assert ops._linear_impl is ext.linear_bf16_dot
-    assert fast_linear_enabled() and kernels.fast_linear_mode() == "bf16_dot"
+def test_matmul_bf16_selects_bf16_dot(ext, tmp_path):
+    k = select_kernels(True, "bf16", CPU)
+    assert k.linear is ext.linear_bf16_dot and k.mode == "bf16_dot"
+    assert k.native == (int(ext.linear_address()), True)
     g = torch.Generator().manual_seed(15)
     w, b = torch.randn(30, 33, generator=g).bfloat16(), torch.randn(30, generator=g)
     for shape in [(1, 5, 33), (70, 33)]:  # the kernel, and the eager fallback above 64 rows
         x = torch.randn(*shape, generator=g)
         ref = F.linear(x.bfloat16().float(), w.float(), b)
-        torch.testing.assert_close(ops.linear(x, w, b), ref, **_tol(33))
+        torch.testing.assert_close(k.linear(x, w, b), ref, **_tol(33))
         torch.testing.assert_close(kernels.fast_linear_bf16(x, w, b), ref, **_tol(33))
     x = torch.randn(4, 33, generator=g)
     w32 = torch.randn(30, 33, generator=g)
-    assert torch.equal(ops.linear(x, w32, b), fast_linear(x, w32, b))  # fp32 weights: unaffected
-    assert enable_fast_linear() is True and kernels.fast_linear_mode() == "fp32"
-    assert enable_fast_linear(False) is False and kernels.fast_linear_mode() is None
+    assert torch.equal(k.linear(x, w32, b), fast_linear(x, w32, b))  # fp32 weights: unaffected
+    from specdecode.models import load_model
+
+    path = build_model(tmp_path / "m", "llama")
+    assert load_model(path).kernels.mode == "bf16_dot"  # the default, as the CLI's --matmul
+    assert load_model(path, matmul="fp32").kernels.mode == "fp32"
+    with pytest.raises(ConfigError, match="matmul must be one of bf16, fp32"):
+        load_model(path, matmul="fp16")
 
 
 def test_fast_linear_bf16_without_kernel(monkeypatch):

@@ -8,6 +8,7 @@ verification relies on verification logits equalling one-at-a-time logits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import specdecode as sd
-from specdecode.kernels.fused import enable_fused_ops, fused_ops, load_fused_extension
+from specdecode.kernels import select_kernels
+from specdecode.kernels.fused import load_fused_extension
 from specdecode.models.llama import apply_rope, rope_tables
 from specdecode.models.config import ModelConfig
 from tiny import build_model
@@ -119,58 +121,46 @@ def test_model_logits_fused_equal_eager_and_rows_invariant(tmp_path: Path) -> No
     """The whole llama forward with the fused ops equals the eager layer; a verification pass
     equals the one-token passes bit for bit."""
     path = build_model(tmp_path / "m", "llama", num_key_value_heads=2)
-    model = sd.load_model(path)
+    model = sd.load_model(path)  # the default: the small-M kernel and the fused ops
+    fast = model.kernels
+    assert fast.fused is ext
     ids = torch.randint(1, model.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
-    was = fused_ops() is not None
-    try:
-        results = {}
-        for fused in (False, True):
-            enable_fused_ops(fused)
-            cache = model.new_cache(2, 32)
-            model.forward(ids[:1, :6], cache, rows=slice(0, 1))
-            model.forward(ids[1:, :3], cache, rows=slice(1, 2))
-            results[fused] = model.forward(ids[:, 6:10], cache)  # rows at offsets 6 and 3
-        torch.testing.assert_close(results[True], results[False], atol=1e-5, rtol=0)
-        enable_fused_ops(True)
-        cache = model.new_cache(1, 32)
-        model.forward(ids[:1, :6], cache)
-        steps = torch.cat([model.forward(ids[:1, i : i + 1], cache) for i in range(6, 10)], dim=1)
-        cache.trim(4)
-        # with the fast linear too (conftest), the 4-token pass equals the four 1-token passes exactly
-        assert torch.equal(model.forward(ids[:1, 6:10], cache), steps)
-    finally:
-        enable_fused_ops(was)
+    results = {}
+    for fused in (False, True):
+        model.kernels = fast if fused else dataclasses.replace(fast, fused=None)  # this model only
+        cache = model.new_cache(2, 32)
+        model.forward(ids[:1, :6], cache, rows=slice(0, 1))
+        model.forward(ids[1:, :3], cache, rows=slice(1, 2))
+        results[fused] = model.forward(ids[:, 6:10], cache)  # rows at offsets 6 and 3
+    torch.testing.assert_close(results[True], results[False], atol=1e-5, rtol=0)
+    cache = model.new_cache(1, 32)
+    model.forward(ids[:1, :6], cache)
+    steps = torch.cat([model.forward(ids[:1, i : i + 1], cache) for i in range(6, 10)], dim=1)
+    cache.trim(4)
+    # with the fast linear too, the 4-token pass equals the four 1-token passes exactly
+    assert torch.equal(model.forward(ids[:1, 6:10], cache), steps)
 
 
-def test_env_var_turns_fused_ops_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    was = fused_ops() is not None
+def test_env_var_turns_fused_ops_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SPECDECODE_FUSED_OPS", "0")
-    try:
-        assert enable_fused_ops(True) is False and fused_ops() is None
-    finally:
-        monkeypatch.delenv("SPECDECODE_FUSED_OPS")
-        enable_fused_ops(was)
+    assert select_kernels(True, "bf16", torch.device("cpu")).fused is None
+    assert sd.load_model(build_model(tmp_path / "m", "llama")).kernels.fused is None
 
 
 def test_python_layer_loop_equals_the_one_call_stack(tmp_path: Path) -> None:
     """With a linear that only Python can call (a user's own), the layer loop runs in Python; it must
     give the same logits as the whole-stack C++ call."""
-    from specdecode import ops
-
     path = build_model(tmp_path / "m", "llama", num_key_value_heads=2)
     model = sd.load_model(path)
+    fast = model.kernels
     ids = torch.randint(1, model.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
     out = {}
     for python_loop in (False, True):
-        previous = ops._linear_impl
-        if python_loop:
-            ops.set_linear_impl(lambda x, w, b=None: previous(x, w, b))
-        try:
-            cache = model.new_cache(1, 16)
-            model.forward(ids[:, :5], cache)
-            out[python_loop] = model.forward(ids[:, 5:], cache)
-        finally:
-            ops.set_linear_impl(previous)
+        if python_loop:  # a Python-only linear: no address for C++ to call
+            model.kernels = dataclasses.replace(fast, linear=lambda x, w, b=None: fast.linear(x, w, b), native=None)
+        cache = model.new_cache(1, 16)
+        model.forward(ids[:, :5], cache)
+        out[python_loop] = model.forward(ids[:, 5:], cache)
     assert torch.equal(out[False], out[True])
 
 

@@ -285,10 +285,8 @@ def adaptive_threads() -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from .. import ops
     from ..cli import DEFAULT_DRAFT, default_model_dir, model_loader, resolve_target
-    from ..costmodel import cpu_name
-    from .measure import measure_costs
+    from ..costmodel import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
     from .workloads import DEFAULT_WORKLOAD, load_workloads, select
@@ -337,8 +335,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     max_setting = max([m.setting or 0 for m in methods] + [1])
     longest = max(prompts, key=lambda p: len(p.ids))
     mean_len = int(sum(len(p.ids) for p in prompts) / len(prompts))
-    costs = measure_costs(target, draft, longest.ids[:mean_len] or longest.ids, max_setting + 1,
-                          st.cost_repeats, draft_head=ctx.draft_head())
+    costs = measure_costs(target, draft, max_gamma=max_setting, reps=st.cost_repeats, draft_head=ctx.draft_head(),
+                          context=longest.ids[:mean_len] or longest.ids)
 
     per_method_rss: dict[str, float] = {}
     failures = []
@@ -363,7 +361,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "duration_s": None, "git_commit": _git_commit(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
         "threads": threads, "load_average_start_end": [load_before, os.getloadavg()[0]],
         "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
-        "versions": _versions(), "linear_impl": ops.linear_impl_name(),
+        "versions": _versions(), "kernels": target.kernels.describe(),
         "weight_dtype": str(target.weight_dtype).replace("torch.", ""), "target": str(target.path), "draft": str(draft.path) if draft else None,
         "target_parameters": target.num_parameters(), "draft_parameters": draft.num_parameters() if draft else None,
         "workload_file": str(workload_path),

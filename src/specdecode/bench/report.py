@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .measure import Costs
-from .runners import Failure, Method, PreparedPrompt, RunRecord, Skipped
+from ..costmodel import Costs, expected_tokens, predicted_speedup
+from .runners import Method, MethodFailure, PreparedPrompt, RunRecord, Skipped
 from .stats import Counts, counts_from_steps, first_mismatch, mean_std
-from .theory import expected_tokens
 
 OVERALL = "overall"
 BASELINE = "plain"
@@ -42,7 +41,7 @@ def _ms(values: Sequence[float]) -> dict[str, float]:
 
 
 def summarize(records: Sequence[RunRecord], methods: Sequence[Method], skipped: Sequence[Skipped],
-              failures: Sequence[Failure], prompts: Sequence[PreparedPrompt], costs: Optional[Costs],
+              failures: Sequence[MethodFailure], prompts: Sequence[PreparedPrompt], costs: Optional[Costs],
               baseline: str = BASELINE) -> dict[str, Any]:
     """Everything per method and category (plus 'overall'); pure arithmetic on the records."""
     categories = sorted({p.workload.category for p in prompts}, key=_category_order) + [OVERALL]
@@ -131,11 +130,11 @@ def _category_metrics(m: Method, rs: Sequence[RunRecord], ids: set[str], reps: S
         return out
     # c: measured single-token forwards for a draft model; for drafters without a model
     # (prompt lookup) the engine's own drafting time per pass, in target-pass units.
-    model_drafter = m.family in DRAFT_MODEL_FAMILIES and costs.c is not None
-    c = costs.c if model_drafter else draft_s / counts.passes / costs.target_s[1] / g
-    v = costs.v(g)
-    predicted = expected_tokens(counts.alpha_iid, g) / (g * c + v)
-    cost_model = counts.tau / counts.mean_pass_cost(c, lambda k: costs.v(k) if k else 1.0)
+    model_drafter = m.family in DRAFT_MODEL_FAMILIES and costs.draft_s is not None
+    c = costs.c if model_drafter else draft_s / counts.passes / costs.target_s[0] / g
+    v = costs.v_at(g)
+    predicted = predicted_speedup(counts.alpha_iid, g, c, v)
+    cost_model = counts.tau / counts.mean_pass_cost(c, costs.v_at)
     sp = out["speedup"]["mean"] if out["speedup"] else math.nan
     out.update(c=c, v=v, predicted_speedup=predicted, efficiency=sp / predicted,
                cost_model_speedup=cost_model, cost_model_efficiency=sp / cost_model)
@@ -275,9 +274,7 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     axes[0][0].set_ylabel("speedup over our plain decoding")
     handles, labels = axes[0][-1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
     paths.append(_save(fig, out_dir / "speedup_vs_gamma.png"))
-    plt.close(fig)
 
     fams = [f for f in ("draft", "lookup") if _series(summary, f, OVERALL, "tau")[0]] or ["draft"]
     fig, axes = plt.subplots(1, len(fams), figsize=(5.2 * len(fams), 3.8), squeeze=False)
@@ -294,14 +291,8 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
                 grid = list(range(0, max(xs) + 1))
                 ax.plot(grid, [expected_tokens(alpha, g) for g in grid], "-", color=color, alpha=0.5,
                         label=f"{cat} theory, α={alpha:.2f}")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"{fam}: τ vs (1-α^(γ+1))/(1-α)")
-        ax.set_xlabel("γ")
-        ax.set_ylabel("tokens per target pass τ")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        _label(ax, f"{fam}: τ vs (1-α^(γ+1))/(1-α)", "γ", "tokens per target pass τ")
     paths.append(_save(fig, out_dir / "tau_vs_theory.png"))
-    plt.close(fig)
 
     fig, axes = plt.subplots(1, len(fams), figsize=(5.2 * len(fams), 3.8), squeeze=False)
     for ax, fam in zip(axes[0], fams):
@@ -312,15 +303,20 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
             if acc:
                 ax.plot(range(1, len(acc) + 1), acc, marker="o", label=m["name"])
         ax.set_ylim(0, 1.02)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"{fam}: acceptance by draft position")
-        ax.set_xlabel("draft position i")
-        ax.set_ylabel("P(token i accepted | drafted)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        _label(ax, f"{fam}: acceptance by draft position", "draft position i", "P(token i accepted | drafted)")
     paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
-    plt.close(fig)
     return paths
+
+
+def _label(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
+    """Title, axis labels (integer ticks on x: γ and positions are counts) and a legend for one panel."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
 
 
 def _pooled_alpha(summary: dict[str, Any], family: str, cat: str) -> Optional[float]:
@@ -336,7 +332,12 @@ def _pooled_alpha(summary: dict[str, Any], family: str, cat: str) -> Optional[fl
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write and close a figure (closing frees it: a bench run draws several)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
     return path
 
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 import torch
 
-from ..config import ConfigError
-from ..drafters import Draft, DraftContext, Drafter, DraftModelDrafter, PromptLookupDrafter
+from ..config import ConfigError, GenerationConfig, SamplingConfig
+from ..drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
 from ..drafters.vocab import VocabSpec, draft_vocab_for
-from ..engine import generate
+from ..engine import StepEvent, stream
 from ..models import Model
 from .stats import Step
 from .workloads import Workload
@@ -66,12 +66,13 @@ class BenchContext:
     _eager: dict[str, Model] = field(default_factory=dict)
 
     def eager_model(self, path: str) -> Model:
-        """The checkpoint with fp32 weight matrices for the eager F.linear path (loaded once)."""
+        """The checkpoint on eager PyTorch (``fast=False``: F.linear and the eager layer ops) with weight
+        matrices in the compute dtype, loaded once; it runs beside the fast models in this process."""
         if path not in self._eager:
             from ..models import load_model
 
             self._eager[path] = load_model(path, device=str(self.target.device), dtype=self.target.dtype,
-                                           weight_dtype="same")
+                                           weight_dtype="same", fast=False)
         return self._eager[path]
 
     def draft_head(self) -> Optional[torch.Tensor]:
@@ -114,32 +115,6 @@ class BenchContext:
 # Our runtime
 # ---------------------------------------------------------------------------
 
-class TracingDrafter:
-    """Wraps a drafter to record (drafted, accepted) per target pass; adds two Python calls per pass."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.steps: list[Step] = []
-        self._pending = 0
-
-    def prepare(self, target: Model) -> None:
-        self.steps = []
-        self.inner.prepare(target)
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        d = self.inner.propose(ctx)
-        self._pending = len(d)
-        return d
-
-    def on_verified(self, n_accepted: int) -> None:
-        self.steps.append((self._pending, n_accepted))
-        self._pending = 0
-        self.inner.on_verified(n_accepted)
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-
 class OursMethod:
     """``specdecode.generate`` with a given drafter (None = plain decoding in the same loop)."""
 
@@ -151,52 +126,30 @@ class OursMethod:
         self.target, self.drafter, self.ignore_eos = target, drafter, ignore_eos
 
     def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
-        tracer = TracingDrafter(self.drafter) if self.drafter is not None else None
+        generation = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=self.ignore_eos)
+        steps: list[Step] = []
         t0 = time.perf_counter()
-        r = generate(self.target, prompt, tracer, max_new_tokens=max_new_tokens, ignore_eos=self.ignore_eos)
+        for ev in stream(self.target, prompt, self.drafter, SamplingConfig(), generation):
+            if isinstance(ev, StepEvent):
+                if ev.token_ids:
+                    steps.append((ev.drafted, sum(ev.from_draft)))
+            else:
+                fin = ev
         dt = time.perf_counter() - t0
-        steps = tracer.steps if tracer is not None else [(0, 0)] * r.stats.target_passes
-        return RunOutput(r.token_ids, dt, steps, r.stats.draft_s)
-
-
-class EagerMethod:
-    """An ``OursMethod`` run on eager PyTorch: ``F.linear`` and the eager layer ops instead of
-    the small-M kernel and the fused decode ops.
-
-    Both are process-wide switches; they are turned off for the duration of each run and
-    restored after, so eager and fast runs can be interleaved in one benchmark and compared
-    as a ratio measured side by side.
-    """
-
-    runtime = "specdecode"
-
-    def __init__(self, inner: OursMethod) -> None:
-        self.inner = inner
-        self.name, self.family, self.setting = f"eager-{inner.name}", f"eager-{inner.family}", inner.setting
-
-    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
-        from .. import ops
-        from ..kernels.fused import enable_fused_ops, fused_ops
-
-        previous = ops.set_linear_impl(None)
-        fused = fused_ops() is not None
-        enable_fused_ops(False)
-        try:
-            return self.inner.run(prompt, max_new_tokens)
-        finally:
-            ops.set_linear_impl(previous)
-            enable_fused_ops(fused)
+        return RunOutput(fin.token_ids, dt, steps, fin.stats.draft_s)
 
 
 def _eager_plain(ctx: BenchContext, setting: Optional[int]) -> Method:
-    return EagerMethod(OursMethod("plain", "plain", None, ctx.eager_model(ctx.target_path), None, ctx.ignore_eos))
+    """Plain decoding on models loaded with ``fast=False``: eager and fast runs interleave in one
+    benchmark, each model with its own kernels, and compare as a ratio measured side by side."""
+    return OursMethod("eager-plain", "eager-plain", None, ctx.eager_model(ctx.target_path), None, ctx.ignore_eos)
 
 
 def _eager_draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     draft = ctx.eager_model(ctx.draft_path) if ctx.draft_path else ctx.require_draft()
-    return EagerMethod(OursMethod(f"draft/g{setting}", "draft", setting, ctx.eager_model(ctx.target_path),
-                                  DraftModelDrafter(draft, gamma=setting, vocab=ctx.draft_vocab), ctx.ignore_eos))
+    return OursMethod(f"eager-draft/g{setting}", "eager-draft", setting, ctx.eager_model(ctx.target_path),
+                      DraftModelDrafter(draft, gamma=setting, vocab=ctx.draft_vocab), ctx.ignore_eos)
 
 
 def _draft_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
@@ -423,25 +376,27 @@ class RunRecord:
 
 
 @dataclass
-class Failure:
+class MethodFailure:
+    """A benchmark method that raised on a workload (reported, and the method dropped from the run)."""
+
     method: str
     workload: str
     error: str
 
 
-def warm_up(methods: Sequence[Method], prompt: PreparedPrompt, n_tokens: int = 16) -> list[Failure]:
+def warm_up(methods: Sequence[Method], prompt: PreparedPrompt, n_tokens: int = 16) -> list[MethodFailure]:
     """One short untimed run per method: first-call allocations, lazy imports, caches."""
     failures = []
     for m in methods:
         try:
             m.run(prompt.ids, min(n_tokens, prompt.max_new_tokens))
         except Exception as e:  # a broken method is reported, not allowed to sink the run
-            failures.append(Failure(m.name, prompt.workload.id, f"{type(e).__name__}: {e}"))
+            failures.append(MethodFailure(m.name, prompt.workload.id, f"{type(e).__name__}: {e}"))
     return failures
 
 
 def run_all(methods: Sequence[Method], prompts: Sequence[PreparedPrompt], reps: int,
-            progress: Optional["tqdm"] = None) -> tuple[list[RunRecord], list[Failure]]:
+            progress: Optional["tqdm"] = None) -> tuple[list[RunRecord], list[MethodFailure]]:
     """Every method on every prompt, ``reps`` times, interleaved per prompt.
 
     Methods run back to back on the same prompt, in an order rotated per prompt
@@ -449,7 +404,7 @@ def run_all(methods: Sequence[Method], prompts: Sequence[PreparedPrompt], reps: 
     all methods alike instead of whichever ran last.
     """
     records: list[RunRecord] = []
-    failures: list[Failure] = []
+    failures: list[MethodFailure] = []
     broken: set[str] = set()
     k = 0
     for rep in range(reps):
@@ -465,7 +420,7 @@ def run_all(methods: Sequence[Method], prompts: Sequence[PreparedPrompt], reps: 
                         out = m.run(p.ids, p.max_new_tokens)
                     except Exception as e:
                         broken.add(m.name)
-                        failures.append(Failure(m.name, p.workload.id, f"{type(e).__name__}: {e}"))
+                        failures.append(MethodFailure(m.name, p.workload.id, f"{type(e).__name__}: {e}"))
                     else:
                         records.append(RunRecord(m.name, p.workload.id, p.workload.category, rep, out))
                 if progress is not None:

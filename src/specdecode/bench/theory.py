@@ -10,24 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from .. import costmodel
 from ..config import ConfigError
+from ..costmodel import expected_tokens, predicted_speedup
 
 VFunction = Callable[[int], float]
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E(α, γ) = (1 − α^(γ+1)) / (1 − α): expected tokens per target pass with i.i.d. acceptance α."""
-    _check(alpha, gamma)
-    return costmodel.expected_tokens(alpha, gamma)
 
 
 def speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> float:
     """Expected walltime speedup E(α, γ) / (γc + v): c = draft/target pass cost, v = T(γ+1 tokens)/T(1)."""
     if c < 0 or v <= 0:
         raise ConfigError(f"need c >= 0 and v > 0, got c={c}, v={v}")
-    _check(alpha, gamma)
-    return costmodel.predicted_speedup(alpha, gamma, c, v)
+    return predicted_speedup(alpha, gamma, c, v)  # checks α and γ
 
 
 def linear_v(v_at: float, gamma_at: int) -> VFunction:
@@ -73,8 +66,5 @@ def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-10) -> float:
     return (lo + hi) / 2
 
 
-def _check(alpha: float, gamma: int) -> None:
-    if not 0.0 <= alpha <= 1.0:
-        raise ConfigError(f"alpha (acceptance rate) must be in [0, 1], got {alpha}")
-    if not isinstance(gamma, int) or gamma < 0:
-        raise ConfigError(f"gamma (draft length) must be an integer >= 0, got {gamma!r}")
+__all__ = ["Optimum", "alpha_from_tau", "expected_tokens", "linear_v", "optimal_gamma", "speedup",
+           "tabulated_v"]

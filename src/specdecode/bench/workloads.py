@@ -15,7 +15,7 @@ import random
 import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from ..config import ConfigError
 
@@ -104,6 +104,17 @@ def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
+def _functions_in(files: Sequence[SourceFile]
+                  ) -> Iterator[tuple[SourceFile, list[str], ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(file, its lines with line ends, function) for every function of every file that parses."""
+    for f in files:
+        tree = _parse(f)
+        if tree is not None:
+            lines = f.text.splitlines(keepends=True)
+            for fn in _functions(tree):
+                yield f, lines, fn
+
+
 def _docstring_end(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Optional[int]:
     """Last line (1-based) of the function's docstring, if it has one."""
     if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) \
@@ -129,21 +140,16 @@ def completion_workloads(files: Sequence[SourceFile], n: int, rng: random.Random
                          max_new_tokens: int = 128) -> list[Workload]:
     """Function bodies to write from the signature + docstring, with the lines just above for context."""
     cands = []
-    for f in files:
-        tree = _parse(f)
-        if tree is None:
+    for f, lines, fn in _functions_in(files):
+        doc_end = _docstring_end(fn)
+        body_lines = (fn.end_lineno or fn.lineno) - (doc_end or 0)
+        if doc_end is None or not 3 <= body_lines <= 60:
             continue
-        lines = f.text.splitlines(keepends=True)
-        for fn in _functions(tree):
-            doc_end = _docstring_end(fn)
-            body_lines = (fn.end_lineno or fn.lineno) - (doc_end or 0)
-            if doc_end is None or not 3 <= body_lines <= 60:
-                continue
-            start = (fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno) - 1
-            prompt = "".join(lines[max(0, start - context_lines):doc_end])
-            if len(prompt) > 2500:
-                continue
-            cands.append((f.rel, fn.lineno, fn.name, prompt))
+        start = (fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno) - 1
+        prompt = "".join(lines[max(0, start - context_lines):doc_end])
+        if len(prompt) > 2500:
+            continue
+        cands.append((f.rel, fn.lineno, fn.name, prompt))
     picked = _spread(cands, n, rng)
     return [Workload(f"completion-{i:02d}-{name}", COMPLETION, prompt, max_new_tokens, f"{rel}:{line}")
             for i, (rel, line, name, prompt) in enumerate(picked)]
@@ -198,22 +204,17 @@ def editing_workloads(files: Sequence[SourceFile], n: int, rng: random.Random) -
     plain code model (no instruction tuning) continues by copying.
     """
     cands = []
-    for f in files:
-        tree = _parse(f)
-        if tree is None:
+    for f, lines, fn in _functions_in(files):
+        if fn.decorator_list:
             continue
-        lines = f.text.splitlines(keepends=True)
-        for fn in _functions(tree):
-            if fn.decorator_list:
-                continue
-            code = textwrap.dedent("".join(lines[fn.lineno - 1:fn.end_lineno]))
-            if not 8 <= code.count("\n") <= 30 or len(code) > 1400 or "\t" in code:
-                continue
-            try:
-                ast.parse(code)
-            except SyntaxError:
-                continue
-            cands.append((f.rel, fn.lineno, fn.name, code, _rename_target(fn)))
+        code = textwrap.dedent("".join(lines[fn.lineno - 1:fn.end_lineno]))
+        if not 8 <= code.count("\n") <= 30 or len(code) > 1400 or "\t" in code:
+            continue
+        try:
+            ast.parse(code)
+        except SyntaxError:
+            continue
+        cands.append((f.rel, fn.lineno, fn.name, code, _rename_target(fn)))
     picked = _spread(cands, n * 2, rng)
     out: list[Workload] = []
     for rel, line, name, code, var in picked:

@@ -1,8 +1,11 @@
 """Drafters: everything that proposes tokens for the target to verify, behind one protocol."""
 
-from .base import Draft, DraftContext, Drafter, VocabularyMismatchError
+from .base import (Acceptance, BatchDrafter, Draft, DraftContext, Drafter, PerRowDrafters, VocabularyMismatchError,
+                   as_batch_drafter)
 from .model import DraftModelDrafter, check_vocab_compatible
 from .ngram import PromptLookupDrafter
+from .registry import DrafterOptions, DrafterSpec, build_drafter, drafter_names, register
 
-__all__ = ["Draft", "DraftContext", "Drafter", "DraftModelDrafter", "PromptLookupDrafter",
-           "VocabularyMismatchError", "check_vocab_compatible"]
+__all__ = ["Acceptance", "BatchDrafter", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DrafterOptions",
+           "DrafterSpec", "PerRowDrafters", "PromptLookupDrafter", "VocabularyMismatchError", "as_batch_drafter",
+           "build_drafter", "check_vocab_compatible", "drafter_names", "register"]

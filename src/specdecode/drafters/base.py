@@ -1,52 +1,136 @@
-"""The one drafter protocol: every way of proposing tokens implements these three calls."""
+"""The drafter protocol: every way of proposing tokens implements it, for one row or a batch.
+
+Two shapes of the same idea:
+
+* ``Drafter`` — one sequence at a time (``prepare``/``propose``/``on_verified``/``reset``). The
+  simplest thing to write; a user's own drafter usually is one.
+* ``BatchDrafter`` — every row of a batch in one call (``propose_rows``), with per-row state
+  that the decode core moves and resets as requests come and go. What the core runs.
+
+``as_batch_drafter`` turns a ``Drafter`` into a ``BatchDrafter`` (one instance per row), so a
+drafter is written once and works in ``generate``, the server and the bench alike.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, Optional, Protocol, Union, runtime_checkable
 
 import torch
 
-from ..config import SamplingConfig
+from ..config import ConfigError, SamplingConfig
 
 if TYPE_CHECKING:
     from ..models import Model
+
+Gamma = Union[int, Literal["auto"]]
 
 
 class VocabularyMismatchError(ValueError):
     """Draft and target do not share a vocabulary, so draft tokens mean nothing to the target."""
 
 
+def check_gamma(gamma: object, what: str = "gamma (draft length)") -> Gamma:
+    """``gamma`` if it is a positive int or "auto", else a ConfigError naming the fix."""
+    if gamma != "auto" and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
+        raise ConfigError(f"{what} must be a positive integer or 'auto', got {gamma!r}")
+    return gamma  # type: ignore[return-value]
+
+
 @dataclass
 class DraftContext:
-    """What a drafter may look at when proposing.
+    """What a drafter may look at when proposing for one row.
 
-    ``tokens`` is the whole sequence so far (prompt + generated); its last token
-    is not yet in the target's cache. ``max_tokens`` is the most the engine can
-    verify this step (token budget and context window). Extra inputs for heads
-    (hidden states for Medusa/EAGLE) get typed fields here, never ``**kwargs``.
+    ``tokens`` is the whole sequence so far (prompt + generated); its last token is not yet in
+    the target's cache. ``max_tokens`` is how many draft nodes the core will verify this step.
+    ``hidden`` (for heads: Medusa, EAGLE) holds the target's final normed hidden states of the
+    tokens it verified at the last pass, [k, dim]: the pending token's and each accepted draft
+    token's, the last being the state whose logits gave the newest token; None before the first
+    pass or when the drafter does not ask for them (``wants_hidden``). ``probe`` is True when
+    this proposal follows plain steps only to refresh the acceptance estimate: a drafter may then
+    look at a shorter context.
     """
 
     tokens: list[int]
     max_tokens: int
     sampling: SamplingConfig
     generator: Optional[torch.Generator]
+    hidden: Optional[torch.Tensor] = None
+    probe: bool = False
 
 
 @dataclass
 class Draft:
-    """Proposed tokens and, for stochastic drafters, the filtered law each was drawn from ([n, V])."""
+    """Proposed tokens and, for stochastic drafters, the filtered law each was drawn from ([n, V]).
+
+    ``parents`` makes the draft a tree: ``parents[i]`` is the index of node i's parent in
+    ``tokens``, or -1 for a child of the pending token; parents come before their children.
+    ``None`` is a chain (each token follows the previous one), the common case.
+    """
 
     tokens: list[int] = field(default_factory=list)
     probs: Optional[torch.Tensor] = None
+    parents: Optional[list[int]] = None
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+
+class Acceptance:
+    """A drafter's running acceptance evidence: the α the γ policy plans with.
+
+    α is estimated as accepted / evaluated, where evaluated counts the accepted tokens plus
+    the one rejected token per step (later draft tokens were never judged): the
+    maximum-likelihood estimate for i.i.d. acceptance, over about the last ``memory`` judged
+    tokens, so a change of workload shows within a few steps. A weak prior keeps the first
+    steps sane. The evidence describes the drafter, not a sequence, so it lives with the
+    drafter and carries over from one request to the next; ``fade`` (once per target pass)
+    lets it lose weight with a half-life of ``half_life`` passes, which is what brings a
+    switched-off drafter back for a probe now and then.
+    """
+
+    def __init__(self, prior_alpha: float = 0.7, prior_weight: float = 2.0, memory: float = 100.0,
+                 half_life: float = 4096.0) -> None:
+        if memory <= 0 or half_life <= 0:
+            raise ValueError("memory and half_life must be positive")
+        self.prior_alpha, self.prior_weight, self.memory = prior_alpha, prior_weight, memory
+        self._fade = 0.5 ** (1.0 / half_life)
+        self.accepted = 0.0
+        self.evaluated = 0.0
+        self._last = 1  # the previous step's draft length (a drafter's first step counts as drafting)
+
+    def mark(self, length: int) -> bool:
+        """Record this step's draft length; True when it drafts right after plain steps (a probe)."""
+        resuming = length > 0 and self._last == 0
+        self._last = length
+        return resuming
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.evaluated + self.prior_weight)
+
+    def fade(self) -> None:
+        self.accepted *= self._fade
+        self.evaluated *= self._fade
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        if n_drafted == 0:
+            return
+        self.accepted += n_accepted
+        self.evaluated += n_accepted + (1 if n_accepted < n_drafted else 0)
+        if self.evaluated > self.memory:
+            keep = self.memory / self.evaluated
+            self.accepted *= keep
+            self.evaluated *= keep
+
 
 @runtime_checkable
 class Drafter(Protocol):
-    """``prepare`` once per target (checks + allocation), then ``propose``/``on_verified`` per step."""
+    """One row: ``prepare`` once per target (checks + allocation), then ``propose``/``on_verified`` per step."""
 
     def prepare(self, target: "Model") -> None: ...
 
@@ -55,3 +139,97 @@ class Drafter(Protocol):
     def on_verified(self, n_accepted: int) -> None: ...
 
     def reset(self) -> None: ...
+
+
+@runtime_checkable
+class BatchDrafter(Protocol):
+    """Every row of a batch at once; what the decode core runs.
+
+    ``gamma`` is the default draft length ("auto": the core's γ policy picks it each step).
+    ``acceptance`` is the drafter's evidence for that policy. ``wants_hidden`` asks the core
+    for the target's hidden states (``DraftContext.hidden``). ``on_verified_row`` gets how many
+    draft tokens the target accepted (for a tree: the accepted path's length)."""
+
+    gamma: Gamma
+    acceptance: Acceptance
+    wants_hidden: bool
+
+    def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None: ...
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]: ...
+
+    def on_verified_row(self, row: int, n_accepted: int) -> None: ...
+
+    def reset_row(self, row: int) -> None: ...
+
+    def move_row(self, src: int, dst: int) -> None: ...
+
+    def costs_for(self, target: "Model") -> Optional[object]: ...
+
+
+class PerRowDrafters:
+    """A ``BatchDrafter`` made of one single-row ``Drafter`` per row (from ``factory``).
+
+    For drafters with nothing to share between rows (prompt lookup) or that cannot batch (a
+    user's own). ``propose_rows`` calls each row's drafter in turn."""
+
+    wants_hidden = False
+
+    def __init__(self, factory: Callable[[], Drafter], gamma: Gamma, max_rows: Optional[int] = None) -> None:
+        self.factory = factory
+        self.gamma = gamma
+        self.max_rows = max_rows
+        self.acceptance = Acceptance()
+        self._rows: list[Optional[Drafter]] = []
+        self._target: Optional["Model"] = None
+
+    def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
+        if self.max_rows is not None and rows > self.max_rows:
+            raise ConfigError(f"this drafter serves at most {self.max_rows} row(s) at a time, not {rows}; "
+                              "register a factory (drafters.registry) to give every row its own")
+        self._target = target
+        if len(self._rows) < rows:
+            self._rows.extend([None] * (rows - len(self._rows)))
+
+    def row(self, row: int) -> Drafter:
+        d = self._rows[row]
+        if d is None:
+            if self._target is None:
+                raise RuntimeError("prepare_rows(target, ...) must be called before proposing")
+            d = self._rows[row] = self.factory()
+            d.prepare(self._target)
+        return d
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        return {r: self.row(r).propose(ctx) for r, ctx in contexts.items()}
+
+    def on_verified_row(self, row: int, n_accepted: int) -> None:
+        self.row(row).on_verified(n_accepted)
+
+    def reset_row(self, row: int) -> None:
+        d = self._rows[row]
+        if d is not None:
+            d.reset()
+
+    def move_row(self, src: int, dst: int) -> None:
+        self._rows[dst], self._rows[src] = self._rows[src], self._rows[dst]
+        self.reset_row(src)
+
+    def costs_for(self, target: "Model") -> Optional[object]:
+        return None
+
+
+def as_batch_drafter(drafter: Union[Drafter, BatchDrafter]) -> BatchDrafter:
+    """The drafter itself when it batches, else one wrapping it for a single row (row 0).
+
+    A single-row drafter given by a user is used as is (not copied), so its state (a cache,
+    a counter) is what the user sees; it can only serve one row at a time."""
+    if isinstance(drafter, BatchDrafter):
+        return drafter
+    if not isinstance(drafter, Drafter):
+        raise ConfigError(f"{type(drafter).__name__} is not a drafter: it needs prepare/propose/on_verified/reset "
+                          "(specdecode.Drafter) or the batched protocol (specdecode.BatchDrafter)")
+    # its own ``gamma`` if it has one (prompt lookup's num_draft_tokens); else it decides, up to 64 tokens
+    gamma = getattr(drafter, "gamma", None)
+    fixed: Gamma = gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma > 0 else 64
+    return PerRowDrafters(lambda: drafter, fixed, max_rows=1)

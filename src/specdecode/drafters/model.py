@@ -1,16 +1,29 @@
-"""Draft with a separate small model that shares the target's tokenizer."""
+"""Draft with a separate small model that shares the target's tokenizer, for one row or many.
+
+One class serves ``generate`` (one row) and the server (many rows): the draft keeps one
+batched KV cache with the target's row layout, and a step costs γ batched forwards whatever
+the batch size: one forward catching every row up with what it has not seen (the verified
+correction or bonus tokens), then γ − 1 single-token forwards. Per-row drafters would cost γ
+forwards *per row*, which alone can make speculation lose at 16 rows.
+
+Row bookkeeping: after a proposal a row's cache holds the sequence plus its first g − 1 draft
+tokens; ``on_verified_row`` keeps the accepted ones. Rows that draft fewer tokens than others
+in a forward are fed a padding token whose cache entry is dropped right after, so a row's
+cache only ever holds its own real tokens. Each row draws from its own generator in the same
+order whatever else is in the batch, so sampling stays exact and seeded runs reproduce.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Optional, Union
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import torch
 
 from ..config import ConfigError
-from ..costmodel import MAX_GAMMA, AdaptiveGamma, load_or_measure_costs
+from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import draw, probs_from_logits
-from .base import Draft, DraftContext, VocabularyMismatchError
+from .base import Acceptance, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma
 from .vocab import VocabSpec, draft_vocab_for
 
 if TYPE_CHECKING:
@@ -40,62 +53,89 @@ PROBE_WINDOW = 64  # context tokens a probe after plain-decoding steps feeds the
 
 
 class DraftModelDrafter:
-    """Runs ``gamma`` autoregressive steps of a small model per target pass.
+    """Runs γ autoregressive steps of a small model per target pass, for every drafting row at once.
 
-    The draft keeps its own KV cache in step with the verified sequence: after a
-    step it holds the sequence plus its own accepted tokens, so the next
-    proposal feeds only what it has not seen (the target's correction, or the
-    last draft token plus the bonus token after a fully accepted block).
+    ``gamma``: draft length, or "auto" (the decode core's γ policy picks 0..``max_gamma`` each
+    step from measured costs and the running acceptance). ``vocab`` restricts proposals to the
+    most frequent tokens (``drafters/vocab.py``); "auto" uses the cut recommended by the draft's
+    ``draft_vocab.json`` when it has one.
 
-    ``vocab`` restricts its proposals to the most frequent tokens (``drafters/vocab.py``):
-    "auto" uses the cut recommended by the draft's ``draft_vocab.json`` when it has one.
-    """
+    Single-row use (``prepare``/``propose``/``on_verified``/``reset``) is row 0 of the same
+    machinery."""
 
-    def __init__(self, model: "Model", gamma: Union[int, Literal["auto"]] = "auto", max_gamma: int = MAX_GAMMA,
+    wants_hidden = False
+
+    def __init__(self, model: "Model", gamma: Gamma = "auto", max_gamma: int = MAX_GAMMA,
                  vocab: VocabSpec = "auto") -> None:
-        if gamma != "auto" and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
-            raise ConfigError(f"gamma (draft length) must be a positive integer or 'auto', got {gamma!r}")
+        self.gamma = check_gamma(gamma)
         self.model = model
+        self.max_gamma = max_gamma
         self.vocab = draft_vocab_for(model, vocab)
         self._head = self.vocab.head if self.vocab is not None else None
         self._ids = self.vocab.ids.tolist() if self.vocab is not None else None
-        self.gamma = gamma
-        self.max_gamma = max_gamma
-        self.policy: Optional[AdaptiveGamma] = None  # set by prepare() when gamma == "auto"
+        self.acceptance = Acceptance()
         self._checked_target: Optional["Model"] = None
-        self._cache: Optional["KVCache"] = None
         self._target_vocab = model.vocab_size
-        self._n_cached = 0  # sequence tokens covered by the draft cache (it holds tokens _offset.._n_cached)
-        self._offset = 0  # sequence tokens dropped by a windowed catch-up (cache position = index - offset)
-        self._base = 0  # sequence length when the last draft started
-        self._drafted = 0
+        self._cache: Optional["KVCache"] = None
+        self._n_cached: list[int] = []  # sequence tokens covered by the row's cache (tokens _offset.._n_cached)
+        self._offset: list[int] = []  # sequence tokens dropped by a windowed probe (cache position = index - offset)
+        self._base: list[int] = []  # sequence length when the row's last draft started
+        self._drafted: list[int] = []
+        self.last_catch_up = 0  # longest catch-up feed of the last proposal (1-2 in steady state)
 
-    def prepare(self, target: "Model") -> None:
+    # -- setup ------------------------------------------------------------------------------------
+    def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
+        """Check the pair once per target; make room for ``rows`` rows of up to ``max_len`` tokens."""
         if target is not self._checked_target:  # comparing two vocabularies costs ~6 ms: once per target
             check_vocab_compatible(self.model, target)
             if self.model.device != target.device:
                 raise ConfigError(f"draft is on {self.model.device} but target is on {target.device}; "
                                   "load both on one device")
             self._target_vocab = target.vocab_size
-            if self.gamma == "auto":
-                self.policy = AdaptiveGamma(load_or_measure_costs(target, self.model, self._head), self.max_gamma)
             self._checked_target = target
-        if self._cache is None:
-            self._cache = self.model.new_cache(1, self.model.max_seq_len)
-        self.reset()
+        length = min(max_len, self.model.max_seq_len)
+        if self._cache is None or self._cache.batch_size < rows or self._cache.max_len < length:
+            self._cache = self.model.new_cache(rows, length)
+            self._n_cached, self._offset, self._base, self._drafted = ([0] * rows for _ in range(4))
+
+    def costs_for(self, target: "Model") -> Optional[Costs]:
+        """The measured c and v(k) for the γ policy (cached per machine and pair); None for a fixed γ."""
+        if self.gamma != "auto":
+            return None
+        return load_or_measure_costs(target, self.model, self._head)
+
+    @property
+    def max_len(self) -> int:
+        return self._cache.max_len if self._cache is not None else self.model.max_seq_len
+
+    def reset_row(self, row: int) -> None:
+        if self._cache is not None:
+            self._cache.reset(row)
+            self._n_cached[row] = self._offset[row] = self._base[row] = self._drafted[row] = 0
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row ``src`` becomes row ``dst`` (the core keeps its running rows contiguous)."""
+        assert self._cache is not None
+        self._cache.move_row(src, dst)
+        for xs in (self._n_cached, self._offset, self._base, self._drafted):
+            xs[dst] = xs[src]
+        self.reset_row(src)
+
+    # -- single-row protocol ----------------------------------------------------------------------
+    def prepare(self, target: "Model") -> None:
+        self.prepare_rows(target, 1, self.model.max_seq_len)
+        self.reset_row(0)
 
     def reset(self) -> None:
-        if self._cache is not None:
-            self._cache.reset()
-        self._n_cached = self._offset = self._base = self._drafted = 0
-        if self.policy is not None:
-            self.policy.reset()
+        self.reset_row(0)
 
-    def _logits(self, new_tokens: list[int]) -> torch.Tensor:
-        """The last position's logits: over the restricted vocabulary when there is one."""
-        ids = torch.tensor([new_tokens], dtype=torch.long, device=self.model.device)
-        return self.model.forward(ids, self._cache, last_only=True, head=self._head)[0, -1]
+    def propose(self, ctx: DraftContext) -> Draft:
+        return self.propose_rows({0: ctx})[0]
 
+    def on_verified(self, n_accepted: int) -> None:
+        self.on_verified_row(0, n_accepted)
+
+    # -- drafting ---------------------------------------------------------------------------------
     def _full(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary (-inf where the draft cannot propose)."""
         if self.vocab is not None:
@@ -108,70 +148,106 @@ class DraftModelDrafter:
             logits = fixed
         return logits
 
-    def propose(self, ctx: DraftContext) -> Draft:
-        if self._cache is None:
-            raise RuntimeError("DraftModelDrafter.prepare(target) must be called before propose()")
-        n = len(ctx.tokens)
-        want = self.policy.choose() if self.policy is not None else int(self.gamma)
-        g = min(want, ctx.max_tokens, self._cache.max_len - (n - self._offset))
-        self._base, self._drafted = n, 0
-        if g <= 0:  # plain decoding this step: the cheap path (no inference-mode switch)
-            return Draft()
-        with torch.inference_mode():  # once per proposal, not once per draft step
-            return self._draft(ctx, n, g)
-
-    def _catch_up(self, tokens: list[int]) -> torch.Tensor:
-        """Feed the sequence tokens the cache lacks; return the logits after the last one.
-
-        A probe after a stretch of plain decoding (``policy.resuming``) would have to feed every
-        token since the draft last ran, which costs about 1% of a target step per token and
-        would be most of what a useless drafter costs. So a probe that lags by more than
-        ``PROBE_WINDOW`` tokens restarts the draft on the last ``PROBE_WINDOW`` tokens only (RoPE
-        attention depends on relative positions, so the draft sees a shorter context, not a
-        shifted one). Proposals stay exact whatever context the draft saw."""
-        n = len(tokens)
-        lag = n - self._n_cached
-        if lag > PROBE_WINDOW and self.policy is not None and self.policy.resuming:
-            self._cache.reset()
-            self._offset = self._n_cached = n - PROBE_WINDOW
-        return self._logits(tokens[self._n_cached :])
-
-    def _draft(self, ctx: DraftContext, n: int, g: int) -> Draft:
-        assert self._cache is not None
-        if self._n_cached >= n:  # nothing new (or a rollback): re-feed the last token for its logits
-            self._n_cached = n - 1 if self._n_cached == n else 0
-            if self._n_cached < self._offset:  # rolled back past the window: start over from the sequence start
-                self._n_cached = self._offset = 0
-            self._cache.set_length(self._n_cached - self._offset)
-        logits = self._catch_up(ctx.tokens)
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        greedy = ctx.sampling.greedy
-        for i in range(g):
-            if greedy and self.model.vocab_size == self._target_vocab:
+    def _pick(self, logits: torch.Tensor, ctx: DraftContext, probs: list[torch.Tensor]) -> int:
+        """One draft token from a row's last logits (greedy, or drawn from the filtered law)."""
+        if ctx.sampling.greedy:
+            if self.model.vocab_size == self._target_vocab:
                 t = argmax_list(logits)[0]
-                if self._ids is not None:
-                    t = self._ids[t]
-            elif greedy:
-                t = argmax_list(self._full(logits))[0]
-            else:
-                q = probs_from_logits(self._full(logits).unsqueeze(0), ctx.sampling)
-                t = int(draw(q, ctx.generator)[0])
-                probs.append(q[0])
-            tokens.append(t)
-            if i < g - 1:
-                logits = self._logits([t])
-        self._drafted = g
-        self._n_cached = n + g - 1
-        return Draft(tokens, torch.stack(probs) if probs else None)
+                return self._ids[t] if self._ids is not None else t
+            return argmax_list(self._full(logits))[0]
+        q = probs_from_logits(self._full(logits).unsqueeze(0), ctx.sampling)
+        probs.append(q[0])
+        return int(draw(q, ctx.generator)[0])
 
-    def on_verified(self, n_accepted: int) -> None:
-        """Keep the sequence plus the accepted draft tokens that are in the cache (at most gamma - 1)."""
-        if self._cache is None or self._drafted == 0:
+    def _forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """Append each row's tokens (rows between them get padding, dropped after) and return each
+        fed row's last logits."""
+        cache = self._cache
+        assert cache is not None
+        if len(feeds) == 1:  # one row: no padding, no bookkeeping
+            (r, f), = feeds.items()
+            ids = torch.tensor([f], dtype=torch.long, device=self.model.device)
+            return {r: self.model.forward(ids, cache, rows=slice(r, r + 1), last_only=True, head=self._head)[0, -1]}
+        lo, hi = min(feeds), max(feeds) + 1
+        width = max(len(f) for f in feeds.values())
+        if max(cache.lengths[lo:hi]) + width > cache.max_len:
+            out: dict[int, torch.Tensor] = {}  # padding would overflow a nearly full row: one row at a time
+            for r, f in feeds.items():
+                out.update(self._forward({r: f}))
+            return out
+        real = [cache.lengths[r] + len(feeds.get(r, ())) for r in range(lo, hi)]
+        ids = [feeds.get(r, []) + [0] * (width - len(feeds.get(r, ()))) for r in range(lo, hi)]
+        x = torch.tensor(ids, dtype=torch.long, device=self.model.device)
+        logits = self.model.forward(x, cache, rows=slice(lo, hi), head=self._head)
+        for r, n in zip(range(lo, hi), real):
+            cache.set_length(n, r)
+        return {r: logits[r - lo, len(f) - 1] for r, f in feeds.items()}
+
+    def _start(self, row: int, ctx: DraftContext) -> list[int]:
+        """Roll the row's cache back if the sequence did, and return the tokens it has not seen.
+
+        A probe after a stretch of plain decoding would have to feed every token since the draft
+        last ran, about 1% of a target step per token: most of what a useless drafter costs. So a
+        probe that lags by more than ``PROBE_WINDOW`` tokens restarts the row on the last
+        ``PROBE_WINDOW`` tokens only (RoPE attention depends on relative positions, so the draft
+        sees a shorter context, not a shifted one). Proposals stay exact whatever it saw."""
+        cache = self._cache
+        assert cache is not None
+        n = len(ctx.tokens)
+        if self._n_cached[row] >= n:  # nothing new (or a rollback): re-feed the last token for its logits
+            self._n_cached[row] = n - 1 if self._n_cached[row] == n else 0
+            if self._n_cached[row] < self._offset[row]:  # rolled back past the window: start over
+                self._n_cached[row] = self._offset[row] = 0
+            cache.set_length(self._n_cached[row] - self._offset[row], row)
+        if ctx.probe and n - self._n_cached[row] > PROBE_WINDOW:
+            cache.reset(row)
+            self._offset[row] = self._n_cached[row] = n - PROBE_WINDOW
+        return ctx.tokens[self._n_cached[row]:]
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        """Draft up to ``ctx.max_tokens`` tokens for each row in ``contexts`` (row -> context)."""
+        cache = self._cache
+        if cache is None:
+            raise RuntimeError("DraftModelDrafter.prepare(target) must be called before propose()")
+        want: dict[int, int] = {}
+        drafts = {r: Draft() for r in contexts}
+        for r, ctx in contexts.items():
+            n = len(ctx.tokens)
+            g = min(ctx.max_tokens, cache.max_len - (n - self._offset[r]))
+            if self.gamma != "auto":
+                g = min(g, self.gamma)
+            self._base[r], self._drafted[r] = n, 0
+            if g > 0:
+                want[r] = g
+        if not want:  # plain decoding this step: the cheap path (no inference-mode switch)
+            return drafts
+        with torch.inference_mode():  # once per proposal, not once per draft step
+            feeds = {r: self._start(r, contexts[r]) for r in want}
+            self.last_catch_up = max(len(f) for f in feeds.values())
+            logits = self._forward(feeds)
+            tokens: dict[int, list[int]] = {r: [] for r in want}
+            probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
+            for i in range(max(want.values())):
+                nxt: dict[int, list[int]] = {}
+                for r, g in want.items():
+                    if i < g:
+                        t = self._pick(logits[r], contexts[r], probs[r])
+                        tokens[r].append(t)
+                        if i < g - 1:
+                            nxt[r] = [t]
+                if nxt:
+                    logits = self._forward(nxt)
+        for r, g in want.items():
+            self._drafted[r] = g
+            self._n_cached[r] = self._base[r] + g - 1
+            drafts[r] = Draft(tokens[r], torch.stack(probs[r]) if probs[r] else None)
+        return drafts
+
+    def on_verified_row(self, row: int, n_accepted: int) -> None:
+        """Keep the sequence plus the accepted draft tokens that are in the cache (at most g - 1)."""
+        if self._cache is None or self._drafted[row] == 0:
             return
-        if self.policy is not None:
-            self.policy.update(self._drafted, n_accepted)
-        keep = self._base + min(n_accepted, self._drafted - 1)
-        self._cache.set_length(keep - self._offset)
-        self._n_cached = keep
-        self._drafted = 0
+        keep = self._base[row] + min(n_accepted, self._drafted[row] - 1)
+        self._cache.set_length(keep - self._offset[row], row)
+        self._n_cached[row] = keep
+        self._drafted[row] = 0

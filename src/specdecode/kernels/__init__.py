@@ -16,8 +16,9 @@ more than one). fp32 weights are unaffected (computed as by ``fast_linear``).
 
 ``SPECDECODE_KERNEL_ISA`` = scalar | avx2 | avx512 | avx512bf16 (read once when
 the extension loads; default: the best the CPU has) forces a code path, for
-comparisons and tests; ``set_kernel_isa`` changes it at runtime. Paths agree to
-fp32 rounding, not bit for bit.
+comparisons and tests; ``set_kernel_isa`` changes it at runtime (for the whole
+process: it picks the extension's instructions, not a model's arithmetic). Paths
+agree to fp32 rounding, not bit for bit; ``supported_isas`` lists this CPU's.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 and cached under ``$TORCH_EXTENSIONS_DIR`` if set, else
@@ -25,9 +26,10 @@ and cached under ``$TORCH_EXTENSIONS_DIR`` if set, else
 ninja, a non-x86 CPU without AVX2), one warning is logged and everything falls
 back to ``F.linear``. ``SPECDECODE_FAST_LINEAR=0`` turns the fast path off.
 
-Nothing enables it by default: call ``enable_fast_linear()`` (it installs the
-kernel with ``specdecode.ops.set_linear_impl``), or ``enable_fast_linear(bf16_dot=True)``
-for the bf16-dot variant.
+Which kernels a model runs with belongs to that model, not to the process:
+``load_model(path, fast=..., matmul=...)`` picks a ``Kernels`` (``select_kernels``)
+and installs it on the module (``install_kernels``), so an eager baseline and a
+fast model can run side by side in one process.
 """
 
 from __future__ import annotations
@@ -35,20 +37,24 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from .. import ops
 from .build import ExtensionBuildError, build_extension
+from .fused import fused_ops_available, load_fused_extension
 
 __all__ = [
-    "enable_fast_linear", "fast_linear", "fast_linear_available", "fast_linear_bf16", "fast_linear_enabled",
-    "fast_linear_mode", "kernel_isa", "load_extension", "native_linear", "set_kernel_isa",
+    "EAGER", "Kernels", "LinearFn", "fast_linear", "fast_linear_available", "fast_linear_bf16", "install_kernels",
+    "ISAS", "kernel_isa", "load_extension", "select_kernels", "set_kernel_isa", "supported_isas",
 ]
+
+LinearFn = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 
 logger = logging.getLogger(__name__)
 
@@ -129,47 +135,21 @@ def fast_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return fast_linear(x, weight, bias)
 
 
-def fast_linear_mode() -> Optional[str]:
-    """Which kernel variant is the installed ``specdecode.ops.linear``: "fp32", "bf16_dot", or None."""
-    if _ext is None:
-        return None
-    if ops._linear_impl is _ext.linear:
-        return "fp32"
-    if ops._linear_impl is _ext.linear_bf16_dot:
-        return "bf16_dot"
-    return None
-
-
-def fast_linear_enabled() -> bool:
-    """Whether the kernel (either variant) is the installed ``specdecode.ops.linear`` implementation."""
-    return fast_linear_mode() is not None
-
-
-def enable_fast_linear(enabled: bool = True, bf16_dot: bool = False) -> bool:
-    """Install (or, with False, remove) the kernel as ``specdecode.ops.linear``; True if it is active.
-
-    ``bf16_dot=True`` installs the bf16-dot variant (see ``fast_linear_bf16``): faster
-    with bf16 weights, x rounded to bf16; the default keeps exact fp32 products.
-    Returns False, leaving ``F.linear`` in place, when ``SPECDECODE_FAST_LINEAR=0``
-    or the kernel cannot be built here.
-    """
-    if not enabled:
-        if fast_linear_enabled():
-            ops.set_linear_impl(None)
-        return False
-    if not fast_linear_available():
-        ops.set_linear_impl(None)  # as documented: F.linear is what runs now
-        return False
-    assert _ext is not None
-    # The extension's own entry points: checks and the eager fallback are in C++,
-    # so the per-call cost over F.linear is one pybind call.
-    ops.set_linear_impl(_ext.linear_bf16_dot if bf16_dot else _ext.linear)
-    return True
-
-
 def kernel_isa() -> Optional[str]:
     """The code path the kernel uses now ("scalar", "avx2", "avx512", "avx512bf16"), None if unavailable."""
     return _ext.isa() if fast_linear_available() else None  # type: ignore[union-attr]
+
+
+ISAS = ("scalar", "avx2", "avx512", "avx512bf16")  # the kernel's code paths, each needing more of the CPU
+
+
+def supported_isas() -> tuple[str, ...]:
+    """The code paths this CPU can run, in ``ISAS`` order (empty when the kernel is unavailable):
+    what comparison scripts offer, marking the others absent instead of failing on them."""
+    if not fast_linear_available():
+        return ()
+    assert _ext is not None
+    return ISAS[: ISAS.index(_ext.best_isa()) + 1]
 
 
 def set_kernel_isa(isa: str = "auto") -> str:
@@ -182,13 +162,58 @@ def set_kernel_isa(isa: str = "auto") -> str:
     return _ext.set_isa(isa)  # type: ignore[union-attr]
 
 
-def native_linear() -> Optional[tuple[int, bool]]:
-    """The installed ``ops.linear`` as C++ can call it: (function address, bf16_dot), (0, False) for
-    ``F.linear`` (eager ``at::linear``), or None for any other implementation (then only Python may call it)."""
-    if ops._linear_impl is F.linear:
-        return 0, False
-    mode = fast_linear_mode()
-    if mode is None:
-        return None
+@dataclass(frozen=True)
+class Kernels:
+    """What one model computes its projections and decode-step layers with.
+
+    Held by the model (``install_kernels``), never by the process, so two models in one
+    process can differ: the bench's eager baseline beside the fast target, a draft
+    with other settings than its target.
+
+    ``linear``: every projection (``F.linear`` or the small-M kernel). ``fused``: the fused
+    decode-op extension for Llama layers, or None for the eager layer. ``native``: ``linear``
+    as C++ can call it, (function address, bf16_dot), with (0, False) meaning ``at::linear``;
+    None when only Python can call it (then the fused path loops over layers in Python).
+    ``mode``: "eager", "fp32" or "bf16_dot", what the cost cache and the bench record.
+    """
+
+    linear: LinearFn = F.linear
+    fused: Optional[ModuleType] = None
+    native: Optional[tuple[int, bool]] = (0, False)
+    mode: str = "eager"
+
+    @property
+    def fast(self) -> bool:
+        """Whether the small-M kernel does the projections."""
+        return self.mode != "eager"
+
+    def describe(self) -> str:
+        """A short label, e.g. "bf16_dot/avx2+fused": the cost cache key (timings differ per kernel and code path)."""
+        label = self.mode
+        if self.fast and _ext is not None:
+            label += f"/{_ext.isa()}"
+        return label + ("+fused" if self.fused is not None else "")
+
+
+EAGER = Kernels()
+
+
+def select_kernels(fast: bool, matmul: str, device: torch.device) -> Kernels:
+    """The kernels a model loaded on ``device`` runs with: the small-M kernel (``matmul`` "bf16":
+    bf16-dot products for bf16 weights, "fp32": exact products) and the fused ops on the CPU when
+    ``fast`` and they build here, else ``EAGER`` (a failed build logs one line, once)."""
+    if not fast or device.type != "cpu" or not fast_linear_available():
+        return EAGER
     assert _ext is not None
-    return int(_ext.linear_address()), mode == "bf16_dot"
+    bf16_dot = matmul == "bf16"
+    fused = load_fused_extension() if fused_ops_available() else None
+    return Kernels(linear=_ext.linear_bf16_dot if bf16_dot else _ext.linear, fused=fused,
+                   native=(int(_ext.linear_address()), bf16_dot), mode="bf16_dot" if bf16_dot else "fp32")
+
+
+def install_kernels(module: nn.Module, kernels: Kernels) -> None:
+    """Make ``module`` and every submodule that reads kernels (a class attribute ``kernels``,
+    ``EAGER`` by default, so a module built for training runs eager) use ``kernels``."""
+    for m in module.modules():
+        if isinstance(getattr(type(m), "kernels", None), Kernels):
+            m.kernels = kernels

@@ -13,6 +13,13 @@
 // like the small-M linear kernel, so verification logits equal one-at-a-time
 // logits exactly.
 //
+// Tree drafts: attention and stack_forward take optional positions (RoPE) and an
+// optional tree mask over the new tokens (at most 64: one 64-bit ancestor set per
+// query). A query then attends to its row's keys before the pass plus the new
+// keys of its ancestors and itself, gathered in slot order, so its arithmetic is
+// that of the same tokens fed as a plain chain: a tree node's output equals its
+// root-to-node path's bit for bit, and a chain-shaped tree equals the causal pass.
+//
 // Only AVX2/FMA hosts use this (the Python side checks has_avx2()); the vector
 // code carries per-function target attributes so the module itself loads on any
 // x86-64 CPU.
@@ -279,18 +286,25 @@ DOPS_AVX2 float softmax_numer(float* s, int64_t n) {
   return sum;
 }
 
-// One query (already rotated) against keys [0, n) of one kv head: out = softmax(q.K^T * scale) V.
+// One query (already rotated) against keys [0, n) of one kv head, then the keys at slots
+// extra_base + j for each bit j of ``extra`` (a tree query's ancestors; 0 for a chain), in that
+// order: out = softmax(q.K^T * scale) V.
 DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase, int64_t kstride, int64_t n,
-                          int64_t D, float scale, float* scores, float* out) {
+                          uint64_t extra, int64_t extra_base, int64_t D, float scale, float* scores, float* out) {
   for (int64_t j = 0; j < n; ++j) scores[j] = dot(q, kbase + j * kstride, D) * scale;
-  const float inv = 1.0f / softmax_numer(scores, n);
+  int64_t m = n;
+  for (uint64_t e = extra; e; e &= e - 1) scores[m++] = dot(q, kbase + (extra_base + __builtin_ctzll(e)) * kstride, D) * scale;
+  const float inv = 1.0f / softmax_numer(scores, m);
   for (int64_t i = 0; i < D; ++i) out[i] = 0.f;
   for (int64_t j = 0; j < n; ++j) axpy(scores[j], vbase + j * kstride, out, D);
+  m = n;
+  for (uint64_t e = extra; e; e &= e - 1) axpy(scores[m++], vbase + (extra_base + __builtin_ctzll(e)) * kstride, out, D);
   for (int64_t i = 0; i < D; ++i) out[i] *= inv;
 }
 
-// All queries of one kv head (nq of them, rotated, [nq][NV*8]; query qi sits at position
-// qpos[qi] and attends keys 0..qpos[qi]) against keys [0, n_keys).
+// All queries of one kv head (nq of them, rotated, [nq][NV*8]; query qi attends keys
+// [0, nkeys[qi]), then, when ``extra`` is given, the keys at slots extra_base + j for each bit j
+// of extra[qi], ascending) against keys [0, n_keys); n_keys is also the stride of S's rows.
 //
 // Why tiled: the queries of one kv head (every token of the pass times the heads sharing it)
 // all read the same K and V rows. Query by query, each would stream them from L2 again (8
@@ -301,19 +315,21 @@ DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase
 // (keys in blocks of 8 reduce together with hsum8x8, which gives the same bits); the softmax
 // is per query over its whole row; the weighted sum of V runs over keys in ascending order per
 // query, its accumulators parked in ``acc_buf`` between tiles. That is attend_one's arithmetic,
-// so a query's result is identical to it bit for bit, whatever other queries share the call.
+// so a query's result is identical to it bit for bit, whatever other queries share the call. A
+// tree query's extra keys come after its prefix, scored into the next entries of its row of S
+// and summed after the prefix's tiles: the order of the same tokens fed as a chain.
 constexpr int64_t kKeyTile = 32;
 
 template <int NV>
-DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* qpos, int64_t nq, const float* kbase,
-                                const float* vbase, int64_t n_keys, float scale, float* S, float* acc_buf,
-                                float* const* outs) {
+DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint64_t* extra, int64_t extra_base,
+                                int64_t nq, const float* kbase, const float* vbase, int64_t n_keys, float scale,
+                                float* S, float* acc_buf, float* const* outs) {
 #if DOPS_X86
   constexpr int64_t D = NV * 8;
   const __m256 sc = _mm256_set1_ps(scale);
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
     for (int64_t qi = 0; qi < nq; ++qi) {
-      const int64_t j1 = std::min(j0 + kKeyTile, qpos[qi] + 1);
+      const int64_t j1 = std::min(j0 + kKeyTile, nkeys[qi]);
       const float* q = Q + qi * D;
       float* s = S + qi * n_keys;
       int64_t j = j0;
@@ -336,11 +352,26 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* qpos, int64_t nq,
     }
   }
   std::vector<float> inv(nq);
-  for (int64_t qi = 0; qi < nq; ++qi) inv[qi] = 1.0f / softmax_numer(S + qi * n_keys, qpos[qi] + 1);
+  if (extra != nullptr) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const float* q = Q + qi * D;
+      float* s = S + qi * n_keys;
+      int64_t m = nkeys[qi];
+      for (uint64_t e = extra[qi]; e; e &= e - 1) {
+        const float* kb = kbase + (extra_base + __builtin_ctzll(e)) * D;
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kb + 8 * i), acc);
+        s[m++] = hsum8(acc) * scale;
+      }
+      inv[qi] = 1.0f / softmax_numer(s, m);
+    }
+  } else {
+    for (int64_t qi = 0; qi < nq; ++qi) inv[qi] = 1.0f / softmax_numer(S + qi * n_keys, nkeys[qi]);
+  }
   std::fill(acc_buf, acc_buf + nq * D, 0.f);
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
     for (int64_t qi = 0; qi < nq; ++qi) {
-      const int64_t j1 = std::min(j0 + kKeyTile, qpos[qi] + 1);
+      const int64_t j1 = std::min(j0 + kKeyTile, nkeys[qi]);
       if (j1 <= j0) continue;
       const float* s = S + qi * n_keys;
       float* a = acc_buf + qi * D;
@@ -353,6 +384,21 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* qpos, int64_t nq,
       for (int i = 0; i < NV; ++i) _mm256_storeu_ps(a + 8 * i, acc[i]);
     }
   }
+  if (extra != nullptr) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const float* s = S + qi * n_keys;
+      float* a = acc_buf + qi * D;
+      __m256 acc[NV];
+      for (int i = 0; i < NV; ++i) acc[i] = _mm256_loadu_ps(a + 8 * i);
+      int64_t m = nkeys[qi];
+      for (uint64_t e = extra[qi]; e; e &= e - 1) {
+        const float* vb = vbase + (extra_base + __builtin_ctzll(e)) * D;
+        const __m256 wj = _mm256_set1_ps(s[m++]);
+        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vb + 8 * i), acc[i]);
+      }
+      for (int i = 0; i < NV; ++i) _mm256_storeu_ps(a + 8 * i, acc[i]);
+    }
+  }
   for (int64_t qi = 0; qi < nq; ++qi) {
     const __m256 iv = _mm256_set1_ps(inv[qi]);
     for (int i = 0; i < NV; ++i)
@@ -361,11 +407,12 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* qpos, int64_t nq,
 #endif
 }
 
-void attend_grouped(int64_t nv, const float* Q, const int64_t* qpos, int64_t nq, const float* kbase,
-                    const float* vbase, int64_t n_keys, float scale, float* S, float* acc_buf, float* const* outs) {
+void attend_grouped(int64_t nv, const float* Q, const int64_t* nkeys, const uint64_t* extra, int64_t extra_base,
+                    int64_t nq, const float* kbase, const float* vbase, int64_t n_keys, float scale, float* S,
+                    float* acc_buf, float* const* outs) {
   switch (nv) {
 #define DOPS_CASE(N) \
-  case N: attend_grouped_t<N>(Q, qpos, nq, kbase, vbase, n_keys, scale, S, acc_buf, outs); break;
+  case N: attend_grouped_t<N>(Q, nkeys, extra, extra_base, nq, kbase, vbase, n_keys, scale, S, acc_buf, outs); break;
     DOPS_CASE(1) DOPS_CASE(2) DOPS_CASE(3) DOPS_CASE(4) DOPS_CASE(5) DOPS_CASE(6) DOPS_CASE(7) DOPS_CASE(8)
     DOPS_CASE(9) DOPS_CASE(10) DOPS_CASE(11) DOPS_CASE(12) DOPS_CASE(13) DOPS_CASE(14) DOPS_CASE(15) DOPS_CASE(16)
 #undef DOPS_CASE
@@ -373,14 +420,65 @@ void attend_grouped(int64_t nv, const float* Q, const int64_t* qpos, int64_t nq,
   }
 }
 
+// The optional tree arguments as raw arrays, checked once per pass (stack_forward: not per layer).
+struct TreeArgs {
+  at::Tensor positions;  // int64 [B, T] contiguous, or undefined
+  std::vector<int64_t> depth_pos;  // a tree's default positions: start + depth (ancestors), when none given
+  std::vector<uint64_t> anc;  // per (b, t): bit j = new token j is t itself or an ancestor; empty = causal chain
+  const int64_t* pos() const {
+    return positions.defined() ? positions.data_ptr<int64_t>() : depth_pos.empty() ? nullptr : depth_pos.data();
+  }
+  const uint64_t* bits() const { return anc.empty() ? nullptr : anc.data(); }
+};
+
+TreeArgs tree_args(const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& tree_mask,
+                   const std::vector<int64_t>& starts, int64_t T) {
+  const int64_t B = static_cast<int64_t>(starts.size());
+  TreeArgs a;
+  if (positions.has_value() && positions->defined()) {
+    const at::Tensor& p = *positions;
+    TORCH_CHECK(p.device().is_cpu() && p.scalar_type() == at::kLong && p.dim() == 2 && p.size(0) == B &&
+                    p.size(1) == T,
+                "decode_ops: positions must be an int64 [B, T] CPU tensor (B = ", B, ", T = ", T, ")");
+    a.positions = p.contiguous();
+  }
+  if (tree_mask.has_value() && tree_mask->defined()) {
+    const at::Tensor& m = *tree_mask;
+    TORCH_CHECK(T <= 64, "decode_ops: a tree mask covers at most 64 new tokens per pass, got ", T,
+                " (use the eager path or a smaller tree)");
+    TORCH_CHECK(m.device().is_cpu() && (m.scalar_type() == at::kBool || m.scalar_type() == at::kByte) &&
+                    ((m.dim() == 3 && m.size(0) == B && m.size(1) == T && m.size(2) == T) ||
+                     (m.dim() == 2 && m.size(0) == T && m.size(1) == T)),
+                "decode_ops: tree_mask must be a bool [B, T, T] or [T, T] CPU tensor (B = ", B, ", T = ", T, ")");
+    const at::Tensor mc = m.contiguous();
+    const uint8_t* mp = static_cast<const uint8_t*>(mc.data_ptr());
+    const bool shared = m.dim() == 2;
+    a.anc.resize(B * T);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) {
+        const uint8_t* r = mp + ((shared ? 0 : b) * T + i) * T;
+        uint64_t bits = uint64_t(1) << i;  // a token always sees itself
+        for (int64_t j = 0; j < T; ++j)
+          if (r[j]) bits |= uint64_t(1) << j;
+        a.anc[b * T + i] = bits;
+      }
+    if (!a.positions.defined()) {
+      a.depth_pos.resize(B * T);
+      for (int64_t i = 0; i < B * T; ++i) a.depth_pos[i] = starts[i / T] + __builtin_popcountll(a.anc[i]) - 1;
+    }
+  }
+  return a;
+}
+
 // qkv [B, T, (H + 2*KV) * D] (q heads, then k heads, then v heads, as the fused projection
 // writes them); cos/sin [max_len, D]; k_cache/v_cache [rows, KV, max_len, D] (one layer).
-// For batch row b and token t at position p = starts[b] + t: rotates q and k with
-// RoPE at p, writes k and v into cache row row0 + b at p, then attends every q head to
-// the keys at positions 0..p of its kv head. Returns [B, T, H * D].
-at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
-                     at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV,
-                     int64_t D, double scale) {
+// For batch row b and token t at slot p = starts[b] + t: rotates q and k with RoPE at
+// pos[b, t] (default p), writes k and v into cache row row0 + b at slot p, then attends every
+// q head to the keys at slots 0..p of its kv head, or with a tree, to slots [0, starts[b]) and
+// starts[b] + j for each ancestor-or-self j of t. Returns [B, T, H * D].
+at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                          at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV,
+                          int64_t D, double scale, const TreeArgs& tree) {
   check_rows(qkv, "qkv");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
@@ -398,9 +496,15 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   const int64_t L = k_cache.size(2);
   TORCH_CHECK(row0 >= 0 && row0 + B <= k_cache.size(0), "decode_ops: cache rows out of range");
   TORCH_CHECK(cos.dim() == 2 && cos.size(1) == D && sin.sizes() == cos.sizes(), "decode_ops: cos/sin must be [max_len, D]");
+  const int64_t* pos = tree.pos();
+  const uint64_t* anc = tree.bits();
+  const int64_t max_pos = pos ? L : std::min(L, cos.size(0));
   for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(starts[b] >= 0 && starts[b] + T <= std::min(L, cos.size(0)),
+    TORCH_CHECK(starts[b] >= 0 && starts[b] + T <= max_pos,
                 "decode_ops: positions ", starts[b], "..", starts[b] + T, " exceed the cache or RoPE table");
+  if (pos != nullptr)
+    for (int64_t i = 0; i < B * T; ++i)
+      TORCH_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "decode_ops: position ", pos[i], " outside the RoPE table");
 
   const int64_t W = (H + 2 * KV) * D;
   const float* src = qkv.data_ptr<float>();
@@ -411,11 +515,11 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   // 1) RoPE on k and the cache writes, for all new tokens (later queries attend to earlier new keys).
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t p = starts[b] + t;
+      const int64_t p = starts[b] + t, r = pos ? pos[b * T + t] : p;
       const float* tok = src + (b * T + t) * W;
       for (int64_t g = 0; g < KV; ++g) {
         const int64_t off = (row0 + b) * s_row + g * s_head + p * D;
-        rope(tok + (H + g) * D, cp + p * D, sp + p * D, kc + off, D);
+        rope(tok + (H + g) * D, cp + r * D, sp + r * D, kc + off, D);
         std::copy(tok + (H + KV + g) * D, tok + (H + KV + g + 1) * D, vc + off);
       }
     }
@@ -438,7 +542,8 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
       // a query's result does not depend on the block it is in
       const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 20) / (group * max_keys)));
       std::vector<float> qbuf(tb * group * D), scores(tb * group * max_keys), acc_buf(tb * group * D);
-      std::vector<int64_t> qpos(tb * group);
+      std::vector<int64_t> nkeys(tb * group);
+      std::vector<uint64_t> extra(anc ? tb * group : 0);
       std::vector<float*> outs(tb * group);
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t b = w / KV, g = w % KV;
@@ -446,15 +551,18 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
         for (int64_t t0 = 0; t0 < T; t0 += tb) {
           const int64_t t1 = std::min(T, t0 + tb);
           for (int64_t t = t0; t < t1; ++t) {
-            const int64_t p = starts[b] + t;
+            const int64_t p = starts[b] + t, r = pos ? pos[b * T + t] : p;
             for (int64_t hh = 0; hh < group; ++hh) {
               const int64_t qi = (t - t0) * group + hh, h = g * group + hh;
-              rope(src + (b * T + t) * W + h * D, cp + p * D, sp + p * D, qbuf.data() + qi * D, D);
-              qpos[qi] = p;
+              rope(src + (b * T + t) * W + h * D, cp + r * D, sp + r * D, qbuf.data() + qi * D, D);
+              nkeys[qi] = anc ? starts[b] : p + 1;
+              if (anc) extra[qi] = anc[b * T + t];
               outs[qi] = op + (b * T + t) * H * D + h * D;
             }
           }
-          attend_grouped(D / 8, qbuf.data(), qpos.data(), (t1 - t0) * group, kc + off, vc + off, starts[b] + t1,
+          // a tree query may read any of the pass's keys (prefix + at most T): that bounds its row of scores
+          attend_grouped(D / 8, qbuf.data(), nkeys.data(), anc ? extra.data() : nullptr, starts[b],
+                         (t1 - t0) * group, kc + off, vc + off, starts[b] + (anc ? T : t1),
                          static_cast<float>(scale), scores.data(), acc_buf.data(), outs.data());
         }
       }
@@ -464,14 +572,23 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
     std::vector<float> q(D);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / (T * H), t = (w / H) % T, h = w % H;
-      const int64_t p = starts[b] + t, g = h / group;
-      rope(src + (b * T + t) * W + h * D, cp + p * D, sp + p * D, q.data(), D);
+      const int64_t p = starts[b] + t, g = h / group, r = pos ? pos[b * T + t] : p;
+      rope(src + (b * T + t) * W + h * D, cp + r * D, sp + r * D, q.data(), D);
       const int64_t off = (row0 + b) * s_row + g * s_head;
-      attend_one(q.data(), kc + off, vc + off, D, p + 1, D, static_cast<float>(scale), scores.data(),
-                 op + (b * T + t) * H * D + h * D);
+      attend_one(q.data(), kc + off, vc + off, D, anc ? starts[b] : p + 1, anc ? anc[b * T + t] : 0, starts[b], D,
+                 static_cast<float>(scale), scores.data(), op + (b * T + t) * H * D + h * D);
     }
   });
   return out;
+}
+
+at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                     at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV,
+                     int64_t D, double scale, const std::optional<at::Tensor>& positions,
+                     const std::optional<at::Tensor>& tree_mask) {
+  TORCH_CHECK(qkv.dim() == 3, "decode_ops: qkv must be [B, T, (H+2KV)*D]");
+  return attention_impl(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale,
+                        tree_args(positions, tree_mask, starts, qkv.size(1)));
 }
 
 // ------------------------------------------------------------------ embedding
@@ -645,17 +762,23 @@ at::Tensor lin(uintptr_t fn, bool bf16_dot, const at::Tensor& x, const at::Tenso
 
 // x [B, T, dim] fp32 (updated in place: the residual stream); returns the final-normed hidden
 // state [B, T or 1, dim] for the output projection. Same ops, same order as the Python loop.
-at::Tensor stack_forward(const Stack& st, at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                         const std::vector<at::Tensor>& k_layers, const std::vector<at::Tensor>& v_layers,
-                         int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV, int64_t D,
-                         double eps, double scale, bool last_only, uintptr_t linear_fn, bool bf16_dot) {
+// ``states`` (when not null) gets, for each capture[k], a copy of the residual stream after
+// that layer ([B, T or 1, dim], following last_only).
+at::Tensor stack_run(const Stack& st, at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::vector<at::Tensor>& k_layers, const std::vector<at::Tensor>& v_layers, int64_t row0,
+                     const std::vector<int64_t>& starts, int64_t H, int64_t KV, int64_t D, double eps, double scale,
+                     bool last_only, uintptr_t linear_fn, bool bf16_dot, const TreeArgs& tree,
+                     const std::vector<int64_t>& capture, std::vector<at::Tensor>* states) {
   const size_t n = st.wqkv.size();
   TORCH_CHECK(n > 0 && k_layers.size() == n && v_layers.size() == n, "decode_ops: one cache per layer");
+  for (const int64_t c : capture)
+    TORCH_CHECK(c >= 0 && c < static_cast<int64_t>(n), "decode_ops: layer ", c, " outside 0..", n - 1);
+  if (states != nullptr) states->assign(capture.size(), at::Tensor());
   at::Tensor h = rms_norm(x, st.attn_norm[0], eps);
   for (size_t i = 0; i < n; ++i) {
     at::Tensor qkv = lin(linear_fn, bf16_dot, h, st.wqkv[i], st.bqkv[i]);
     at::Tensor kc = k_layers[i], vc = v_layers[i];
-    at::Tensor attn = attention(qkv, cos, sin, kc, vc, row0, starts, H, KV, D, scale);
+    at::Tensor attn = attention_impl(qkv, cos, sin, kc, vc, row0, starts, H, KV, D, scale, tree);
     h = add_rms_norm_(x, lin(linear_fn, bf16_dot, attn, st.wo[i], at::Tensor()), st.mlp_norm[i], eps);
     at::Tensor down = lin(linear_fn, bf16_dot, silu_mul(lin(linear_fn, bf16_dot, h, st.w13[i], at::Tensor())),
                           st.w2[i], at::Tensor());
@@ -667,8 +790,37 @@ at::Tensor stack_forward(const Stack& st, at::Tensor& x, const at::Tensor& cos, 
       x.add_(down);
       h = rms_norm(x.narrow(1, x.size(1) - 1, 1).contiguous(), st.final_norm, eps);
     }
+    if (states != nullptr)
+      for (size_t k = 0; k < capture.size(); ++k)
+        if (capture[k] == static_cast<int64_t>(i))
+          (*states)[k] = (last_only ? x.narrow(1, x.size(1) - 1, 1) : x).clone();
   }
   return h;
+}
+
+at::Tensor stack_forward(const Stack& st, at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                         const std::vector<at::Tensor>& k_layers, const std::vector<at::Tensor>& v_layers,
+                         int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV, int64_t D,
+                         double eps, double scale, bool last_only, uintptr_t linear_fn, bool bf16_dot,
+                         const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& tree_mask) {
+  TORCH_CHECK(x.dim() == 3, "decode_ops: x must be [B, T, dim]");
+  return stack_run(st, x, cos, sin, k_layers, v_layers, row0, starts, H, KV, D, eps, scale, last_only, linear_fn,
+                   bf16_dot, tree_args(positions, tree_mask, starts, x.size(1)), {}, nullptr);
+}
+
+// stack_forward that also returns the residual stream after each layer in ``capture``.
+std::pair<at::Tensor, std::vector<at::Tensor>> stack_forward_states(
+    const Stack& st, at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+    const std::vector<at::Tensor>& k_layers, const std::vector<at::Tensor>& v_layers, int64_t row0,
+    const std::vector<int64_t>& starts, int64_t H, int64_t KV, int64_t D, double eps, double scale, bool last_only,
+    uintptr_t linear_fn, bool bf16_dot, const std::optional<at::Tensor>& positions,
+    const std::optional<at::Tensor>& tree_mask, const std::vector<int64_t>& capture) {
+  TORCH_CHECK(x.dim() == 3, "decode_ops: x must be [B, T, dim]");
+  std::vector<at::Tensor> states;
+  at::Tensor h = stack_run(st, x, cos, sin, k_layers, v_layers, row0, starts, H, KV, D, eps, scale, last_only,
+                           linear_fn, bf16_dot, tree_args(positions, tree_mask, starts, x.size(1)), capture,
+                           &states);
+  return {h, states};
 }
 
 }  // namespace
@@ -682,10 +834,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("silu_mul", &silu_mul, "silu(gate) * up from the fused [..., 2F] gate/up projection",
         pybind11::arg("gate_up"), pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("attention", &attention, "RoPE + KV-cache write + causal GQA attention for new tokens",
+  m.def("attention", &attention,
+        "RoPE + KV-cache write + GQA attention for new tokens (causal, or over a tree mask of at most 64)",
         pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("k_cache"),
         pybind11::arg("v_cache"), pybind11::arg("row0"), pybind11::arg("starts"), pybind11::arg("n_heads"),
         pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("scale"),
+        pybind11::arg("positions") = pybind11::none(), pybind11::arg("tree_mask") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA (required)");
   m.def("sample_rows", &sample_rows, "inverse-CDF draw per row of CPU fp32 weights [rows, n] (-1: invalid row)",
@@ -719,5 +873,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("k_layers"), pybind11::arg("v_layers"), pybind11::arg("row0"), pybind11::arg("starts"),
         pybind11::arg("n_heads"), pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"),
         pybind11::arg("scale"), pybind11::arg("last_only"), pybind11::arg("linear_fn"), pybind11::arg("bf16_dot"),
+        pybind11::arg("positions") = pybind11::none(), pybind11::arg("tree_mask") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("stack_forward_states", &stack_forward_states,
+        "stack_forward, also returning copies of the residual stream after the layers in capture",
+        pybind11::arg("stack"), pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"),
+        pybind11::arg("k_layers"), pybind11::arg("v_layers"), pybind11::arg("row0"), pybind11::arg("starts"),
+        pybind11::arg("n_heads"), pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"),
+        pybind11::arg("scale"), pybind11::arg("last_only"), pybind11::arg("linear_fn"), pybind11::arg("bf16_dot"),
+        pybind11::arg("positions"), pybind11::arg("tree_mask"), pybind11::arg("capture"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -6,10 +6,12 @@ work is three calls (RMSNorm fused with the residual add, attention with RoPE
 and the KV-cache write, SiLU-gating), which cuts the draft's step time, and so
 c, the draft/target cost ratio that every speculative speedup divides by.
 
-Enabled together with the small-M linear kernel (``enable_fast_linear`` turns
-both on); ``SPECDECODE_FUSED_OPS=0`` keeps the eager layer. Models use them only
-for fp32 activations on the CPU with a KV cache (decode and verification);
-training and other dtypes/devices run the eager ops.
+A model uses them when it was loaded with the small-M kernel (``load_model(...,
+fast=True)``, the default; see ``specdecode.kernels.Kernels``); ``SPECDECODE_FUSED_OPS=0``
+keeps the eager layer. Models use them only for fp32 activations on the CPU with a KV
+cache (decode and verification); training and other dtypes/devices run the eager ops.
+Helpers that are exact either way (``ops.argmax_list``, ``sampling.draw``) use the
+extension whenever it is loaded (``loaded_fused_extension``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Optional
 
 from .build import ExtensionBuildError, build_extension
 
-__all__ = ["enable_fused_ops", "fused_ops", "fused_ops_available", "load_fused_extension"]
+__all__ = ["fused_ops_available", "load_fused_extension", "loaded_fused_extension"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +34,6 @@ _SOURCE = Path(__file__).with_name("decode_ops.cpp")
 _lock = threading.Lock()
 _ext: Optional[ModuleType] = None
 _error: Optional[str] = None  # set once a build failed: never retried in this process
-_active: Optional[ModuleType] = None  # what models use now (None: eager ops)
 _warned = False
 
 
@@ -68,13 +69,7 @@ def fused_ops_available() -> bool:
     return True
 
 
-def enable_fused_ops(enabled: bool = True) -> bool:
-    """Make Llama-family layers use the fused ops (or, with False, the eager ones); True if active."""
-    global _active
-    _active = _ext if enabled and fused_ops_available() else None
-    return _active is not None
-
-
-def fused_ops() -> Optional[ModuleType]:
-    """The active extension, or None when the eager layer runs."""
-    return _active
+def loaded_fused_extension() -> Optional[ModuleType]:
+    """The extension if something already loaded it (never builds it): for exact helper ops that
+    need no model's say, such as an argmax or an inverse-CDF draw."""
+    return _ext

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import AttentionMeta, KVCache
-from ..ops import linear
+from ..kernels import EAGER, Kernels
 from .config import ModelConfig
 
 
@@ -26,6 +26,8 @@ def _act(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 class GPT2Block(nn.Module):
+    kernels: Kernels = EAGER  # set per loaded model (kernels.install_kernels)
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         d, f = cfg.dim, cfg.intermediate_size
@@ -38,6 +40,7 @@ class GPT2Block(nn.Module):
         self.wproj, self.bproj = nn.Parameter(torch.empty(d, f)), nn.Parameter(torch.empty(d))
 
     def forward(self, x: torch.Tensor, meta: AttentionMeta, cache: KVCache) -> torch.Tensor:
+        linear = self.kernels.linear
         b, t, d = x.shape
         h = F.layer_norm(x, (d,), self.ln1_w, self.ln1_b, self.eps)
         q, k, v = linear(h, self.wqkv, self.bqkv).split(d, dim=-1)
@@ -50,6 +53,8 @@ class GPT2Block(nn.Module):
 
 
 class GPT2Model(nn.Module):
+    kernels: Kernels = EAGER  # set per loaded model (kernels.install_kernels)
+
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -63,13 +68,25 @@ class GPT2Model(nn.Module):
 
     def forward(self, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
                 last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits for ``tokens`` [B, T]; ``meta`` carries positions, a tree mask and what to capture
+        (``meta.hidden``: after ln_f; ``meta.layer_states[i]``: the residual stream after block i)."""
         x = (F.embedding(tokens, self.wte) + F.embedding(meta.positions, self.wpe)).to(self.lnf_w.dtype)
-        for layer in self.layers:
-            x = layer(x, meta, cache)
+        capture = meta.capture
+        if capture:
+            meta.layer_states = {}
+            for i, layer in enumerate(self.layers):
+                x = layer(x, meta, cache)
+                if i in capture:
+                    meta.layer_states[i] = x[:, -1:] if last_only else x
+        else:
+            for layer in self.layers:
+                x = layer(x, meta, cache)
         if last_only:
             x = x[:, -1:]
         x = F.layer_norm(x, (self.cfg.dim,), self.lnf_w, self.lnf_b, self.cfg.norm_eps)
-        return linear(x, self.wte if head is None else head)
+        if capture is not None:
+            meta.hidden = x
+        return self.kernels.linear(x, self.wte if head is None else head)
 
     @staticmethod
     def convert_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -15,9 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import AttentionMeta, KVCache
-from ..kernels import native_linear
-from ..kernels.fused import fused_ops
-from ..ops import linear, rms_norm
+from ..kernels import EAGER, Kernels
+from ..ops import rms_norm
 from .config import ModelConfig
 
 
@@ -61,6 +60,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class LlamaBlock(nn.Module):
+    kernels: Kernels = EAGER  # set per loaded model (kernels.install_kernels)
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -78,6 +79,7 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: Optional[AttentionMeta], cache: Optional[KVCache]) -> torch.Tensor:
+        linear = self.kernels.linear
         b, t, _ = x.shape
         h = rms_norm(x, self.attn_norm, self.eps)
         qkv = linear(h, self.wqkv, self.bqkv).view(b, t, self.n_heads + 2 * self.n_kv, self.hd).transpose(1, 2)
@@ -115,6 +117,8 @@ class _FusedPlan:
 
 
 class LlamaModel(nn.Module):
+    kernels: Kernels = EAGER  # set per loaded model (kernels.install_kernels)
+
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -132,8 +136,10 @@ class LlamaModel(nn.Module):
     def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
                 last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training).
-        ``head`` replaces the output matrix (a draft's restricted vocabulary)."""
-        ext = fused_ops()
+        ``head`` replaces the output matrix (a draft's restricted vocabulary). ``meta`` carries the
+        optional positions and tree mask, and ``meta.capture`` asks for hidden states, which are
+        left in ``meta.hidden`` (final normed) and ``meta.layer_states`` (residual after layer i)."""
+        ext = self.kernels.fused
         if ext is not None and cache is not None and meta is not None and tokens.device.type == "cpu":
             plan = self._fused_plan()
             if plan.norm.dtype == torch.float32 and cache.k.dtype == torch.float32:
@@ -147,12 +153,22 @@ class LlamaModel(nn.Module):
             positions = meta.positions
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, meta, cache)
+        capture = meta.capture if meta is not None else None
+        if capture:
+            meta.layer_states = {}
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, meta, cache)  # a new tensor per layer: no copy needed
+                if i in capture:
+                    meta.layer_states[i] = x[:, -1:] if last_only else x
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, meta, cache)
         if last_only:
             x = x[:, -1:]
         x = rms_norm(x, self.norm, self.cfg.norm_eps)
-        return linear(x, head)
+        if capture is not None:
+            meta.hidden = x
+        return self.kernels.linear(x, head)
 
     def _fused_plan(self) -> "_FusedPlan":
         """What a fused forward reads from the module, gathered once: nn.Module attribute lookups
@@ -177,7 +193,7 @@ class LlamaModel(nn.Module):
         """The same layer math with the fused CPU ops (``kernels/decode_ops.cpp``): per layer four
         projections plus three ops, each residual add fused into the norm that follows it; the whole
         stack in one C++ call when the installed linear is one C++ can call (else a Python loop)."""
-        cfg = self.cfg
+        cfg, linear = self.cfg, self.kernels.linear
         eps, hd = cfg.norm_eps, cfg.head_dim
         scale = 1.0 / math.sqrt(hd)
         row0 = meta.rows.indices(cache.batch_size)[0]
@@ -185,21 +201,36 @@ class LlamaModel(nn.Module):
             x = ext.embed(tokens, plan.embed)  # a new fp32 tensor, updated in place below
         else:
             x = F.embedding(tokens, plan.embed).to(torch.float32)
-        native = native_linear()
+        native = self.kernels.native
+        # a tree (ancestor mask, at most 64 new tokens) and explicit positions go to the C++ attention
+        # as they are; with a tree and no positions it derives start + depth itself
+        tree, positions, capture = meta.tree, meta.explicit_positions, meta.capture
         if native is not None:  # the whole stack in one C++ call
             if plan.stack is None:
                 cols = [list(col) for col in zip(*plan.layers)]
                 plan.stack = ext.Stack(*cols[:5], plan.attn_norms, cols[5], plan.norm)
-            h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(), cache.v_layers(),
-                                  row0, meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps, scale, last_only,
-                                  native[0], native[1])
+            if capture is not None:
+                h, states = ext.stack_forward_states(
+                    plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(), cache.v_layers(), row0,
+                    meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps, scale, last_only, native[0], native[1],
+                    positions, tree, list(capture))
+                meta.hidden, meta.layer_states = h, dict(zip(capture, states))
+            elif tree is None and positions is None:  # the hot path: exactly the causal call
+                h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(),
+                                      cache.v_layers(), row0, meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps,
+                                      scale, last_only, native[0], native[1])
+            else:
+                h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(),
+                                      cache.v_layers(), row0, meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps,
+                                      scale, last_only, native[0], native[1], positions, tree)
             return linear(h, head)
         h = ext.rms_norm(x, plan.attn_norms[0], eps)
         last = len(plan.layers) - 1
+        states = {}
         for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, next_norm) in enumerate(plan.layers):
             qkv = linear(h, wqkv, bqkv)
             attn = ext.attention(qkv, plan.rope_cos, plan.rope_sin, cache.k_layer(i), cache.v_layer(i), row0,
-                                 meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, scale)
+                                 meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, scale, positions, tree)
             h = ext.add_rms_norm_(x, linear(attn, wo), mlp_norm, eps)
             down = linear(ext.silu_mul(linear(h, w13)), w2)
             if i < last or not last_only:
@@ -207,6 +238,10 @@ class LlamaModel(nn.Module):
             else:
                 x.add_(down)
                 h = ext.rms_norm(x[:, -1:].contiguous(), plan.norm, eps)
+            if capture and i in capture:  # x is updated in place: copy
+                states[i] = (x[:, -1:] if last_only else x).clone()
+        if capture is not None:
+            meta.hidden, meta.layer_states = h, states
         return linear(h, head)
 
     @staticmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -13,6 +14,9 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..cache import KVCache
+from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_MATMUL, DEFAULT_WEIGHT_DTYPE,
+                      check_matmul)
+from ..kernels import Kernels, install_kernels, select_kernels
 from .config import ModelConfig
 from .gpt2 import GPT2Model
 from .llama import LlamaModel
@@ -30,6 +34,15 @@ _DTYPES = {
 
 class ModelNotFoundError(FileNotFoundError):
     pass
+
+
+@dataclass
+class ForwardOutput:
+    """What ``Model.run`` returns: logits, and the hidden states a draft head reads."""
+
+    logits: torch.Tensor  # float32 [B, T (or 1 with last_only), V]
+    hidden: Optional[torch.Tensor] = None  # final normed hidden [B, T or 1, dim] (the lm_head input)
+    layers: dict[int, torch.Tensor] = field(default_factory=dict)  # residual stream after layer i
 
 
 class Model:
@@ -52,6 +65,20 @@ class Model:
         return self.config.vocab_size
 
     @property
+    def kernels(self) -> Kernels:
+        """What this model computes with (chosen by ``load_model``; see ``specdecode.kernels.Kernels``)."""
+        return self.module.kernels
+
+    @kernels.setter
+    def kernels(self, kernels: Kernels) -> None:
+        install_kernels(self.module, kernels)
+
+    @property
+    def fast(self) -> bool:
+        """Whether this model runs the small-M CPU kernel (else eager PyTorch)."""
+        return self.kernels.fast
+
+    @property
     def name(self) -> str:
         return Path(self.path).name or self.path
 
@@ -68,15 +95,56 @@ class Model:
                        self.dtype, self.device)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None,
-                last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
+                last_only: bool = False, head: Optional[torch.Tensor] = None, *,
+                positions: Optional[torch.Tensor] = None, tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Append ``tokens`` [B, T] to the cache rows and return float32 logits [B, T or 1, V].
 
         ``head`` replaces the output matrix (rows of ``output_matrix()``: a draft's restricted
-        vocabulary), and the logits then have one column per row of it."""
+        vocabulary), and the logits then have one column per row of it. ``positions`` and
+        ``tree_mask``: see ``run``."""
+        if positions is not None or tree_mask is not None:
+            return self.run(tokens, cache, rows, last_only=last_only, head=head, positions=positions,
+                            tree_mask=tree_mask).logits
         if torch.is_inference_mode_enabled():  # entering the mode again costs a draft step ~3%
             return self._forward(tokens, cache, rows, last_only, head)
         with torch.inference_mode():
             return self._forward(tokens, cache, rows, last_only, head)
+
+    def run(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None, *, last_only: bool = False,
+            head: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
+            tree_mask: Optional[torch.Tensor] = None, return_hidden: bool = False,
+            hidden_layers: Sequence[int] = ()) -> ForwardOutput:
+        """``forward`` for draft trees and heads: the logits plus, on request, hidden states.
+
+        ``tree_mask`` ([B, T, T] or [T, T] bool): ``[b, i, j]`` True iff new token j is token i or one
+        of its ancestors in the draft tree; new token i then attends to every key the row held before
+        this pass plus those j (None: the causal chain). The tokens still take cache slots
+        start .. start + T - 1 of each row; after verification ``cache.keep(indices, row)`` packs the
+        accepted path. ``positions`` ([B, T] int64): RoPE / learned positions; by default
+        start + arange(T), or start + depth under a tree mask (depth = number of ancestors).
+        ``return_hidden``: also return the final normed hidden state (the input of the output
+        projection, at no extra cost); ``hidden_layers``: the residual stream after each of these
+        layers (0-based; transformers' ``hidden_states[i + 1]``). Both follow ``last_only``.
+        The fused CPU path takes tree masks of at most 64 new tokens.
+        """
+        layers = tuple(int(i) for i in hidden_layers)
+        bad = [i for i in layers if not 0 <= i < self.config.n_layers]
+        if bad:
+            raise ValueError(f"hidden_layers {bad} outside 0..{self.config.n_layers - 1}")
+        if torch.is_inference_mode_enabled():
+            return self._run(tokens, cache, rows, last_only, head, positions, tree_mask, return_hidden, layers)
+        with torch.inference_mode():
+            return self._run(tokens, cache, rows, last_only, head, positions, tree_mask, return_hidden, layers)
+
+    def _run(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice], last_only: bool,
+             head: Optional[torch.Tensor], positions: Optional[torch.Tensor], tree_mask: Optional[torch.Tensor],
+             return_hidden: bool, layers: tuple[int, ...]) -> ForwardOutput:
+        meta = cache.prepare(tokens.shape[1], rows, positions, tree_mask)
+        if return_hidden or layers:
+            meta.capture = layers
+        logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
+        cache.commit(meta)
+        return ForwardOutput(logits.float(), meta.hidden if return_hidden else None, dict(meta.layer_states or {}))
 
     def _forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice], last_only: bool,
                  head: Optional[torch.Tensor]) -> torch.Tensor:
@@ -158,32 +226,38 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 
 def resolve_weight_dtype(weight_dtype: str | torch.dtype | None, dtype: torch.dtype, stored: torch.dtype,
-                         device: torch.device) -> torch.dtype:
+                         device: torch.device, fast: bool) -> torch.dtype:
     """Storage dtype of the weight matrices.
 
     "auto" keeps a bf16 checkpoint's matrices in bf16 under fp32 compute when the
-    small-M CPU kernel is active: it reads bf16 weights directly (half the memory
+    model runs the small-M CPU kernel (``fast``): it reads bf16 weights directly (half the memory
     traffic of fp32, which is what a decode step costs) and loses nothing, since
     those weights were bf16 to begin with. Otherwise weights follow ``dtype``.
     """
     if weight_dtype is None or weight_dtype == "same":
         return dtype
     if weight_dtype == "auto":
-        from ..kernels import fast_linear_enabled
-
-        if device.type == "cpu" and dtype == torch.float32 and stored == torch.bfloat16 and fast_linear_enabled():
+        if device.type == "cpu" and dtype == torch.float32 and stored == torch.bfloat16 and fast:
             return torch.bfloat16
         return dtype
     return resolve_dtype(weight_dtype, device)
 
 
-def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | torch.dtype = "auto",
-               weight_dtype: str | torch.dtype | None = "auto") -> Model:
+def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype: str | torch.dtype = DEFAULT_DTYPE,
+               weight_dtype: str | torch.dtype | None = DEFAULT_WEIGHT_DTYPE, *, fast: bool = DEFAULT_FAST,
+               matmul: str = DEFAULT_MATMUL) -> Model:
     """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime.
 
     ``dtype`` is the compute dtype (activations, KV cache); ``weight_dtype`` the
     storage dtype of the weight matrices ("auto": see ``resolve_weight_dtype``).
+    On the CPU, ``fast`` (the default, as the CLI's) runs this model's projections on the
+    small-M C++ kernel and its Llama layers on the fused decode ops; ``fast=False`` or
+    ``SPECDECODE_FAST_LINEAR=0`` runs eager PyTorch, and so does a machine where the
+    kernel cannot build (one log line). ``matmul`` is how the kernel multiplies by
+    bf16-stored weights: "bf16" (activations rounded to bf16, exact products summed in
+    fp32) or "fp32" (exact fp32 products). The choice belongs to this model alone.
     """
+    check_matmul(matmul)
     root = resolve_model_path(str(path))
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
@@ -193,13 +267,14 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | t
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but no CUDA GPU is available; use --device cpu")
     dt = resolve_dtype(dtype, dev)
+    kernels = select_kernels(fast, matmul, dev)
     max_len = min(cfg.max_position_embeddings, MAX_RUNTIME_CONTEXT)
     cls = GPT2Model if cfg.family == "gpt2" else LlamaModel
     with torch.device("meta"):
         module = cls(cfg, max_len)
     raw = _load_weights(root)
     stored = next(iter(raw.values())).dtype
-    wdt = resolve_weight_dtype(weight_dtype, dt, stored, dev)
+    wdt = resolve_weight_dtype(weight_dtype, dt, stored, dev, kernels.fast)
     sd = cls.convert_hf_state_dict(raw, cfg)
     sd = {k: v.to(device=dev, dtype=wdt if v.dim() == 2 else dt) for k, v in sd.items()}
     module.load_state_dict(sd, strict=False, assign=True)
@@ -212,6 +287,7 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", dtype: str | t
         cos, sin = rope_tables(cfg, max_len)
         module.rope_cos, module.rope_sin = cos.to(dev), sin.to(dev)
     module.eval().requires_grad_(False)
+    install_kernels(module, kernels)
     tok_file = root / "tokenizer.json"
     tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
     return Model(module, cfg, tokenizer, _eos_ids(root, cfg), str(root), max_len, dt)

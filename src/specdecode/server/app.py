@@ -33,8 +33,8 @@ from .config import ServerConfig
 from .metrics import ServerMetrics
 from .protocol import (ChatCompletionRequest, CompletionRequest, chat_chunk, completion_chunk, error_body, new_id,
                        now, usage)
-from .scheduler import (Event, Failure, QueueFullError, RequestHandle, RequestSpec, Scheduler, SchedulerClosedError,
-                        ServedStep)
+from .scheduler import Event, Failure, QueueFullError, RequestHandle, Scheduler, SchedulerClosedError
+from .scheduler import Request as DecodeRequest
 
 if TYPE_CHECKING:
     from ..drafters.vocab import VocabSpec
@@ -130,7 +130,7 @@ def create_app(state: ServerState) -> FastAPI:
         s = state.scheduler
         return {"status": "ok", "model": state.model_name, "active_rows": s.active_rows,
                 "queue_depth": s.queue_depth, "max_batch_size": s.max_batch_size,
-                "forward_passes": s.forward_passes, "draft_model": s.draft_model is not None,
+                "forward_passes": s.forward_passes, "drafters": sorted(s.drafters),
                 "default_drafter": state.default_drafter, "default_gamma": state.default_gamma,
                 "context_length": s.context_len, "speculation": s.policy.snapshot()}
 
@@ -267,7 +267,7 @@ def _tokenize(state: ServerState, prompt: Union[str, list[int]], param: str, add
 
 
 def _build_spec(state: ServerState, req: Any, ids: list[int], max_tokens: Optional[int],
-                default_max: Optional[int], prompt_param: str) -> RequestSpec:
+                default_max: Optional[int], prompt_param: str) -> DecodeRequest:
     ctx = state.scheduler.context_len
     room = ctx - len(ids)
     if max_tokens is None:
@@ -279,19 +279,21 @@ def _build_spec(state: ServerState, req: Any, ids: list[int], max_tokens: Option
     else:
         max_new = max_tokens
     drafter = req.drafter or state.default_drafter
-    if drafter == "model" and state.scheduler.draft_model is None:
-        raise ApiError(400, "this server has no draft model loaded; use drafter 'ngram' or 'none'", param="drafter",
-                       code="invalid_value")
+    loaded = state.scheduler.drafters
+    if drafter != "none" and drafter not in loaded:
+        raise ApiError(400, f"drafter {drafter!r} is not loaded on this server; use one of: "
+                            f"{', '.join(sorted(loaded) + ['none'])}", param="drafter", code="invalid_value")
     try:
         sampling = SamplingConfig(temperature=1.0 if req.temperature is None else req.temperature, top_k=req.top_k,
                                   top_p=req.top_p, min_p=req.min_p, seed=req.seed)
         generation = GenerationConfig(max_new_tokens=max_new, ignore_eos=bool(req.ignore_eos), stop=req.stop_list())
     except ConfigError as e:
         raise ApiError(400, str(e), code="invalid_value") from e
-    return RequestSpec(ids, sampling, generation, drafter, req.gamma or state.default_gamma)
+    return DecodeRequest(ids, sampling, generation, None if drafter == "none" else drafter,
+                   gamma=req.gamma or state.default_gamma, adaptive=state.config.speculation == "auto")
 
 
-def _submit(state: ServerState, spec: RequestSpec) -> RequestHandle:
+def _submit(state: ServerState, spec: DecodeRequest) -> RequestHandle:
     handle = RequestHandle(spec, asyncio.get_running_loop(), state.config.request_timeout)
     try:
         state.scheduler.submit(handle)
@@ -380,7 +382,7 @@ def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[di
                     flags.extend(ev.from_draft)
                     yield line(chunk(ev.text, None, {"pieces": ev.pieces, "from_draft": from_draft,
                                                      "token_ids": ev.token_ids,
-                                                     "drafted": ev.drafted if isinstance(ev, ServedStep) else 0}))
+                                                     "drafted": ev.drafted}))
                 elif isinstance(ev, FinishEvent):
                     yield line(chunk("", ev.reason, {**_summary(ev, []), "usage": _usage(ev)}))
                     if include_usage:
@@ -406,13 +408,25 @@ def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[di
 def make_state(target: "Model", draft_model: Optional["Model"], config: ServerConfig, default_drafter: str = "model",
                default_gamma: int = 4, ngram_max: int = 3, ngram_min: int = 1,
                model_name: Optional[str] = None, draft_vocab: "VocabSpec" = "auto") -> ServerState:
-    """Everything the app needs, from loaded models and the serving flags."""
-    if default_drafter == "model" and draft_model is None:
-        raise ConfigError("default drafter 'model' needs a draft model; pass one or choose 'ngram' / 'none'")
+    """Everything the app needs, from loaded models and the serving flags: every registered drafter
+    that can run with what is loaded (a draft model's only when one is given)."""
+    from ..drafters.registry import REGISTRY, DrafterOptions, get_spec
+
+    options = DrafterOptions(draft=draft_model, gamma="auto", vocab=draft_vocab, ngram_max=ngram_max,
+                             ngram_min=ngram_min)
+    if get_spec(default_drafter).needs_draft_model and draft_model is None:
+        raise ConfigError(f"default drafter {default_drafter!r} needs a draft model; pass one or choose one of: "
+                          f"{', '.join(n for n, sp in REGISTRY.items() if not sp.needs_draft_model)}")
+    drafters = {}
+    for name, spec in REGISTRY.items():
+        if spec.needs_draft_model and draft_model is None:
+            continue
+        built = spec.build(options)
+        if built is not None:
+            drafters[name] = built
     metrics = ServerMetrics()
-    scheduler = Scheduler(target, draft_model, max_batch_size=config.max_batch_size, max_queue=config.max_queue,
-                          speculation=config.speculation, max_context=config.max_context, ngram_max=ngram_max,
-                          ngram_min=ngram_min, metrics=metrics, draft_vocab=draft_vocab)
+    scheduler = Scheduler(target, drafters, max_batch_size=config.max_batch_size, max_queue=config.max_queue,
+                          max_context=config.max_context, metrics=metrics)
     chat = ChatFormatter.for_model(target.path)
     return ServerState(scheduler, metrics, config, model_name or target.name, chat, chat.source != PLAIN_TEMPLATE,
                        default_drafter, default_gamma, now())

@@ -43,7 +43,7 @@ class _SamplingParams(_Strict):
     frequency_penalty: Optional[float] = None
     user: Optional[str] = None
     # extensions
-    drafter: Optional[Literal["model", "ngram", "none"]] = None
+    drafter: Optional[str] = None  # a registered drafter's name (drafters/registry.py)
     gamma: Optional[int] = Field(default=None, ge=1, le=32)
     ignore_eos: Optional[bool] = False
 
@@ -64,6 +64,15 @@ class _SamplingParams(_Strict):
     def _no_penalty(cls, v: Optional[float]) -> Optional[float]:
         if v:
             raise ValueError("presence/frequency penalties are not supported (they would break exact speculation)")
+        return v
+
+    @field_validator("drafter")
+    @classmethod
+    def _known_drafter(cls, v: Optional[str]) -> Optional[str]:
+        from ..drafters.registry import REGISTRY
+
+        if v is not None and v not in REGISTRY:
+            raise ValueError(f"unknown drafter {v!r}; use one of: {', '.join(REGISTRY)}")
         return v
 
     @field_validator("stop")

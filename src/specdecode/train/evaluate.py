@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from ..drafters import VocabularyMismatchError, check_vocab_compatible
 from ..drafters.vocab import draft_vocab_for
 from ..models import Model, load_model
 from . import data as D
@@ -25,10 +26,6 @@ from .tokenizer import EOT, encode_batch_fn
 
 
 EVAL_SEED = 1234  # eval-draft's default and distill's final report use the same prompts and samples
-
-
-class VocabMismatchError(ValueError):
-    """Draft and target do not share a vocabulary, so a draft token means nothing to the target."""
 
 
 @dataclass
@@ -75,15 +72,13 @@ Drafter = Callable[[torch.Tensor], torch.Tensor]
 
 
 def check_compatible(target: Model, draft: Model) -> None:
-    """Same vocabulary size and, when both ship one, the same tokenizer."""
+    """The drafters' check (one tokenizer), plus equal output sizes: α compares whole distributions.
+    Raises ``VocabularyMismatchError``, which the CLI prints as one line."""
+    check_vocab_compatible(draft, target)
     if draft.vocab_size != target.vocab_size:
-        raise VocabMismatchError(
-            f"draft vocab size {draft.vocab_size} != target vocab size {target.vocab_size}: a draft must share "
-            f"the target's tokenizer ({draft.path} vs {target.path})")
-    if target.tokenizer is not None and draft.tokenizer is not None:
-        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-            raise VocabMismatchError(f"draft tokenizer ({draft.path}) differs from the target's ({target.path}); "
-                                     "distill the draft from this target so it copies the tokenizer")
+        raise VocabularyMismatchError(
+            f"vocab mismatch: draft ({draft.path}) has {draft.vocab_size} output tokens, target ({target.path}) has "
+            f"{target.vocab_size}; eval-draft compares whole distributions, so the sizes must match")
 
 
 class NGramDrafter:
@@ -220,5 +215,5 @@ def evaluate_draft(target: str | Model, draft: Optional[str | Model], corpus: Op
                            held_out_files=len(held))
 
 
-__all__ = ["AlphaRow", "DraftEvalResult", "NGramDrafter", "VocabMismatchError", "check_compatible",
+__all__ = ["AlphaRow", "DraftEvalResult", "NGramDrafter", "check_compatible",
            "evaluate_draft", "measure_alpha"]

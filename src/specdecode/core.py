@@ -1,0 +1,437 @@
+"""The one decode core: a set of rows, one batched step at a time.
+
+    propose:  every drafting row's drafter (each ``BatchDrafter`` once, for all of its rows)
+    forward:  ONE target pass over the rows, padded to the widest draft (a tree mask if any
+              draft is a tree; hidden states if any drafter reads them)
+    verify:   per row, pure functions from ``verify.py`` (greedy, rejection sampling, greedy tree)
+    commit:   ``cache.trim`` (a chain) or ``cache.keep`` (a tree's accepted path) per row
+    emit:     the one place for EOS, stop strings, detokenisation and stats
+
+``engine.generate``/``stream`` run it with one row; the server's scheduler runs it with many
+and adds only admission, cancellation, timeouts and HTTP. One invariant holds for every row:
+the target's cache holds every token of the sequence except the last, which is fed together
+with the draft at the next pass. Every row is computed identically whatever else is in the
+batch, so a greedy request gives the same tokens alone or beside others.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import torch
+
+from .cache import ContextLengthError
+from .config import ConfigError, GenerationConfig, SamplingConfig
+from .drafters.base import BatchDrafter, Draft, DraftContext
+from .metrics import GenerationStats
+from .models import Model
+from .ops import argmax_list
+from .policy import GammaPolicy, RowPlan
+from .sampling import make_generator, probs_from_logits
+from .verify import VerifyResult, greedy_verify, greedy_verify_tree, rejection_sample
+
+Prompt = Union[str, Sequence[int]]
+
+
+# -- events ------------------------------------------------------------------------------------
+@dataclass
+class StepEvent:
+    """Tokens produced by one target pass, with their text pieces and origin."""
+
+    token_ids: list[int]
+    from_draft: list[bool]  # True: a draft token the target accepted
+    pieces: list[str]  # text delta per token ('' while a multi-byte character is incomplete)
+    drafted: int = 0  # draft tokens the target judged for this step
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+@dataclass
+class FinishEvent:
+    reason: str  # "stop" (EOS or stop string) or "length" (token budget or context window)
+    token_ids: list[int]
+    text: str
+    stats: GenerationStats
+
+
+@dataclass
+class Failure:
+    """A request ended without a normal finish; ``kind`` is timeout, shutdown or internal."""
+
+    kind: str
+    message: str
+
+
+Event = Union[StepEvent, FinishEvent, Failure]
+
+
+# -- text ----------------------------------------------------------------------------------------
+class IncrementalDetokenizer:
+    """Text deltas per token that concatenate to the decoded text, never splitting a UTF-8 character."""
+
+    def __init__(self, model: Model, context: Sequence[int]) -> None:
+        self.model = model
+        self.ids = list(context[-4:])  # a little prompt context so leading spaces decode right
+        self.prefix = 0
+        self.read = len(self.ids)
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        prefix_text = self.model.decode(self.ids[self.prefix : self.read])
+        new_text = self.model.decode(self.ids[self.prefix :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return new_text[len(prefix_text) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end)."""
+        prefix_text = self.model.decode(self.ids[self.prefix : self.read])
+        new_text = self.model.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return new_text[len(prefix_text) :]
+
+
+def find_stop(previous: str, delta: str, stops: Sequence[str]) -> Optional[int]:
+    """Index in the full text where the earliest stop string starts, if one completed in ``delta``."""
+    full = previous + delta
+    lo = max(0, len(previous) - max(len(s) for s in stops) + 1)
+    hits = [i for s in stops if (i := full.find(s, lo)) >= 0]
+    return min(hits) if hits else None
+
+
+def truncate_pieces(pieces: list[str], keep: int) -> list[str]:
+    out = []
+    for p in pieces:
+        out.append(p[: max(0, keep)])
+        keep -= len(p)
+    return out
+
+
+def prompt_ids(target: Model, prompt: Prompt) -> list[int]:
+    """Tokenise (or validate) a prompt, with errors that say what to change."""
+    if isinstance(prompt, str):
+        ids = target.encode(prompt)
+    else:
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise ConfigError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {target.vocab_size})")
+    if not ids:
+        raise ConfigError("the prompt is empty; give at least one token of text")
+    if len(ids) >= target.max_seq_len:
+        raise ContextLengthError(
+            f"prompt has {len(ids)} tokens but the context window of {target.name} is {target.max_seq_len}; "
+            "shorten the prompt so at least one token can be generated"
+        )
+    return ids
+
+
+# -- rows ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """What one sequence asks of the core (already validated).
+
+    ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` caps the draft
+    length (None: the drafter's own γ, or the policy's maximum when that is "auto"). ``adaptive``
+    lets the γ policy choose up to that cap each step (None: when the drafter's γ is "auto");
+    False drafts the cap whenever there is room."""
+
+    prompt_ids: list[int]
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    drafter: Optional[str] = None
+    gamma: Optional[int] = None
+    adaptive: Optional[bool] = None
+
+
+class Row:
+    """A running sequence: its tokens, generator, detokenizer and stats (one cache row)."""
+
+    def __init__(self, request: Request, target: Model, max_len: int, drafter: Optional[BatchDrafter],
+                 gamma_cap: int, adaptive: bool, owner: Any) -> None:
+        self.request = request
+        self.owner = owner  # whatever the caller ties to the row (the server: its request handle)
+        self.tokens = list(request.prompt_ids)
+        self.n_prompt = len(self.tokens)
+        self.max_len = max_len
+        self.sampling = request.sampling
+        self.drafter = drafter
+        self.gamma_cap = gamma_cap
+        self.adaptive = adaptive
+        self.gen = make_generator(request.sampling.seed, target.device)
+        self.detok = IncrementalDetokenizer(target, self.tokens) if target.tokenizer is not None else None
+        self.eos = frozenset() if request.generation.ignore_eos else target.eos_token_ids
+        self.stats = GenerationStats(prompt_tokens=self.n_prompt)
+        self.hidden: Optional[torch.Tensor] = None
+        self.generated: list[int] = []
+        self.text = ""
+        self.decode_start = 0.0
+
+    def room(self) -> int:
+        """Tokens this row may still produce (token budget and context window)."""
+        return min(self.request.generation.max_new_tokens - len(self.generated), self.max_len - len(self.tokens))
+
+
+def cpu_clock(model: Model) -> Callable[[], float]:
+    """The thread's CPU clock for single-threaded CPU runs (other processes cannot inflate a cost
+    measurement), wall time otherwise."""
+    if model.device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
+def tree_mask(drafts: Sequence[Draft], width: int, device: torch.device) -> torch.Tensor:
+    """[B, width, width] bool: node i sees node j iff j is i or an ancestor of i. Node 0 is the
+    pending token (the root); node k + 1 is draft token k. A chain draft or the padding after a
+    row's draft continues as a chain."""
+    rows = []
+    for d in drafts:
+        anc = [[0]]
+        for k in range(width - 1):
+            parent = d.parents[k] + 1 if d.parents is not None and k < len(d) else k
+            anc.append(anc[parent] + [k + 1])
+        m = torch.zeros(width, width, dtype=torch.bool)
+        for i, a in enumerate(anc):
+            m[i, a] = True
+        rows.append(m)
+    return torch.stack(rows).to(device)
+
+
+# -- the core ------------------------------------------------------------------------------------
+class DecodeCore:
+    """Owns the target's batched cache and the running rows; ``step`` advances every row once.
+
+    Rows 0..n-1 of the cache are always the running rows (a finished row is filled by moving the
+    last one into it, in the target's cache and every drafter's alike). ``drafters`` maps names to
+    drafters; a request names the one it uses."""
+
+    def __init__(self, target: Model, drafters: Mapping[str, BatchDrafter], max_rows: int = 1,
+                 context_len: Optional[int] = None, policy: Optional[GammaPolicy] = None) -> None:
+        self.target = target
+        self.drafters = dict(drafters)
+        self.max_rows = max_rows
+        self.context_len = min(target.max_seq_len, context_len or target.max_seq_len)
+        self.policy = policy or GammaPolicy()
+        self.cache = target.new_cache(max_rows, self.context_len)
+        self.rows: list[Row] = []
+        self.forward_passes = 0
+        self._clock = cpu_clock(target)
+        for name, d in self.drafters.items():
+            d.prepare_rows(target, max_rows, self.context_len)
+            costs = d.costs_for(target)
+            if costs is not None:
+                self.policy.set_offline(name, costs)
+        self._names = {id(d): name for name, d in self.drafters.items()}
+        self._want_hidden = any(d.wants_hidden for d in self.drafters.values())
+
+    # -- rows ------------------------------------------------------------------------------------
+    def add(self, request: Request, owner: Any = None) -> Row:
+        """Prefill a request into the next free row. A failure leaves the core as it was."""
+        if len(self.rows) >= self.max_rows:
+            raise RuntimeError(f"all {self.max_rows} rows are in use")
+        drafter = None
+        if request.drafter is not None:
+            if request.drafter not in self.drafters:
+                raise ConfigError(f"drafter {request.drafter!r} is not loaded here; loaded: "
+                                  f"{', '.join(sorted(self.drafters)) or 'none'}")
+            drafter = self.drafters[request.drafter]
+        gamma = drafter.gamma if drafter is not None else 0
+        cap = request.gamma or (gamma if isinstance(gamma, int) else self.policy.max_gamma)
+        adaptive = request.adaptive if request.adaptive is not None else gamma == "auto"
+        i = len(self.rows)
+        max_len = min(self.context_len, len(request.prompt_ids) + request.generation.max_new_tokens)
+        row = Row(request, self.target, max_len, drafter, cap, adaptive, owner)
+        if row.n_prompt >= self.context_len:
+            raise ContextLengthError(f"prompt has {row.n_prompt} tokens but the context window is "
+                                     f"{self.context_len}; shorten it so at least one token can be generated")
+        self.cache.reset(i)
+        for d in self.drafters.values():
+            d.reset_row(i)
+        t0 = time.perf_counter()
+        try:
+            if row.n_prompt > 1:
+                ids = torch.tensor([row.tokens[:-1]], dtype=torch.long, device=self.target.device)
+                self.target.forward(ids, self.cache, rows=slice(i, i + 1), last_only=True)
+        except BaseException:
+            self.cache.reset(i)
+            raise
+        row.decode_start = time.perf_counter()
+        row.stats.prefill_s = row.decode_start - t0
+        self.rows.append(row)
+        return row
+
+    def remove(self, row: Row) -> None:
+        """Free a row (finished, cancelled or failed): the last row moves into its place."""
+        i = self.rows.index(row)
+        last = len(self.rows) - 1
+        if i != last:
+            self.cache.move_row(last, i)
+            for d in self.drafters.values():
+                d.move_row(last, i)
+            self.rows[i] = self.rows[last]
+        self.rows.pop()
+        self.cache.reset(last)
+        for d in self.drafters.values():
+            d.reset_row(last)
+
+    def clear(self) -> None:
+        """Drop every row (after an engine error: nothing in the caches is trusted)."""
+        self.rows.clear()
+        self.cache.reset()
+        for d in self.drafters.values():
+            for r in range(self.max_rows):
+                d.reset_row(r)
+
+    # -- one step --------------------------------------------------------------------------------
+    def _plan(self) -> list[int]:
+        rows, cache = self.rows, self.cache
+        room_ctx = min(cache.max_len - cache.lengths[i] for i in range(len(rows))) - 1
+        for d in {id(r.drafter): r.drafter for r in rows if r.drafter is not None}.values():
+            d.acceptance.fade()  # once per pass: a switched-off drafter's evidence loses weight
+        plans = []
+        for r in rows:
+            d = r.drafter
+            if d is None:
+                plans.append(RowPlan(None, 0, False, 0.0))
+                continue
+            cap = max(0, min(r.gamma_cap, r.room() - 1, room_ctx))
+            alpha = d.acceptance.alpha if r.adaptive else 0.0
+            plans.append(RowPlan(self._names[id(d)], cap, r.adaptive, alpha))
+        return self.policy.choose(plans)
+
+    def _propose(self, lengths: list[int]) -> list[Draft]:
+        rows = self.rows
+        drafts = [Draft()] * len(rows)
+        groups: dict[str, dict[int, DraftContext]] = {}
+        for i, (r, g) in enumerate(zip(rows, lengths)):
+            if r.drafter is not None:
+                groups.setdefault(self._names[id(r.drafter)], {})
+                if g > 0:
+                    groups[self._names[id(r.drafter)]][i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden)
+        for name, contexts in groups.items():
+            d = self.drafters[name]
+            depth = max((c.max_tokens for c in contexts.values()), default=0)
+            if d.acceptance.mark(depth):
+                for c in contexts.values():
+                    c.probe = True
+            if not contexts:
+                continue
+            t0 = self._clock()
+            got = d.propose_rows(contexts)
+            dt = self._clock() - t0
+            self.policy.record_draft(name, len(contexts), depth, dt)
+            for i, draft in got.items():
+                if len(draft) > contexts[i].max_tokens:
+                    raise RuntimeError(f"drafter {name!r} proposed {len(draft)} tokens but at most "
+                                       f"{contexts[i].max_tokens} were allowed")
+                if draft.is_tree and not rows[i].sampling.greedy:
+                    raise ConfigError("tree drafts are verified greedily only (temperature 0) for now; "
+                                      "use a chain drafter for sampling")
+                drafts[i] = draft
+                rows[i].stats.draft_s += dt / len(contexts)
+        return drafts
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Row, Event]]:
+        """Advance every row by one target pass; returns (row, event) pairs in order. Finished rows
+        get their ``FinishEvent`` here and are removed."""
+        rows = self.rows
+        if not rows:
+            return []
+        batch = len(rows)
+        drafts = self._propose(self._plan())
+        width = 1 + max(len(d) for d in drafts)
+        ids = torch.tensor([[r.tokens[-1]] + d.tokens + [r.tokens[-1]] * (width - 1 - len(d))
+                            for r, d in zip(rows, drafts)], dtype=torch.long, device=self.target.device)
+        mask = tree_mask(drafts, width, ids.device) if any(d.is_tree for d in drafts) else None
+        t0 = self._clock()
+        hidden = None
+        if self._want_hidden:
+            out = self.target.run(ids, self.cache, rows=slice(0, batch), tree_mask=mask, return_hidden=True)
+            logits, hidden = out.logits, out.hidden
+        elif mask is not None:
+            logits = self.target.forward(ids, self.cache, rows=slice(0, batch), tree_mask=mask)
+        else:
+            logits = self.target.forward(ids, self.cache, rows=slice(0, batch))
+        argmax = None
+        if any(r.sampling.greedy for r in rows):
+            flat = argmax_list(logits.reshape(batch * width, -1))
+            argmax = [flat[i * width : (i + 1) * width] for i in range(batch)]
+        self.policy.record_target(batch, width, self._clock() - t0)
+        self.forward_passes += 1
+
+        events: list[tuple[Row, Event]] = []
+        finished: list[Row] = []
+        for i, (r, d) in enumerate(zip(rows, drafts)):
+            g = len(d)
+            if d.is_tree:
+                assert argmax is not None and d.parents is not None
+                res = greedy_verify_tree(argmax[i][: g + 1], d.tokens, d.parents)
+                path = list(res.path or ())
+                self.cache.keep([0] + [k + 1 for k in path], row=i)
+                accepted = [d.tokens[k] for k in path]
+                kept = [0] + [k + 1 for k in path]
+            else:
+                if r.sampling.greedy:
+                    assert argmax is not None
+                    res = greedy_verify(argmax[i][: g + 1], d.tokens)
+                else:
+                    draft_ids = torch.tensor(d.tokens, dtype=torch.long, device=logits.device)
+                    res = rejection_sample(probs_from_logits(logits[i, : g + 1], r.sampling), draft_ids, d.probs,
+                                           r.gen)
+                self.cache.trim(width - 1 - res.n_accepted, row=i)
+                accepted = d.tokens[: res.n_accepted]
+                kept = list(range(res.n_accepted + 1))
+            if r.drafter is not None and g > 0:
+                r.drafter.on_verified_row(i, res.n_accepted)
+                r.drafter.acceptance.update(g, res.n_accepted)
+            if hidden is not None:
+                r.hidden = hidden[i, kept]
+            if self._emit(r, accepted, res, g, events):
+                finished.append(r)
+        for r in finished:
+            self.remove(r)
+        return events
+
+    def _emit(self, r: Row, accepted: list[int], res: VerifyResult, drafted: int,
+              events: list[tuple[Row, Event]]) -> bool:
+        """Append the step's tokens to the row: EOS cut, text, stop strings, stats. True if it finished."""
+        new = accepted + [res.next_token]
+        flags = [True] * len(accepted) + [False]
+        reason: Optional[str] = None
+        for k, t in enumerate(new):
+            if t in r.eos:
+                new, flags, reason = new[: k + 1], flags[: k + 1], "stop"
+                break
+        r.stats.record_step(drafted, len(accepted), len(new))
+        r.tokens.extend(new)
+        r.generated.extend(new)
+        detok = r.detok
+        pieces = [detok.push(t) for t in new] if detok is not None else [""] * len(new)
+        if reason is not None and detok is not None:
+            pieces[-1] += detok.flush()
+        stop = r.request.generation.stop
+        if stop and detok is not None:
+            cut = find_stop(r.text, "".join(pieces), stop)
+            if cut is not None:
+                pieces = truncate_pieces(pieces, cut - len(r.text))
+                reason = "stop"
+        r.text += "".join(pieces)
+        events.append((r, StepEvent(new, flags, pieces, drafted)))
+        if reason is None and r.room() <= 0:
+            reason = "length"
+        if reason is None:
+            return False
+        if reason == "length" and detok is not None:
+            tail = detok.flush()
+            if tail:
+                r.text += tail
+                events.append((r, StepEvent([], [], [tail])))
+        r.stats.decode_s = time.perf_counter() - r.decode_start
+        events.append((r, FinishEvent(reason, list(r.generated), r.text, r.stats)))
+        return True
