@@ -10,17 +10,17 @@ order), and a chain-shaped tree equals the causal pass bit for bit everywhere.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 import torch
 import transformers
+from tiny import build_model
 
 import specdecode as sd
 from specdecode.cache import KVCache
 from specdecode.models.loading import Model
-from tiny import build_model
 
 PARENTS = [-1, 0, 0, 1, 1, 2, 5]  # 7 nodes: depths 0, 1, 1, 2, 2, 2, 3
 PREFIX = 6

@@ -285,7 +285,7 @@ def adaptive_threads() -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import DEFAULT_DRAFT, default_model_dir, model_loader, resolve_target
+    from ..cli import model_loader, resolve_draft_path, resolve_target
     from ..costmodel import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
@@ -301,10 +301,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
     workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
     target_path = resolve_target(args)
-    draft_path: Optional[str] = args.draft
-    if draft_path is None and not args.target:
-        bundled = default_model_dir(DEFAULT_DRAFT)
-        draft_path = str(bundled) if (bundled / "config.json").is_file() else None
+    draft_path = resolve_draft_path(args, needed=not args.target)  # the bundled pair unless --target is given
     load_before = os.getloadavg()[0]
     if load_before > (os.cpu_count() or 1):
         print(f"warning: the machine is busy (load average {load_before:.1f} on {os.cpu_count()} CPUs): timings will "

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig
-from ..drafters import Drafter, DraftModelDrafter, PromptLookupDrafter
+from ..drafters import BatchDrafter, DrafterOptions, build_drafter
+from ..drafters.base import Gamma
+from ..drafters.registry import get_spec
 from ..drafters.vocab import VocabSpec, draft_vocab_for
 from ..engine import StepEvent, stream
 from ..models import Model
@@ -121,7 +123,7 @@ class OursMethod:
     runtime = "specdecode"
 
     def __init__(self, name: str, family: str, setting: Optional[int], target: Model,
-                 drafter: Optional[Drafter], ignore_eos: bool) -> None:
+                 drafter: Optional[BatchDrafter], ignore_eos: bool) -> None:
         self.name, self.family, self.setting = name, family, setting
         self.target, self.drafter, self.ignore_eos = target, drafter, ignore_eos
 
@@ -149,35 +151,43 @@ def _eager_draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     draft = ctx.eager_model(ctx.draft_path) if ctx.draft_path else ctx.require_draft()
     return OursMethod(f"eager-draft/g{setting}", "eager-draft", setting, ctx.eager_model(ctx.target_path),
-                      DraftModelDrafter(draft, gamma=setting, vocab=ctx.draft_vocab), ctx.ignore_eos)
+                      _ours(ctx, "model", setting, ctx.draft_vocab, draft=draft), ctx.ignore_eos)
+
+
+def _ours(ctx: BenchContext, drafter: str, gamma: Gamma, vocab: VocabSpec = "auto",
+          draft: Optional[Model] = None) -> Optional[BatchDrafter]:
+    """A registered drafter (``drafters/registry.py``), built as generate and serve build it."""
+    spec = get_spec(drafter)
+    options = DrafterOptions(draft=(draft or ctx.require_draft()) if spec.needs_draft_model else None, gamma=gamma,
+                             vocab=vocab, ngram_max=ctx.lookup_max_ngram, ngram_min=ctx.lookup_min_ngram)
+    return build_drafter(drafter, options)
 
 
 def _draft_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
-    return OursMethod("draft/auto", "draft-auto", None, ctx.target,
-                      DraftModelDrafter(ctx.require_draft(), gamma="auto", vocab=ctx.draft_vocab), ctx.ignore_eos)
+    return OursMethod("draft/auto", "draft-auto", None, ctx.target, _ours(ctx, "model", "auto", ctx.draft_vocab),
+                      ctx.ignore_eos)
 
 
 def _plain(ctx: BenchContext, setting: Optional[int]) -> Method:
-    return OursMethod("plain", "plain", None, ctx.target, None, ctx.ignore_eos)
+    return OursMethod("plain", "plain", None, ctx.target, _ours(ctx, "none", "auto"), ctx.ignore_eos)
 
 
 def _draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
-    return OursMethod(f"draft/g{setting}", "draft", setting, ctx.target,
-                      DraftModelDrafter(ctx.require_draft(), gamma=setting, vocab=ctx.draft_vocab), ctx.ignore_eos)
+    return OursMethod(f"draft/g{setting}", "draft", setting, ctx.target, _ours(ctx, "model", setting, ctx.draft_vocab),
+                      ctx.ignore_eos)
 
 
 def _draft_fullvocab(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"draft-fullvocab/g{setting}", "draft-fullvocab", setting, ctx.target,
-                      DraftModelDrafter(ctx.require_draft(), gamma=setting, vocab="full"), ctx.ignore_eos)
+                      _ours(ctx, "model", setting, "full"), ctx.ignore_eos)
 
 
 def _lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
-    drafter = PromptLookupDrafter(max_ngram=ctx.lookup_max_ngram, min_ngram=ctx.lookup_min_ngram,
-                                  num_draft_tokens=setting)
-    return OursMethod(f"lookup/k{setting}", "lookup", setting, ctx.target, drafter, ctx.ignore_eos)
+    return OursMethod(f"lookup/k{setting}", "lookup", setting, ctx.target, _ours(ctx, "ngram", setting),
+                      ctx.ignore_eos)
 
 
 # ---------------------------------------------------------------------------

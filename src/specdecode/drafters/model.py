@@ -82,6 +82,7 @@ class DraftModelDrafter:
         self._base: list[int] = []  # sequence length when the row's last draft started
         self._drafted: list[int] = []
         self.last_catch_up = 0  # longest catch-up feed of the last proposal (1-2 in steady state)
+        self._costs: Optional[tuple["Model", Costs]] = None
 
     # -- setup ------------------------------------------------------------------------------------
     def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
@@ -102,7 +103,9 @@ class DraftModelDrafter:
         """The measured c and v(k) for the γ policy (cached per machine and pair); None for a fixed γ."""
         if self.gamma != "auto":
             return None
-        return load_or_measure_costs(target, self.model, self._head)
+        if self._costs is None or self._costs[0] is not target:  # the cache key costs ~1 ms: once per target
+            self._costs = (target, load_or_measure_costs(target, self.model, self._head))
+        return self._costs[1]
 
     @property
     def max_len(self) -> int:

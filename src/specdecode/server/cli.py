@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..config import ModelLoadConfig, add_dataclass_args, from_args
 from .config import ServerConfig
@@ -24,33 +23,17 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.set_defaults(func=cmd_serve)
 
 
-def _draft_path(args: argparse.Namespace) -> str | None:
-    """The draft model directory, by the same rules as `specdecode generate` (None: no draft model)."""
-    from ..cli import DEFAULT_DRAFT, CLIError, default_model_dir
-
-    kind = args.drafter or "model"
-    if args.draft:
-        return str(args.draft)
-    if kind != "model":
-        return None
-    if args.target and args.drafter is None:
-        raise CLIError("--target given without --draft: pass --draft DIR, or --drafter ngram / --drafter none")
-    path = default_model_dir(DEFAULT_DRAFT)
-    if not (Path(path) / "config.json").is_file():
-        raise CLIError(f"no --draft given and the bundled draft is missing at {path}; pass --draft DIR")
-    return str(path)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..cli import model_loader, resolve_target
+    from ..cli import model_loader, resolve_draft_path, resolve_target
+    from ..drafters.registry import get_spec
     from .app import create_app, make_state
 
     config = from_args(ServerConfig, args)
     load = model_loader(from_args(ModelLoadConfig, args))
     target = load(resolve_target(args))
-    draft_path = _draft_path(args)
+    draft_path = resolve_draft_path(args, get_spec(args.drafter or "model").needs_draft_model)
     draft = load(draft_path) if draft_path else None
     gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
     state = make_state(target, draft, config, default_drafter=args.drafter or "model", default_gamma=gamma,
