@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
 from .cache import ContextLengthError
 from .config import ConfigError, GenerationConfig, SamplingConfig
+from .costmodel import cost_clock
 from .drafters.base import BatchDrafter, Draft, DraftContext
 from .metrics import GenerationStats
 from .models import Model
@@ -177,14 +178,6 @@ class Row:
         return min(self.request.generation.max_new_tokens - len(self.generated), self.max_len - len(self.tokens))
 
 
-def cpu_clock(model: Model) -> Callable[[], float]:
-    """The thread's CPU clock for single-threaded CPU runs (other processes cannot inflate a cost
-    measurement), wall time otherwise."""
-    if model.device.type == "cpu" and torch.get_num_threads() == 1:
-        return time.thread_time
-    return time.perf_counter
-
-
 def tree_mask(drafts: Sequence[Draft], width: int, device: torch.device) -> torch.Tensor:
     """[B, width, width] bool: node i sees node j iff j is i or an ancestor of i. Node 0 is the
     pending token (the root); node k + 1 is draft token k. A chain draft or the padding after a
@@ -220,7 +213,7 @@ class DecodeCore:
         self.cache = target.new_cache(max_rows, self.context_len)
         self.rows: list[Row] = []
         self.forward_passes = 0
-        self._clock = cpu_clock(target)
+        self._clock = cost_clock(target)  # online costs: the same clock as the offline ones
         for name, d in self.drafters.items():
             d.prepare_rows(target, max_rows, self.context_len)
             costs = d.costs_for(target)

@@ -107,7 +107,7 @@ class Costs:
                 "v": {str(g): v for g, v in enumerate(self.v)}}
 
 
-def _clock(model: "Model") -> Callable[[], float]:
+def cost_clock(model: "Model") -> Callable[[], float]:
     """The timer for cost measurements: this thread's CPU time when the model runs single-threaded
     on the CPU (other processes then cannot inflate a measurement: a busy machine once gave
     v(1..5) = 1.0 and auto drafted 13 tokens a pass), wall time otherwise (GPU work, and intra-op
@@ -138,7 +138,7 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
         limit, vocab = min(limit, draft.max_seq_len - DRAFT_RUN - 1), min(vocab, draft.vocab_size)
     ids = list(context) if context else [i % vocab for i in range(DEFAULT_CONTEXT)]
     ids = ids[:max(1, min(len(ids), limit))]
-    dev, clock = target.device, _clock(target)
+    dev, clock = target.device, cost_clock(target)
     prompt = torch.tensor([ids], device=dev)
     probe = torch.tensor([(ids * -(-n_max // len(ids)))[:n_max]], device=dev)  # real tokens; values barely matter
     sizes = list(range(1, n_max + 1))

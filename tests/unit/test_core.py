@@ -11,7 +11,7 @@ import torch
 
 import specdecode as sd
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, FinishEvent, Request, StepEvent
+from specdecode.core import DecodeCore, FinishEvent, Request
 from specdecode.drafters import Draft, DraftContext, DrafterOptions, build_drafter, drafter_names
 from specdecode.verify import greedy_verify_tree
 

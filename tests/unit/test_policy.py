@@ -6,7 +6,7 @@ import pytest
 
 from specdecode.costmodel import Costs, expected_tokens
 from specdecode.drafters.base import Acceptance
-from specdecode.policy import GammaPolicy, RowAcceptance, RowPlan
+from specdecode.policy import GammaPolicy, RowPlan
 
 
 def plans(n: int, cap: int = 4, alpha: float = 0.8, drafter: str = "model", auto: bool = True) -> list[RowPlan]:
@@ -83,18 +83,6 @@ def test_one_row_with_offline_costs_is_leviathans_rule(alpha: float) -> None:
     assert p.choose(plans(1, cap=15, alpha=alpha)) == [want] and want > 0
 
 
-def test_row_alpha_blends_the_request_with_its_drafter() -> None:
-    p = GammaPolicy(row_weight=8)
-    drafter = Acceptance()
-    for _ in range(200):
-        drafter.update(4, 0)
-    row = RowAcceptance()
-    assert p.row_alpha(row, drafter) == pytest.approx(drafter.alpha)
-    for _ in range(30):
-        row.update(4, 4)
-    assert p.row_alpha(row, drafter) > 0.8
-
-
 def test_a_useless_drafter_is_switched_off_then_probed_again_as_evidence_fades() -> None:
     costs = Costs(c=0.05, v=tuple([1.0] * 16))
     p = GammaPolicy()
@@ -102,11 +90,10 @@ def test_a_useless_drafter_is_switched_off_then_probed_again_as_evidence_fades()
     acc = Acceptance(half_life=16)
     for _ in range(50):
         acc.update(4, 0)
-    row = RowAcceptance()
 
     def step() -> int:
         acc.fade()
-        g = p.choose([RowPlan("model", 4, True, p.row_alpha(row, acc))])[0]
+        g = p.choose([RowPlan("model", 4, True, acc.alpha)])[0]
         acc.mark(g)
         return g
 
