@@ -157,7 +157,8 @@ class KVCache:
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.lengths[dst] = n
-        self.lengths[src] = 0
+        self.last_start[dst], self.last_count[dst] = self.last_start[src], self.last_count[src]
+        self.reset(src)
 
     def reset(self, row: Optional[int] = None) -> None:
         if row is None:
