@@ -195,6 +195,10 @@ def tree_mask(drafts: Sequence[Draft], width: int, device: torch.device) -> torc
     return torch.stack(rows).to(device)
 
 
+_NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
+_PLAIN = RowPlan(None, 0, False, 0.0)
+
+
 # -- the core ------------------------------------------------------------------------------------
 class DecodeCore:
     """Owns the target's batched cache and the running rows; ``step`` advances every row once.
@@ -213,13 +217,15 @@ class DecodeCore:
         self.cache = target.new_cache(max_rows, self.context_len)
         self.rows: list[Row] = []
         self.forward_passes = 0
-        self._clock = cost_clock(target)  # online costs: the same clock as the offline ones
+        self._cost_clock = cost_clock(target)  # online costs: the same clock as the offline ones
+        self._clock = time.perf_counter
         for name, d in self.drafters.items():
             d.prepare_rows(target, max_rows, self.context_len)
             costs = d.costs_for(target)
             if costs is not None:
                 self.policy.set_offline(name, costs)
         self._names = {id(d): name for name, d in self.drafters.items()}
+        self._drafter_list = list(self.drafters.values())
         self._want_hidden = any(d.wants_hidden for d in self.drafters.values())
 
     # -- rows ------------------------------------------------------------------------------------
@@ -283,29 +289,32 @@ class DecodeCore:
     # -- one step --------------------------------------------------------------------------------
     def _plan(self) -> list[int]:
         rows, cache = self.rows, self.cache
-        room_ctx = min(cache.max_len - cache.lengths[i] for i in range(len(rows))) - 1
-        for d in {id(r.drafter): r.drafter for r in rows if r.drafter is not None}.values():
+        lengths = cache.lengths
+        room_ctx = (cache.max_len - max(lengths[: len(rows)])) - 1
+        for d in self._drafter_list:
             d.acceptance.fade()  # once per pass: a switched-off drafter's evidence loses weight
         plans = []
         for r in rows:
             d = r.drafter
             if d is None:
-                plans.append(RowPlan(None, 0, False, 0.0))
+                plans.append(_PLAIN)
                 continue
             cap = max(0, min(r.gamma_cap, r.room() - 1, room_ctx))
             alpha = d.acceptance.alpha if r.adaptive else 0.0
             plans.append(RowPlan(self._names[id(d)], cap, r.adaptive, alpha))
+        # online costs only feed the policy's choice for adaptive rows; a clock read is a syscall
+        self._clock = self._cost_clock if any(p.auto for p in plans) else time.perf_counter
         return self.policy.choose(plans)
 
     def _propose(self, lengths: list[int]) -> list[Draft]:
         rows = self.rows
-        drafts = [Draft()] * len(rows)
+        drafts = [_NO_DRAFT] * len(rows)
         groups: dict[str, dict[int, DraftContext]] = {}
         for i, (r, g) in enumerate(zip(rows, lengths)):
             if r.drafter is not None:
-                groups.setdefault(self._names[id(r.drafter)], {})
+                group = groups.setdefault(self._names[id(r.drafter)], {})
                 if g > 0:
-                    groups[self._names[id(r.drafter)]][i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden)
+                    group[i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden)
         for name, contexts in groups.items():
             d = self.drafters[name]
             depth = max((c.max_tokens for c in contexts.values()), default=0)
@@ -317,19 +326,19 @@ class DecodeCore:
             t0 = self._clock()
             got = d.propose_rows(contexts)
             dt = self._clock() - t0
-            self.policy.record_draft(name, len(contexts), depth, dt)
+            if self._clock is self._cost_clock:
+                self.policy.record_draft(name, len(contexts), depth, dt)
             for i, draft in got.items():
                 if len(draft) > contexts[i].max_tokens:
                     raise RuntimeError(f"drafter {name!r} proposed {len(draft)} tokens but at most "
                                        f"{contexts[i].max_tokens} were allowed")
-                if draft.is_tree and not rows[i].sampling.greedy:
+                if draft.parents is not None and not rows[i].sampling.greedy:
                     raise ConfigError("tree drafts are verified greedily only (temperature 0) for now; "
                                       "use a chain drafter for sampling")
                 drafts[i] = draft
                 rows[i].stats.draft_s += dt / len(contexts)
         return drafts
 
-    @torch.inference_mode()
     def step(self) -> list[tuple[Row, Event]]:
         """Advance every row by one target pass; returns (row, event) pairs in order. Finished rows
         get their ``FinishEvent`` here and are removed."""
@@ -337,11 +346,18 @@ class DecodeCore:
         if not rows:
             return []
         batch = len(rows)
-        drafts = self._propose(self._plan())
-        width = 1 + max(len(d) for d in drafts)
-        ids = torch.tensor([[r.tokens[-1]] + d.tokens + [r.tokens[-1]] * (width - 1 - len(d))
+        if self.drafters:
+            drafts = self._propose(self._plan())
+        else:  # plain decoding: nothing to plan or propose
+            drafts = [_NO_DRAFT] * batch
+            self._clock = time.perf_counter
+        width, tree = 1, False
+        for d in drafts:
+            width = max(width, 1 + len(d.tokens))
+            tree = tree or d.parents is not None
+        ids = torch.tensor([[r.tokens[-1]] + d.tokens + [r.tokens[-1]] * (width - 1 - len(d.tokens))
                             for r, d in zip(rows, drafts)], dtype=torch.long, device=self.target.device)
-        mask = tree_mask(drafts, width, ids.device) if any(d.is_tree for d in drafts) else None
+        mask = tree_mask(drafts, width, ids.device) if tree else None
         t0 = self._clock()
         hidden = None
         if self._want_hidden:
@@ -355,20 +371,20 @@ class DecodeCore:
         if any(r.sampling.greedy for r in rows):
             flat = argmax_list(logits.reshape(batch * width, -1))
             argmax = [flat[i * width : (i + 1) * width] for i in range(batch)]
-        self.policy.record_target(batch, width, self._clock() - t0)
+        if self._clock is self._cost_clock:
+            self.policy.record_target(batch, width, self._clock() - t0)
         self.forward_passes += 1
 
         events: list[tuple[Row, Event]] = []
         finished: list[Row] = []
         for i, (r, d) in enumerate(zip(rows, drafts)):
-            g = len(d)
-            if d.is_tree:
-                assert argmax is not None and d.parents is not None
+            g = len(d.tokens)
+            if d.parents is not None:
+                assert argmax is not None
                 res = greedy_verify_tree(argmax[i][: g + 1], d.tokens, d.parents)
-                path = list(res.path or ())
-                self.cache.keep([0] + [k + 1 for k in path], row=i)
-                accepted = [d.tokens[k] for k in path]
-                kept = [0] + [k + 1 for k in path]
+                kept = [0] + [k + 1 for k in res.path or ()]
+                self.cache.keep(kept, row=i)
+                accepted = [d.tokens[k] for k in res.path or ()]
             else:
                 if r.sampling.greedy:
                     assert argmax is not None
@@ -379,12 +395,12 @@ class DecodeCore:
                                            r.gen)
                 self.cache.trim(width - 1 - res.n_accepted, row=i)
                 accepted = d.tokens[: res.n_accepted]
-                kept = list(range(res.n_accepted + 1))
+                kept = None
             if r.drafter is not None and g > 0:
                 r.drafter.on_verified_row(i, res.n_accepted)
                 r.drafter.acceptance.update(g, res.n_accepted)
             if hidden is not None:
-                r.hidden = hidden[i, kept]
+                r.hidden = hidden[i, kept if kept is not None else slice(0, res.n_accepted + 1)]
             if self._emit(r, accepted, res, g, events):
                 finished.append(r)
         for r in finished:

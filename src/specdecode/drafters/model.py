@@ -162,6 +162,11 @@ class DraftModelDrafter:
         probs.append(q[0])
         return int(draw(q, ctx.generator)[0])
 
+    def _last_logits(self, feed: list[int], rows: slice) -> torch.Tensor:
+        """Append one row's tokens and return its last position's logits."""
+        ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)
+        return self.model.forward(ids, self._cache, rows=rows, last_only=True, head=self._head)[0, -1]
+
     def _forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """Append each row's tokens (rows between them get padding, dropped after) and return each
         fed row's last logits."""
@@ -169,8 +174,7 @@ class DraftModelDrafter:
         assert cache is not None
         if len(feeds) == 1:  # one row: no padding, no bookkeeping
             (r, f), = feeds.items()
-            ids = torch.tensor([f], dtype=torch.long, device=self.model.device)
-            return {r: self.model.forward(ids, cache, rows=slice(r, r + 1), last_only=True, head=self._head)[0, -1]}
+            return {r: self._last_logits(f, slice(r, r + 1))}
         lo, hi = min(feeds), max(feeds) + 1
         width = max(len(f) for f in feeds.values())
         if max(cache.lengths[lo:hi]) + width > cache.max_len:
@@ -225,26 +229,48 @@ class DraftModelDrafter:
         if not want:  # plain decoding this step: the cheap path (no inference-mode switch)
             return drafts
         with torch.inference_mode():  # once per proposal, not once per draft step
-            feeds = {r: self._start(r, contexts[r]) for r in want}
-            self.last_catch_up = max(len(f) for f in feeds.values())
-            logits = self._forward(feeds)
-            tokens: dict[int, list[int]] = {r: [] for r in want}
-            probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
-            for i in range(max(want.values())):
-                nxt: dict[int, list[int]] = {}
-                for r, g in want.items():
-                    if i < g:
-                        t = self._pick(logits[r], contexts[r], probs[r])
-                        tokens[r].append(t)
-                        if i < g - 1:
-                            nxt[r] = [t]
-                if nxt:
-                    logits = self._forward(nxt)
+            if len(want) == 1:  # generate()'s case: the same steps without the batch bookkeeping
+                (r, g), = want.items()
+                tokens, probs = {r: []}, {r: []}
+                self._draft_one(r, g, contexts[r], tokens[r], probs[r])
+            else:
+                tokens, probs = self._draft_many(want, contexts)
         for r, g in want.items():
             self._drafted[r] = g
             self._n_cached[r] = self._base[r] + g - 1
             drafts[r] = Draft(tokens[r], torch.stack(probs[r]) if probs[r] else None)
         return drafts
+
+    def _draft_one(self, r: int, g: int, ctx: DraftContext, tokens: list[int], probs: list[torch.Tensor]) -> None:
+        feed = self._start(r, ctx)
+        self.last_catch_up = len(feed)
+        rows = slice(r, r + 1)
+        logits = self._last_logits(feed, rows)
+        for i in range(g):
+            t = self._pick(logits, ctx, probs)
+            tokens.append(t)
+            if i < g - 1:
+                logits = self._last_logits([t], rows)
+
+    def _draft_many(self, want: dict[int, int], contexts: Mapping[int, DraftContext]
+                    ) -> tuple[dict[int, list[int]], dict[int, list[torch.Tensor]]]:
+        """γ batched forwards for every drafting row: a catch-up feed, then one token per row at a time."""
+        feeds = {r: self._start(r, contexts[r]) for r in want}
+        self.last_catch_up = max(len(f) for f in feeds.values())
+        logits = self._forward(feeds)
+        tokens: dict[int, list[int]] = {r: [] for r in want}
+        probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
+        for i in range(max(want.values())):
+            nxt: dict[int, list[int]] = {}
+            for r, g in want.items():
+                if i < g:
+                    t = self._pick(logits[r], contexts[r], probs[r])
+                    tokens[r].append(t)
+                    if i < g - 1:
+                        nxt[r] = [t]
+            if nxt:
+                logits = self._forward(nxt)
+        return tokens, probs
 
     def on_verified_row(self, row: int, n_accepted: int) -> None:
         """Keep the sequence plus the accepted draft tokens that are in the cache (at most g - 1)."""
