@@ -8,9 +8,9 @@
 """
 
 from .cache import ContextLengthError, KVCache
-from .config import ConfigError, GenerationConfig, SamplingConfig
-from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DraftModelDrafter, PromptLookupDrafter,
-                       VocabularyMismatchError, drafter_names)
+from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
+from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DraftModelDrafter, LayerSkipDrafter,
+                       MedusaDrafter, PromptLookupDrafter, VocabularyMismatchError, drafter_names)
 from .core import DecodeCore, Request
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
 from .metrics import GenerationStats
@@ -20,7 +20,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "FinishEvent",
-    "GenerationConfig", "GenerationResult", "GenerationStats", "KVCache", "Model", "ModelNotFoundError",
+    "GenerationConfig", "GenerationResult", "GenerationStats", "KVCache", "LayerSkipDrafter", "MedusaDrafter", "Model",
+    "ModelNotFoundError",
     "PromptLookupDrafter", "SamplingConfig", "StepEvent", "UnsupportedModelError", "VocabularyMismatchError",
-    "Request", "drafter_names", "generate", "load_model", "stream",
+    "Request", "VerifyConfig", "drafter_names", "generate", "load_model", "stream",
 ]

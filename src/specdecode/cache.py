@@ -119,7 +119,29 @@ class KVCache:
         self.last_start: list[int] = [0] * batch_size
         self.last_count: list[int] = [0] * batch_size
         self.device = torch.device(device)
+        self.dtype = dtype
         self._arange = torch.arange(max_len, device=device)
+
+    @classmethod
+    def over_layers(cls, k_layers: Sequence[Optional[torch.Tensor]], v_layers: Sequence[Optional[torch.Tensor]]
+                    ) -> "KVCache":
+        """A cache whose layer i is the given ``[batch, kv_heads, max_len, head_dim]`` tensors (views
+        of other caches, shared, not copied; None for a layer nothing runs), with lengths of its own.
+
+        Why: a layer-skip draft runs the target's first layers exactly as the target does, so it
+        attends over the target's own entries for them and keeps its own only for the layers that
+        differ (``drafters/layerskip.py``). ``move_row`` and ``keep`` need whole tensors and are
+        not available on such a view."""
+        first = next(t for t in k_layers if t is not None)
+        self = cls.__new__(cls)
+        self.k = self.v = None  # type: ignore[assignment]
+        self._k_layers, self._v_layers = list(k_layers), list(v_layers)
+        self.batch_size, self.max_len = first.shape[0], first.shape[2]
+        self.lengths = [0] * self.batch_size
+        self.last_start, self.last_count = [0] * self.batch_size, [0] * self.batch_size
+        self.device, self.dtype = first.device, first.dtype
+        self._arange = torch.arange(self.max_len, device=first.device)
+        return self
 
     def k_layer(self, layer: int) -> torch.Tensor:
         """Keys of one layer, ``[batch, kv_heads, max_len, head_dim]`` (a view, written in place)."""
@@ -153,6 +175,8 @@ class KVCache:
     def move_row(self, src: int, dst: int) -> None:
         """Copy row ``src``'s live keys/values into row ``dst`` and empty ``src`` (the decode core
         keeps its running rows a contiguous slice)."""
+        if self.k is None:
+            raise TypeError("a layer view (KVCache.over_layers) cannot move rows; move the caches it views")
         n = self.lengths[src]
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
@@ -214,6 +238,8 @@ class KVCache:
         forward wrote, e.g. a tree's accepted path) packed in order from that forward's start; the
         others are dropped. Returns the new length. Only entries that move are copied (a prefix of the
         written tokens costs nothing, as ``trim``), on every layer, K and V."""
+        if self.k is None:
+            raise TypeError("a layer view (KVCache.over_layers) cannot keep entries; use the caches it views")
         start, count = self.last_start[row], self.last_count[row]
         if self.lengths[row] < start:
             raise ValueError(f"row {row} was trimmed below the start ({start}) of its last forward")

@@ -10,14 +10,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
+from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyConfig, add_dataclass_args, from_args
 
 if TYPE_CHECKING:
     from .drafters import DrafterOptions
 
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
 # when present so a missing optional dependency never breaks `generate`.
-SUBCOMMAND_MODULES = ("specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli")
+SUBCOMMAND_MODULES = ("specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli",
+                      "specdecode.drafters.calibrate")
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -30,6 +31,7 @@ def default_model_dir(name: str) -> Path:
 
 DEFAULT_TARGET = "code-target"
 DEFAULT_DRAFT = "code-draft"
+DEFAULT_HEADS = "code-medusa"
 
 
 class CLIError(Exception):
@@ -54,6 +56,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "step cheaper; the output is exact either way (default: auto)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest n-gram to match (default: 3)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest n-gram to match (default: 1)")
+    p.add_argument("--exit-layer", type=int, default=None,
+                   help="layerskip: draft with the target's first N layers (overrides `specdecode calibrate`'s choice)")
+    p.add_argument("--skip-layers", type=parse_layer_list, default=None,
+                   help="layerskip: draft with every layer but these, e.g. 1,5 (overrides the calibration)")
+    p.add_argument("--heads", default=None, metavar="DIR",
+                   help="medusa, medusa-chain: the Medusa heads directory (`specdecode distill --method medusa`; "
+                        f"default with the bundled target: bundled models/{DEFAULT_HEADS})")
     add_dataclass_args(p, ModelLoadConfig)
 
 
@@ -65,6 +74,13 @@ def parse_draft_vocab(text: str) -> object:
         return parse_vocab_spec(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_layer_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers like 1,5, got {text!r}") from None
 
 
 def parse_gamma(text: str) -> object:
@@ -104,13 +120,25 @@ def resolve_draft_path(args: argparse.Namespace, needed: bool) -> Optional[str]:
     return str(path)
 
 
+def resolve_heads_path(args: argparse.Namespace) -> Optional[str]:
+    """The Medusa heads directory: --heads if given; else the bundled heads when the target is the bundled
+    one (they fit only it); else None (a medusa drafter then says it needs --heads)."""
+    if getattr(args, "heads", None):
+        return str(args.heads)
+    path = default_model_dir(DEFAULT_HEADS)
+    if not getattr(args, "target", None) and path.is_dir():
+        return str(path)
+    return None
+
+
 def drafter_options(args: argparse.Namespace, load: Callable[[str], object], needs_draft_model: bool) -> "DrafterOptions":
     """What the registry builds drafters from, as the model flags say (loads the draft model if needed)."""
     from .drafters import DrafterOptions
 
     path = resolve_draft_path(args, needs_draft_model)
     return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,  # type: ignore[arg-type]
-                          ngram_max=args.ngram_max, ngram_min=args.ngram_min)
+                          ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer,
+                          skip_layers=args.skip_layers, heads=resolve_heads_path(args))
 
 
 def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> object:
@@ -154,6 +182,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     sampling = from_args(SamplingConfig, args)
     generation = from_args(GenerationConfig, args)
+    verify = from_args(VerifyConfig, args)
     load_cfg = from_args(ModelLoadConfig, args)
     prompt = _read_prompt(args)
 
@@ -165,7 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.json and not args.stream:
         sys.stdout.write(prompt)
     finish: Optional[FinishEvent] = None
-    for ev in stream(target, prompt, drafter, sampling, generation):  # type: ignore[arg-type]
+    for ev in stream(target, prompt, drafter, sampling, generation, verify):  # type: ignore[arg-type]
         if isinstance(ev, StepEvent):
             if args.json:
                 continue
@@ -204,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(g)
     add_dataclass_args(g, SamplingConfig)
     add_dataclass_args(g, GenerationConfig)
+    add_dataclass_args(g, VerifyConfig)
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
     g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")

@@ -73,6 +73,24 @@ class GenerationConfig:
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
 
 
+CHAIN_RULES = ("block", "token")  # verify.CHAIN_RULES maps the same names to the functions
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """How a sampled draft is verified (greedy decoding ignores it: the argmax rule is the only one)."""
+
+    chain_rule: str = field(default="block", metadata=_help(
+        "verification rule for sampled chain drafts: block = block verification (Sun et al., arXiv:2403.10444), "
+        "never fewer accepted tokens than token-by-token in expectation; token = token-by-token rejection "
+        "sampling (Leviathan et al.). Both are exact"))
+
+    def __post_init__(self) -> None:
+        if self.chain_rule not in CHAIN_RULES:
+            raise ConfigError(f"chain_rule must be one of {', '.join(CHAIN_RULES)} (block is the default and "
+                              f"never accepts fewer tokens), got {self.chain_rule!r}")
+
+
 _DTYPE_NAMES = ("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 
 # How a checkpoint runs: ``ModelLoadConfig`` (the CLI's flags) and ``load_model`` (the library)

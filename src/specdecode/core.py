@@ -3,7 +3,8 @@
     propose:  every drafting row's drafter (each ``BatchDrafter`` once, for all of its rows)
     forward:  ONE target pass over the rows, padded to the widest draft (a tree mask if any
               draft is a tree; hidden states if any drafter reads them)
-    verify:   per row, pure functions from ``verify.py`` (greedy, rejection sampling, greedy tree)
+    verify:   per row, pure functions from ``verify.py`` (greedy; sampled chains: block or token by
+              token, ``Request.verify``; trees: greedy or sampled, per node)
     commit:   ``cache.trim`` (a chain) or ``cache.keep`` (a tree's accepted path) per row
     emit:     the one place for EOS, stop strings, detokenisation and stats
 
@@ -23,7 +24,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 
 from .cache import ContextLengthError
-from .config import ConfigError, GenerationConfig, SamplingConfig
+from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from .costmodel import cost_clock
 from .drafters.base import BatchDrafter, Draft, DraftContext
 from .metrics import GenerationStats
@@ -31,7 +32,7 @@ from .models import Model
 from .ops import argmax_list
 from .policy import GammaPolicy, RowPlan
 from .sampling import make_generator, probs_from_logits
-from .verify import VerifyResult, greedy_verify, greedy_verify_tree, rejection_sample
+from .verify import CHAIN_RULES, VerifyResult, greedy_verify, greedy_verify_tree, rejection_sample_tree
 
 Prompt = Union[str, Sequence[int]]
 
@@ -140,7 +141,8 @@ class Request:
     ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` caps the draft
     length (None: the drafter's own γ, or the policy's maximum when that is "auto"). ``adaptive``
     lets the γ policy choose up to that cap each step (None: when the drafter's γ is "auto");
-    False drafts the cap whenever there is room."""
+    False drafts the cap whenever there is room. ``verify`` picks the sampled chain rule (block
+    verification by default)."""
 
     prompt_ids: list[int]
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -148,6 +150,7 @@ class Request:
     drafter: Optional[str] = None
     gamma: Optional[int] = None
     adaptive: Optional[bool] = None
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
 
 
 class Row:
@@ -314,7 +317,7 @@ class DecodeCore:
             if r.drafter is not None:
                 group = groups.setdefault(self._names[id(r.drafter)], {})
                 if g > 0:
-                    group[i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden)
+                    group[i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden, target_cache=self.cache)
         for name, contexts in groups.items():
             d = self.drafters[name]
             depth = max((c.max_tokens for c in contexts.values()), default=0)
@@ -332,9 +335,6 @@ class DecodeCore:
                 if len(draft) > contexts[i].max_tokens:
                     raise RuntimeError(f"drafter {name!r} proposed {len(draft)} tokens but at most "
                                        f"{contexts[i].max_tokens} were allowed")
-                if draft.parents is not None and not rows[i].sampling.greedy:
-                    raise ConfigError("tree drafts are verified greedily only (temperature 0) for now; "
-                                      "use a chain drafter for sampling")
                 drafts[i] = draft
                 rows[i].stats.draft_s += dt / len(contexts)
         return drafts
@@ -380,8 +380,12 @@ class DecodeCore:
         for i, (r, d) in enumerate(zip(rows, drafts)):
             g = len(d.tokens)
             if d.parents is not None:
-                assert argmax is not None
-                res = greedy_verify_tree(argmax[i][: g + 1], d.tokens, d.parents)
+                if r.sampling.greedy:
+                    assert argmax is not None
+                    res = greedy_verify_tree(argmax[i][: g + 1], d.tokens, d.parents)
+                else:
+                    res = rejection_sample_tree(probs_from_logits(logits[i, : g + 1], r.sampling), d.tokens,
+                                                d.parents, d.probs, r.gen)
                 kept = [0] + [k + 1 for k in res.path or ()]
                 self.cache.keep(kept, row=i)
                 accepted = [d.tokens[k] for k in res.path or ()]
@@ -391,8 +395,8 @@ class DecodeCore:
                     res = greedy_verify(argmax[i][: g + 1], d.tokens)
                 else:
                     draft_ids = torch.tensor(d.tokens, dtype=torch.long, device=logits.device)
-                    res = rejection_sample(probs_from_logits(logits[i, : g + 1], r.sampling), draft_ids, d.probs,
-                                           r.gen)
+                    rule = CHAIN_RULES[r.request.verify.chain_rule]
+                    res = rule(probs_from_logits(logits[i, : g + 1], r.sampling), draft_ids, d.probs, r.gen)
                 self.cache.trim(width - 1 - res.n_accepted, row=i)
                 accepted = d.tokens[: res.n_accepted]
                 kept = None

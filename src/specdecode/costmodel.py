@@ -118,7 +118,8 @@ def cost_clock(model: "Model") -> Callable[[], float]:
 
 
 def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,
-                  draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None) -> Costs:
+                  draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
+                  draft_layers: Optional[tuple[int, ...]] = None) -> Costs:
     """Median times of target passes over 1..max_gamma+1 new tokens and of a draft step (c = 0
     without a draft model), with the engine's own forward calls: tokens appended to a prefilled
     cache, logits read back, then rolled back, as a decode step does.
@@ -130,7 +131,9 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
     Sizes are interleaved (alternating order per round) and the median kept, so a burst of
     background load hits every size alike. Draft steps are timed in runs of ``DRAFT_RUN`` right
     after a target pass, as the engine drafts: the target's pass evicts the draft's weights from
-    the caches (on the bundled pair 0.18 of a target step, against 0.11 back to back)."""
+    the caches (on the bundled pair 0.18 of a target step, against 0.11 back to back).
+    ``draft_layers``: the draft step runs only these layers of ``draft`` (a layer-skip draft, where
+    ``draft`` is the target itself)."""
     n_max = max_gamma + 1
     limit = target.max_seq_len - n_max - 1
     vocab = target.vocab_size
@@ -150,7 +153,7 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
         d_cache = None
         if draft is not None:
             d_cache = draft.new_cache(1, len(ids) + 1)
-            draft.forward(prompt, d_cache, last_only=True)
+            draft.forward(prompt, d_cache, last_only=True, layers=draft_layers)
         for r in range(reps + WARMUP_ROUNDS):
             for n in sizes if r % 2 == 0 else sizes[::-1]:
                 if dev.type == "cuda":
@@ -164,7 +167,8 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
             if draft is not None and d_cache is not None:
                 t0 = clock()
                 for _ in range(DRAFT_RUN):
-                    float(draft.forward(probe[:, :1], d_cache, last_only=True, head=draft_head)[0, -1, 0])
+                    float(draft.forward(probe[:, :1], d_cache, last_only=True, head=draft_head,
+                                        layers=draft_layers)[0, -1, 0])
                     d_cache.trim(1)
                 if r >= WARMUP_ROUNDS:
                     d_samples.append((clock() - t0) / DRAFT_RUN)
@@ -207,10 +211,15 @@ _MEMO: dict[str, Costs] = {}
 
 
 def load_or_measure_costs(target: "Model", draft: Optional["Model"],
-                          draft_head: Optional[torch.Tensor] = None) -> Costs:
+                          draft_head: Optional[torch.Tensor] = None,
+                          draft_layers: Optional[tuple[int, ...]] = None) -> Costs:
     """Costs for this machine and pair, measured on first use and cached as JSON (``draft_head``: the
-    draft's restricted output matrix, whose size changes c)."""
-    key = _fingerprint([target, draft], f"draft_head={None if draft_head is None else tuple(draft_head.shape)}")
+    draft's restricted output matrix, whose size changes c; ``draft_layers``: a layer-skip draft's
+    layers of ``draft``)."""
+    extra = f"draft_head={None if draft_head is None else tuple(draft_head.shape)}"
+    if draft_layers is not None:
+        extra += f"|draft_layers={','.join(map(str, draft_layers))}"
+    key = _fingerprint([target, draft], extra)
     if key in _MEMO:
         return _MEMO[key]
     path = cache_dir() / f"{key}.json"
@@ -224,7 +233,7 @@ def load_or_measure_costs(target: "Model", draft: Optional["Model"],
         except (ValueError, KeyError, TypeError):
             pass  # a corrupt cache file is re-measured
     log.info("gamma=auto: measuring target pass costs v(k) and draft cost c (once per machine and model pair)")
-    costs = _MEMO[key] = measure_costs(target, draft, draft_head=draft_head)
+    costs = _MEMO[key] = measure_costs(target, draft, draft_head=draft_head, draft_layers=draft_layers)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(costs)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence, Union
 
-from .config import GenerationConfig, SamplingConfig
+from .config import GenerationConfig, SamplingConfig, VerifyConfig
 from .core import (DecodeCore, Event, FinishEvent, IncrementalDetokenizer, Prompt, Request, StepEvent, find_stop,
                    prompt_ids, truncate_pieces)
 from .drafters.base import BatchDrafter, Drafter, as_batch_drafter
@@ -37,15 +37,18 @@ def stream(
     drafter: Optional[Union[Drafter, BatchDrafter]] = None,
     sampling: Optional[SamplingConfig] = None,
     generation: Optional[GenerationConfig] = None,
+    verify: Optional[VerifyConfig] = None,
 ) -> Iterator[StepEvent | FinishEvent]:
-    """Generate from ``target``, yielding a ``StepEvent`` per target pass and a final ``FinishEvent``."""
+    """Generate from ``target``, yielding a ``StepEvent`` per target pass and a final ``FinishEvent``.
+    ``verify`` picks the sampled chain rule (default: block verification)."""
     sampling = sampling or SamplingConfig()
     generation = generation or GenerationConfig()
+    verify = verify or VerifyConfig()
     ids = prompt_ids(target, prompt)
     drafters = {_DRAFTER: as_batch_drafter(drafter)} if drafter is not None else {}
     core = DecodeCore(target, drafters, max_rows=1,
                       context_len=min(target.max_seq_len, len(ids) + generation.max_new_tokens))
-    core.add(Request(ids, sampling, generation, _DRAFTER if drafter is not None else None))
+    core.add(Request(ids, sampling, generation, _DRAFTER if drafter is not None else None, verify=verify))
     while core.rows:
         for _, ev in core.step():
             yield ev  # type: ignore[misc]
@@ -64,12 +67,15 @@ def generate(
     seed: Optional[int] = None,
     ignore_eos: bool = False,
     stop: Sequence[str] = (),
+    chain_rule: str = VerifyConfig.chain_rule,
 ) -> GenerationResult:
-    """Run ``stream`` to the end and collect tokens, text and stats."""
+    """Run ``stream`` to the end and collect tokens, text and stats. ``chain_rule``: "block" (block
+    verification) or "token" (token by token) for sampled chain drafts; both are exact."""
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     generation = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=tuple(stop))
+    verify = VerifyConfig(chain_rule=chain_rule)
     flags: list[bool] = []
-    for ev in stream(target, prompt, drafter, sampling, generation):
+    for ev in stream(target, prompt, drafter, sampling, generation, verify):
         if isinstance(ev, StepEvent):
             flags.extend(ev.from_draft)
         else:

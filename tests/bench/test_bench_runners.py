@@ -56,3 +56,28 @@ def test_eager_baseline_runs_beside_the_fast_models(tiny_dirs: dict[str, Path]) 
     outs = [m.run(prompt, 8).token_ids for m in methods]  # interleaved in one process
     assert all(len(o) == 8 for o in outs)
     assert target.kernels.fast == specdecode.load_model(tiny_dirs["llama"]).fast  # untouched by the eager runs
+
+
+def test_sampled_bench_runs_token_by_token_beside_block_verification(tiny_dirs: dict[str, Path]) -> None:
+    """Under sampling 'draft' verifies chains with block verification (the default rule) and 'draft-token'
+    token by token, with the same seeded sampling; greedy has one rule, so 'draft-token' is skipped."""
+    from specdecode.bench.runners import BenchContext, build_methods
+    from specdecode.config import SamplingConfig
+
+    target = specdecode.load_model(tiny_dirs["llama"])
+    draft = specdecode.load_model(tiny_dirs["llama"])  # self-speculation: every draft token is accepted
+    sampling = SamplingConfig(temperature=1.0, seed=3)
+    ctx = BenchContext(target, draft, str(target.path), str(draft.path), sampling=sampling)
+    methods, skipped = build_methods(ctx, ["plain", "draft", "draft-token"], {"gammas": [3]})
+    assert not skipped and [m.name for m in methods] == ["plain", "draft/g3", "draft-token/g3"]
+    by_name = {m.name: m for m in methods}
+    assert by_name["draft/g3"].verify.chain_rule == "block" and by_name["draft-token/g3"].verify.chain_rule == "token"
+    prompt = target.encode("def add(a, b):\n")
+    outs = {m.name: m.run(prompt, 12) for m in methods}
+    ref = specdecode.generate(target, prompt, specdecode.DraftModelDrafter(draft, 3), max_new_tokens=12,
+                              temperature=1.0, seed=3, ignore_eos=True, chain_rule="token")
+    assert outs["draft-token/g3"].token_ids == ref.token_ids  # the run's sampling and rule reach generate
+    assert all(a == d for d, a in outs["draft/g3"].steps or [])  # draft = target: block keeps every token
+    greedy = BenchContext(target, draft, str(target.path), str(draft.path))
+    _, skipped = build_methods(greedy, ["draft-token"], {"gammas": [3]})
+    assert [s.name for s in skipped] == ["draft-token/3"] and "--temperature" in skipped[0].reason

@@ -45,6 +45,21 @@ def test_cli_errors_are_one_line(tiny_dirs: dict[str, Path], tmp_path: Path) -> 
     assert p.returncode == 2 and "cannot read --prompt-file" in p.stderr
 
 
+def test_chain_rule_flag_reaches_generate(tiny_dirs: dict[str, Path]) -> None:
+    """--chain-rule token samples exactly as generate(..., chain_rule="token") with the same seed; a bad
+    value is a one-line error naming the choices."""
+    args = ["generate", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["draft"]), "--gamma", "3",
+            "--prompt", PROMPT, "--max-new-tokens", "12", "--ignore-eos", "--temperature", "1", "--seed", "5"]
+    p = run(*args, "--chain-rule", "token", "--json")
+    assert p.returncode == 0, p.stderr
+    drafter = sd.DraftModelDrafter(sd.load_model(tiny_dirs["draft"]), 3)
+    ref = sd.generate(sd.load_model(tiny_dirs["llama"]), PROMPT, drafter, max_new_tokens=12, ignore_eos=True,
+                      temperature=1.0, seed=5, chain_rule="token")
+    assert json.loads(p.stdout)["token_ids"] == ref.token_ids
+    p = run(*args, "--chain-rule", "tree")
+    assert p.returncode == 2 and "chain_rule must be one of block, token" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_draft_of_another_architecture_with_the_same_tokenizer(tiny_dirs: dict[str, Path]) -> None:
     """A GPT-2 draft for a llama target works when they share the tokenizer; output is the target's."""
     p = run("generate", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["gpt2_draft"]),

@@ -43,13 +43,14 @@ def exact_law(model: sd.Model, cfg: SamplingConfig) -> dict[tuple[int, ...], flo
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5, top_p=0.9)],
                          ids=["T1", "T0.8-k5-p0.9"])
-def test_generate_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: SamplingConfig) -> None:
+@pytest.mark.parametrize("chain_rule", ["block", "token"])
+def test_generate_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: SamplingConfig, chain_rule: str) -> None:
     target, draft = models
     drafter = sd.DraftModelDrafter(draft, gamma=2)
     samples = []
     for seed in range(N):
         r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=3, temperature=cfg.temperature,
-                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True)
+                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, chain_rule=chain_rule)
         samples.append(tuple(r.token_ids))
     assert gof_pvalue(samples, exact_law(target, cfg)) > 1e-3
     # the same test rejects the draft's law: it has power

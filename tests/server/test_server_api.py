@@ -171,3 +171,20 @@ def test_seeded_sampling_equals_generate_with_the_same_drafter(server: RunningSe
     c = client(server)
     kw = dict(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=24, temperature=0.9, top_p=0.95, seed=7)
     assert c.completions.create(**kw).choices[0].text == ref.text
+
+
+def test_chain_rule_extension_reaches_the_decode_request(server: RunningServer, models: Models) -> None:
+    """``chain_rule`` (block by default, or token) is a per-request extension: validated, then carried
+    to the core's Request; a seeded token-by-token request reproduces ``generate`` with that rule."""
+    from specdecode.server.app import _build_spec
+    from specdecode.server.protocol import CompletionRequest
+
+    for given, expected in ((None, "block"), ("block", "block"), ("token", "token")):
+        body = {"model": MODEL_NAME, "prompt": "def", "max_tokens": 4, "temperature": 1.0, "chain_rule": given}
+        req = CompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+        assert _build_spec(server.state, req, [1, 2], 4, None, "prompt").verify.chain_rule == expected
+    ref = specdecode.generate(models.target, PROMPTS[1], specdecode.DraftModelDrafter(models.target, 4),
+                              max_new_tokens=24, temperature=0.9, seed=7, chain_rule="token")
+    r = client(server).completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=24, temperature=0.9, seed=7,
+                                          extra_body={"chain_rule": "token"})
+    assert r.choices[0].text == ref.text

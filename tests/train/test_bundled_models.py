@@ -25,3 +25,21 @@ def test_bundled_pair_is_compatible_and_small() -> None:
         assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["torch_dtype"] == "bfloat16"
     ids = target.encode("def main():\n")
     assert ids[0] == 0 and target.decode(ids) == "def main():\n"
+
+
+@pytest.mark.skipif(not (MODELS / "code-medusa" / "medusa_config.json").is_file(), reason="bundled heads not present")
+def test_bundled_medusa_heads_fit_the_target_and_stay_exact() -> None:
+    from specdecode import generate
+    from specdecode.costmodel import Costs
+    from specdecode.drafters.medusa import MedusaDrafter
+
+    heads_dir = MODELS / "code-medusa"
+    assert sum(f.stat().st_size for f in heads_dir.iterdir()) < 4 * 2**20
+    target = load_model(MODELS / "code-target")
+    drafter = MedusaDrafter.load(heads_dir, costs=Costs(0.0, (1.0,) * 64))  # no timing in a test: free nodes
+    assert drafter.config.target["fingerprint"] and len(drafter.config.alpha) == drafter.num_heads == 4
+    assert drafter.config.alpha[0] > 0.6  # the held-out accuracy the model card reports
+    prompt = "import os\n\n\ndef main():\n    for name in os.listdir("
+    plain = generate(target, prompt, max_new_tokens=48, ignore_eos=True)
+    spec = generate(target, prompt, drafter, max_new_tokens=48, ignore_eos=True)
+    assert spec.token_ids == plain.token_ids and spec.stats.target_passes < plain.stats.target_passes

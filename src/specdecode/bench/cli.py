@@ -16,11 +16,12 @@ import platform
 import resource
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..config import ConfigError, ModelLoadConfig, add_dataclass_args, from_args
+from ..config import ConfigError, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
 
 QUICK_HELP = ("smoke run in under 2 minutes: 1 prompt per category, 32-token budgets, γ in {2,4}, 2 repetitions, "
               "1 thread unless --threads")
@@ -81,6 +82,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                    "print a table and write JSON + plots.")
     b.add_argument("--target", help="target model directory (default: bundled models/code-target)")
     b.add_argument("--draft", help="draft model directory (default: bundled models/code-draft)")
+    b.add_argument("--heads", help="Medusa heads directory for the medusa methods (default with the bundled target: "
+                                   "bundled models/code-medusa)")
     b.add_argument("--workload", help="JSONL file with id, category, prompt, max_new_tokens per line "
                                       "(default: the bundled held-out stdlib workload)")
     b.add_argument("--methods", default=",".join(DEFAULT_METHODS),
@@ -106,6 +109,7 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                    help="torch threads for every method, fixed for the whole run; 0 = decide once at the start: "
                         "all cores if the machine is otherwise idle, else 1 (default: 0; quick: 1)")
     add_dataclass_args(b, ModelLoadConfig)
+    add_dataclass_args(b, SamplingConfig)  # every method samples alike; > 0 adds 'draft-token' beside 'draft'
     b.add_argument("--cost-repeats", type=int, help="timed rounds when measuring c and v(γ) (default: 20)")
     b.add_argument("--out", help="output directory (default: runs/bench-<timestamp>)")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -251,6 +255,8 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
     gammas, auto = parse_gammas(args.gammas or d.gammas)
     if auto and "draft" in families and "draft-auto" not in families:
         families.append("draft-auto")
+    if auto and "layerskip" in families and "layerskip-auto" not in families:
+        families.append("layerskip-auto")
     s = BenchSettings(
         families=families,
         gammas=gammas,
@@ -285,7 +291,7 @@ def adaptive_threads() -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import model_loader, resolve_draft_path, resolve_target
+    from ..cli import model_loader, resolve_draft_path, resolve_heads_path, resolve_target
     from ..costmodel import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
@@ -294,7 +300,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     started = time.time()
     st = resolve_settings(args)
     gammas, lookup_tokens, peer_gammas, reps = st.gammas, st.lookup_tokens, st.peer_gammas, st.reps
-    families = st.families
+    sampling = from_args(SamplingConfig, args)
+    families = list(st.families)
+    if not sampling.greedy and "draft" in families and "draft-token" not in families:
+        families.append("draft-token")  # sampled: token-by-token beside block verification (the default)
     torch.set_num_threads(st.threads or adaptive_threads())
     threads = torch.get_num_threads()
 
@@ -315,7 +324,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     memory = {"after_loading_mib": _maxrss_mib()}
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
                        ignore_eos=not args.stop_at_eos, lookup_max_ngram=args.lookup_max_ngram,
-                       lookup_min_ngram=args.lookup_min_ngram, draft_vocab=args.draft_vocab)
+                       lookup_min_ngram=args.lookup_min_ngram, draft_vocab=args.draft_vocab,
+                       heads=resolve_heads_path(args), sampling=sampling)
     methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
                                                      "peer_gammas": peer_gammas})
     memory["after_loading_peers_mib"] = _maxrss_mib()
@@ -350,7 +360,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     memory["peak_rss_mib"] = _maxrss_mib()
     memory["peak_rss_after_each_warmup_mib"] = per_method_rss
 
-    summary = summarize(records, methods, skipped, failures, prompts, costs)
+    summary = summarize(records, methods, skipped, failures, prompts, costs, greedy=sampling.greedy)
     table = format_table(summary)
     print(table)
     config = {
@@ -365,7 +375,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "workload_sha1": hashlib.sha1(workload_path.read_bytes()).hexdigest(),
         "methods": families, "gammas": gammas, "lookup_tokens": lookup_tokens, "peer_gammas": peer_gammas,
         "lookup_ngram": [args.lookup_min_ngram, args.lookup_max_ngram], "reps": reps, "quick": args.quick,
-        "ignore_eos": not args.stop_at_eos, "greedy": True,
+        "ignore_eos": not args.stop_at_eos, "greedy": sampling.greedy, "sampling": dataclasses.asdict(sampling),
         "speedup_definition": "mean over prompts of tokens/s (prefill included) / same mean for 'plain', "
                               "per repetition; mean ± std over repetitions",
     }

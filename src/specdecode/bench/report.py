@@ -42,8 +42,9 @@ def _ms(values: Sequence[float]) -> dict[str, float]:
 
 def summarize(records: Sequence[RunRecord], methods: Sequence[Method], skipped: Sequence[Skipped],
               failures: Sequence[MethodFailure], prompts: Sequence[PreparedPrompt], costs: Optional[Costs],
-              baseline: str = BASELINE) -> dict[str, Any]:
-    """Everything per method and category (plus 'overall'); pure arithmetic on the records."""
+              baseline: str = BASELINE, greedy: bool = True) -> dict[str, Any]:
+    """Everything per method and category (plus 'overall'); pure arithmetic on the records. Sampled
+    runs (``greedy`` False) have no reference output, so no exact-match check."""
     categories = sorted({p.workload.category for p in prompts}, key=_category_order) + [OVERALL]
     in_cat = {c: {p.workload.id for p in prompts if c in (OVERALL, p.workload.category)} for c in categories}
     reps = sorted({r.rep for r in records})
@@ -53,7 +54,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[Method], skipped: 
     # Greedy outputs are compared with plain decoding on the same arithmetic: our fast path (bf16
     # products with --matmul bf16) against our plain; the fp32 runs (our eager path, transformers)
     # against our eager plain decoding when it ran.
-    references = {name: {r.workload: r.output.token_ids for r in by_method.get(name, []) if r.rep == 0}
+    references = {name: {r.workload: r.output.token_ids for r in by_method.get(name, []) if r.rep == 0 and greedy}
                   for name in (baseline, FP32_BASELINE)}
     tps = {m: {(r.rep, r.workload): len(r.output.token_ids) / r.output.seconds
                for r in rs if r.output.seconds > 0} for m, rs in by_method.items()}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 import torch
 
-from ..config import ConfigError, GenerationConfig, SamplingConfig
+from ..config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from ..drafters import BatchDrafter, DrafterOptions, build_drafter
 from ..drafters.base import Gamma
 from ..drafters.registry import get_spec
@@ -64,6 +64,8 @@ class BenchContext:
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
     draft_vocab: VocabSpec = "auto"  # the draft methods' output vocabulary (drafters/vocab.py)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # every method's (greedy by default)
+    heads: Optional[str] = None  # Medusa heads directory (the medusa methods)
     _hf: dict[str, object] = field(default_factory=dict)
     _eager: dict[str, Model] = field(default_factory=dict)
 
@@ -123,15 +125,17 @@ class OursMethod:
     runtime = "specdecode"
 
     def __init__(self, name: str, family: str, setting: Optional[int], target: Model,
-                 drafter: Optional[BatchDrafter], ignore_eos: bool) -> None:
+                 drafter: Optional[BatchDrafter], ignore_eos: bool, sampling: Optional[SamplingConfig] = None,
+                 verify: Optional[VerifyConfig] = None) -> None:
         self.name, self.family, self.setting = name, family, setting
         self.target, self.drafter, self.ignore_eos = target, drafter, ignore_eos
+        self.sampling, self.verify = sampling or SamplingConfig(), verify or VerifyConfig()
 
     def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
         generation = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=self.ignore_eos)
         steps: list[Step] = []
         t0 = time.perf_counter()
-        for ev in stream(self.target, prompt, self.drafter, SamplingConfig(), generation):
+        for ev in stream(self.target, prompt, self.drafter, self.sampling, generation, self.verify):
             if isinstance(ev, StepEvent):
                 if ev.token_ids:
                     steps.append((ev.drafted, sum(ev.from_draft)))
@@ -144,50 +148,86 @@ class OursMethod:
 def _eager_plain(ctx: BenchContext, setting: Optional[int]) -> Method:
     """Plain decoding on models loaded with ``fast=False``: eager and fast runs interleave in one
     benchmark, each model with its own kernels, and compare as a ratio measured side by side."""
-    return OursMethod("eager-plain", "eager-plain", None, ctx.eager_model(ctx.target_path), None, ctx.ignore_eos)
+    return OursMethod("eager-plain", "eager-plain", None, ctx.eager_model(ctx.target_path), None, ctx.ignore_eos,
+                      ctx.sampling)
 
 
 def _eager_draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     draft = ctx.eager_model(ctx.draft_path) if ctx.draft_path else ctx.require_draft()
     return OursMethod(f"eager-draft/g{setting}", "eager-draft", setting, ctx.eager_model(ctx.target_path),
-                      _ours(ctx, "model", setting, ctx.draft_vocab, draft=draft), ctx.ignore_eos)
+                      _ours(ctx, "model", setting, ctx.draft_vocab, draft=draft), ctx.ignore_eos, ctx.sampling)
 
 
 def _ours(ctx: BenchContext, drafter: str, gamma: Gamma, vocab: VocabSpec = "auto",
           draft: Optional[Model] = None) -> Optional[BatchDrafter]:
     """A registered drafter (``drafters/registry.py``), built as generate and serve build it."""
     spec = get_spec(drafter)
+    if spec.needs_heads and ctx.heads is None:
+        raise MethodUnavailable("no Medusa heads (pass --heads DIR)")
     options = DrafterOptions(draft=(draft or ctx.require_draft()) if spec.needs_draft_model else None, gamma=gamma,
-                             vocab=vocab, ngram_max=ctx.lookup_max_ngram, ngram_min=ctx.lookup_min_ngram)
+                             vocab=vocab, ngram_max=ctx.lookup_max_ngram, ngram_min=ctx.lookup_min_ngram,
+                             heads=ctx.heads)
     return build_drafter(drafter, options)
 
 
 def _draft_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
     return OursMethod("draft/auto", "draft-auto", None, ctx.target, _ours(ctx, "model", "auto", ctx.draft_vocab),
-                      ctx.ignore_eos)
+                      ctx.ignore_eos, ctx.sampling)
 
 
 def _plain(ctx: BenchContext, setting: Optional[int]) -> Method:
-    return OursMethod("plain", "plain", None, ctx.target, _ours(ctx, "none", "auto"), ctx.ignore_eos)
+    return OursMethod("plain", "plain", None, ctx.target, _ours(ctx, "none", "auto"), ctx.ignore_eos, ctx.sampling)
 
 
 def _draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"draft/g{setting}", "draft", setting, ctx.target, _ours(ctx, "model", setting, ctx.draft_vocab),
-                      ctx.ignore_eos)
+                      ctx.ignore_eos, ctx.sampling)
+
+
+def _draft_token(ctx: BenchContext, setting: Optional[int]) -> Method:
+    """The draft family verified token by token: beside 'draft' (block verification, the default) the
+    table shows what block verification gains. Greedy decoding has one rule, so only under sampling."""
+    assert setting is not None
+    if ctx.sampling.greedy:
+        raise MethodUnavailable("greedy decoding has one verification rule; pass --temperature > 0 to compare "
+                                "token-by-token with block verification")
+    return OursMethod(f"draft-token/g{setting}", "draft-token", setting, ctx.target,
+                      _ours(ctx, "model", setting, ctx.draft_vocab), ctx.ignore_eos, ctx.sampling,
+                      VerifyConfig(chain_rule="token"))
 
 
 def _draft_fullvocab(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"draft-fullvocab/g{setting}", "draft-fullvocab", setting, ctx.target,
-                      _ours(ctx, "model", setting, "full"), ctx.ignore_eos)
+                      _ours(ctx, "model", setting, "full"), ctx.ignore_eos, ctx.sampling)
+
+
+def _medusa(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("medusa", "medusa", None, ctx.target, _ours(ctx, "medusa", "auto"), ctx.ignore_eos, ctx.sampling)
+
+
+def _medusa_chain(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("medusa-chain", "medusa-chain", None, ctx.target, _ours(ctx, "medusa-chain", "auto"),
+                      ctx.ignore_eos, ctx.sampling)
+
+
+def _layerskip(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    return OursMethod(f"layerskip/g{setting}", "layerskip", setting, ctx.target, _ours(ctx, "layerskip", setting),
+                      ctx.ignore_eos, ctx.sampling)
+
+
+def _layerskip_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("layerskip/auto", "layerskip-auto", None, ctx.target, _ours(ctx, "layerskip", "auto"),
+                      ctx.ignore_eos, ctx.sampling)
 
 
 def _lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"lookup/k{setting}", "lookup", setting, ctx.target, _ours(ctx, "ngram", setting),
-                      ctx.ignore_eos)
+                      ctx.ignore_eos, ctx.sampling)
 
 
 # ---------------------------------------------------------------------------
@@ -203,6 +243,7 @@ class HFOptions:
     fixed_schedule: bool = True  # constant γ and no confidence cut-off, so γ means what it means for us
     prompt_lookup_num_tokens: Optional[int] = None
     max_matching_ngram_size: Optional[int] = None
+    sampling: SamplingConfig = SamplingConfig()  # frozen, so a shared default is safe
 
 
 class TransformersMethod:
@@ -216,6 +257,10 @@ class TransformersMethod:
     def _generate_args(self) -> dict[str, object]:
         o = self.options
         args: dict[str, object] = {"do_sample": False}
+        s = o.sampling
+        if not s.greedy:  # the same filters as ours; top_k=0 / top_p=1.0 switch transformers' defaults off
+            args.update(do_sample=True, temperature=s.temperature, top_k=s.top_k or 0, top_p=s.top_p or 1.0,
+                        min_p=s.min_p)
         if o.assistant is not None:
             args["assistant_model"] = o.assistant
             if o.num_assistant_tokens is not None:
@@ -234,6 +279,8 @@ class TransformersMethod:
         x = torch.tensor([prompt], device=device)
         mask = torch.ones_like(x)
         args = self._generate_args()
+        if self.options.sampling.seed is not None:
+            torch.manual_seed(self.options.sampling.seed)  # transformers draws from the global generator
         t0 = time.perf_counter()
         out = self.model.generate(x, attention_mask=mask, max_new_tokens=max_new_tokens, **args)  # type: ignore[operator]
         dt = time.perf_counter() - t0
@@ -241,25 +288,27 @@ class TransformersMethod:
 
 
 def _hf_plain(ctx: BenchContext, setting: Optional[int]) -> Method:
-    return TransformersMethod("hf-plain", "hf-plain", None, ctx.hf_model(ctx.target_path), HFOptions())
+    return TransformersMethod("hf-plain", "hf-plain", None, ctx.hf_model(ctx.target_path),
+                              HFOptions(sampling=ctx.sampling))
 
 
 def _hf_assisted(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     ctx.require_draft()
-    opts = HFOptions(assistant=ctx.hf_model(ctx.draft_path), num_assistant_tokens=setting)
+    opts = HFOptions(assistant=ctx.hf_model(ctx.draft_path), num_assistant_tokens=setting, sampling=ctx.sampling)
     return TransformersMethod(f"hf-assisted/g{setting}", "hf-assisted", setting, ctx.hf_model(ctx.target_path), opts)
 
 
 def _hf_assisted_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
     ctx.require_draft()
-    opts = HFOptions(assistant=ctx.hf_model(ctx.draft_path), fixed_schedule=False)
+    opts = HFOptions(assistant=ctx.hf_model(ctx.draft_path), fixed_schedule=False, sampling=ctx.sampling)
     return TransformersMethod("hf-assisted/auto", "hf-assisted-auto", None, ctx.hf_model(ctx.target_path), opts)
 
 
 def _hf_lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
-    opts = HFOptions(prompt_lookup_num_tokens=setting, max_matching_ngram_size=ctx.lookup_max_ngram)
+    opts = HFOptions(prompt_lookup_num_tokens=setting, max_matching_ngram_size=ctx.lookup_max_ngram,
+                     sampling=ctx.sampling)
     return TransformersMethod(f"hf-lookup/k{setting}", "hf-lookup", setting, ctx.hf_model(ctx.target_path), opts)
 
 
@@ -291,12 +340,24 @@ def register(spec: MethodSpec) -> None:
 
 for _spec in (
     MethodSpec("plain", "specdecode", "none", _plain, "our decode loop with no drafter: the baseline"),
-    MethodSpec("draft", "specdecode", "gammas", _draft, "draft model, γ from --gammas"),
+    MethodSpec("draft", "specdecode", "gammas", _draft,
+               "draft model, γ from --gammas (sampled chains: block verification, the default rule)"),
+    MethodSpec("draft-token", "specdecode", "gammas", _draft_token,
+               "draft model verified token by token, γ from --gammas (sampling only; added beside 'draft' "
+               "when --temperature > 0)"),
     MethodSpec("draft-auto", "specdecode", "none", _draft_auto,
                "draft model with gamma='auto': γ chosen every step from measured costs and running α̂"),
     MethodSpec("draft-fullvocab", "specdecode", "gammas", _draft_fullvocab,
                "draft model over its full output vocabulary (the ablation of draft_vocab.json), γ from --gammas"),
     MethodSpec("lookup", "specdecode", "lookup_tokens", _lookup, "prompt lookup, k from --lookup-tokens"),
+    MethodSpec("layerskip", "specdecode", "gammas", _layerskip,
+               "layer-skip self-speculation (the target's calibrated layers, `specdecode calibrate`), γ from --gammas"),
+    MethodSpec("layerskip-auto", "specdecode", "none", _layerskip_auto,
+               "layer-skip self-speculation with gamma='auto' (the γ policy, from the partial model's measured c)"),
+    MethodSpec("medusa", "specdecode", "none", _medusa,
+               "Medusa heads (--heads DIR), a token tree sized each step by the measured v(nodes) and running α by depth"),
+    MethodSpec("medusa-chain", "specdecode", "none", _medusa_chain,
+               "Medusa heads (--heads DIR), top-1 of each head as a chain, length by the same cost model"),
     MethodSpec("eager-plain", "specdecode", "none", _eager_plain,
                "plain decoding on PyTorch's eager F.linear with fp32 weights (the fast kernel off)"),
     MethodSpec("eager-draft", "specdecode", "peer_gammas", _eager_draft,

@@ -21,6 +21,7 @@ import torch
 from ..config import ConfigError, SamplingConfig
 
 if TYPE_CHECKING:
+    from ..cache import KVCache
     from ..models import Model
 
 Gamma = Union[int, Literal["auto"]]
@@ -48,7 +49,12 @@ class DraftContext:
     token's, the last being the state whose logits gave the newest token; None before the first
     pass or when the drafter does not ask for them (``wants_hidden``). ``probe`` is True when
     this proposal follows plain steps only to refresh the acceptance estimate: a drafter may then
-    look at a shorter context.
+    look at a shorter context. ``target_cache`` is the target's KV cache, whose row number is the
+    key of this context in ``propose_rows`` (None outside the decode core): a self-drafter that
+    computes some layers exactly as the target does (layer skip) attends over the target's own
+    entries for them instead of recomputing them. It may write entries past the row's length
+    (the next target pass overwrites them before reading) and must leave the lengths and every
+    entry below them as it found them.
     """
 
     tokens: list[int]
@@ -57,6 +63,7 @@ class DraftContext:
     generator: Optional[torch.Generator]
     hidden: Optional[torch.Tensor] = None
     probe: bool = False
+    target_cache: Optional["KVCache"] = None
 
 
 @dataclass

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..config import ConfigError
 from .base import BatchDrafter, Gamma, PerRowDrafters
+from .medusa import MedusaDrafter
+from .layerskip import LayerSkipDrafter
 from .model import DraftModelDrafter
 from .ngram import PromptLookupDrafter
 from .vocab import VocabSpec
@@ -31,6 +33,9 @@ class DrafterOptions:
     vocab: VocabSpec = "auto"  # a draft model's proposal vocabulary (FR-Spec)
     ngram_max: int = 3
     ngram_min: int = 1
+    heads: Optional[str] = None  # a Medusa heads directory (``distill --method medusa``)
+    exit_layer: Optional[int] = None  # layer skip: draft with the first N layers (overrides the calibration)
+    skip_layers: Optional[tuple[int, ...]] = None  # layer skip: draft without these layers (likewise)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ class DrafterSpec:
     name: str
     help: str  # one line for --help and the server's error messages
     needs_draft_model: bool
-    build: Callable[[DrafterOptions], Optional[BatchDrafter]]  # None: plain decoding
+    build: Callable[[DrafterOptions], Optional[BatchDrafter]]  # None: plain decoding, or what it needs is absent
+    needs_heads: bool = False  # Medusa: a heads directory (--heads DIR)
 
 
 REGISTRY: dict[str, DrafterSpec] = {}
@@ -66,6 +72,9 @@ def build_drafter(name: str, options: DrafterOptions) -> Optional[BatchDrafter]:
     if spec.needs_draft_model and options.draft is None:
         raise ConfigError(f"drafter {name!r} needs a draft model (--draft DIR); or choose one of: "
                           f"{', '.join(n for n, s in REGISTRY.items() if not s.needs_draft_model)}")
+    if spec.needs_heads and options.heads is None:
+        raise ConfigError(f"drafter {name!r} needs Medusa heads (--heads DIR); train them with `specdecode distill "
+                          "--method medusa --target TARGET --out DIR`")
     return spec.build(options)
 
 
@@ -80,6 +89,25 @@ def _ngram(o: DrafterOptions) -> BatchDrafter:
     return PerRowDrafters(lambda: PromptLookupDrafter(o.ngram_max, o.ngram_min, k), k)
 
 
+def _layerskip(o: DrafterOptions) -> BatchDrafter:
+    return LayerSkipDrafter(exit_layer=o.exit_layer, skip_layers=o.skip_layers, gamma=o.gamma)
+
+
+def _medusa(tree: bool) -> Callable[[DrafterOptions], Optional[BatchDrafter]]:
+    def build(o: DrafterOptions) -> Optional[BatchDrafter]:
+        if o.heads is None:
+            return None  # the server builds every drafter it can: without heads, not this one
+        return MedusaDrafter.load(o.heads, tree=tree, gamma=o.gamma, vocab=o.vocab)
+
+    return build
+
+
 register(DrafterSpec("model", "a separate small draft model (--draft DIR)", True, _model))
 register(DrafterSpec("ngram", "prompt lookup: copy what followed the last match of the recent tokens", False, _ngram))
+register(DrafterSpec("layerskip", "self-speculation: the target's own first layers (or all but a skip set) draft; "
+                     "`specdecode calibrate` picks them", False, _layerskip))
+register(DrafterSpec("medusa", "Medusa heads on the target's hidden state (--heads DIR): a token tree sized by "
+                                "the cost model", False, _medusa(True), needs_heads=True))
+register(DrafterSpec("medusa-chain", "Medusa heads, top-1 of each head as a chain (--heads DIR)", False,
+                     _medusa(False), needs_heads=True))
 register(DrafterSpec("none", "plain decoding (no drafts)", False, lambda o: None))

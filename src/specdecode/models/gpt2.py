@@ -6,7 +6,7 @@ time so every projection is the same ``linear(x, W[out, in])`` as in llama.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -67,19 +67,22 @@ class GPT2Model(nn.Module):
         return self.wte
 
     def forward(self, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
-                last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
+                last_only: bool = False, head: Optional[torch.Tensor] = None,
+                layers: Optional[Sequence[int]] = None) -> torch.Tensor:
         """Logits for ``tokens`` [B, T]; ``meta`` carries positions, a tree mask and what to capture
-        (``meta.hidden``: after ln_f; ``meta.layer_states[i]``: the residual stream after block i)."""
+        (``meta.hidden``: after ln_f; ``meta.layer_states[i]``: the residual stream after block i).
+        ``layers``: run only these blocks (a layer-skip draft; block i keeps cache layer i)."""
         x = (F.embedding(tokens, self.wte) + F.embedding(meta.positions, self.wpe)).to(self.lnf_w.dtype)
         capture = meta.capture
+        blocks = self.layers if layers is None else [self.layers[i] for i in layers]
         if capture:
             meta.layer_states = {}
-            for i, layer in enumerate(self.layers):
+            for layer in blocks:
                 x = layer(x, meta, cache)
-                if i in capture:
-                    meta.layer_states[i] = x[:, -1:] if last_only else x
+                if layer.layer in capture:
+                    meta.layer_states[layer.layer] = x[:, -1:] if last_only else x
         else:
-            for layer in self.layers:
+            for layer in blocks:
                 x = layer(x, meta, cache)
         if last_only:
             x = x[:, -1:]

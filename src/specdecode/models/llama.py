@@ -8,8 +8,8 @@ RoPE follows transformers' rotate-half convention so HF weights load as is.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -114,6 +114,24 @@ class _FusedPlan:
     rope_sin: torch.Tensor
     wqkv0: torch.Tensor  # the first layer's projection: its identity tells a reassigned weight
     stack: Optional[object] = None  # the C++ Stack, built on first use
+    index: Optional[tuple[int, ...]] = None  # the module's layer numbers of ``layers`` (None: all, in order)
+    subsets: dict[tuple[int, ...], "_FusedPlan"] = field(default_factory=dict)  # plans over layer subsets
+
+    def subset(self, layers: tuple[int, ...]) -> "_FusedPlan":
+        """The plan over some of the layers (a layer-skip draft), built once per subset: each layer's
+        residual add is fused into the norm of the next layer *run*, and the C++ Stack is made of the
+        same weight tensors (no copy)."""
+        sub = self.subsets.get(layers)
+        if sub is None:
+            n = len(self.layers)
+            if not layers or any(not 0 <= i < n for i in layers) or list(layers) != sorted(set(layers)):
+                raise ValueError(f"layers must be distinct increasing layer numbers in 0..{n - 1}, got {list(layers)}")
+            norms = [self.attn_norms[i] for i in layers]
+            per_layer = [self.layers[i][:6] + (nxt,) for i, nxt in zip(layers, norms[1:] + [self.norm])]
+            sub = _FusedPlan(per_layer, norms, self.embed, self.lm_head, self.head, self.norm, self.rope_cos,
+                             self.rope_sin, self.wqkv0, index=layers)
+            self.subsets[layers] = sub
+        return sub
 
 
 class LlamaModel(nn.Module):
@@ -134,15 +152,21 @@ class LlamaModel(nn.Module):
         return self.embed if self.lm_head is None else self.lm_head
 
     def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
-                last_only: bool = False, head: Optional[torch.Tensor] = None) -> torch.Tensor:
+                last_only: bool = False, head: Optional[torch.Tensor] = None,
+                layers: Optional[Sequence[int]] = None) -> torch.Tensor:
         """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training).
         ``head`` replaces the output matrix (a draft's restricted vocabulary). ``meta`` carries the
         optional positions and tree mask, and ``meta.capture`` asks for hidden states, which are
-        left in ``meta.hidden`` (final normed) and ``meta.layer_states`` (residual after layer i)."""
+        left in ``meta.hidden`` (final normed) and ``meta.layer_states`` (residual after layer i).
+        ``layers`` (increasing layer numbers) runs only those layers, then the final norm and the
+        output layer: a layer-skip draft (an early exit or a skip set). Layer i still reads and
+        writes cache layer i, so a draft can attend over the target's own entries."""
         ext = self.kernels.fused
         if ext is not None and cache is not None and meta is not None and tokens.device.type == "cpu":
             plan = self._fused_plan()
-            if plan.norm.dtype == torch.float32 and cache.k.dtype == torch.float32:
+            if plan.norm.dtype == torch.float32 and cache.dtype == torch.float32:
+                if layers is not None:
+                    plan = plan.subset(tuple(layers))
                 return self._forward_fused(ext, plan, tokens, meta, cache, last_only,
                                            plan.head if head is None else head)
         head = self.output_matrix() if head is None else head
@@ -154,14 +178,15 @@ class LlamaModel(nn.Module):
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
         capture = meta.capture if meta is not None else None
+        blocks = self.layers if layers is None else [self.layers[i] for i in layers]
         if capture:
             meta.layer_states = {}
-            for i, layer in enumerate(self.layers):
+            for layer in blocks:
                 x = layer(x, cos, sin, meta, cache)  # a new tensor per layer: no copy needed
-                if i in capture:
-                    meta.layer_states[i] = x[:, -1:] if last_only else x
+                if layer.layer in capture:
+                    meta.layer_states[layer.layer] = x[:, -1:] if last_only else x
         else:
-            for layer in self.layers:
+            for layer in blocks:
                 x = layer(x, cos, sin, meta, cache)
         if last_only:
             x = x[:, -1:]
@@ -205,31 +230,38 @@ class LlamaModel(nn.Module):
         # a tree (ancestor mask, at most 64 new tokens) and explicit positions go to the C++ attention
         # as they are; with a tree and no positions it derives start + depth itself
         tree, positions, capture = meta.tree, meta.explicit_positions, meta.capture
+        index = plan.index
         if native is not None:  # the whole stack in one C++ call
             if plan.stack is None:
                 cols = [list(col) for col in zip(*plan.layers)]
                 plan.stack = ext.Stack(*cols[:5], plan.attn_norms, cols[5], plan.norm)
+            k_layers, v_layers = cache.k_layers(), cache.v_layers()
+            if index is not None:  # a layer subset: its own layers' caches, in the stack's order
+                k_layers, v_layers = [k_layers[i] for i in index], [v_layers[i] for i in index]
             if capture is not None:
+                at = list(capture) if index is None else [index.index(c) for c in capture if c in index]
                 h, states = ext.stack_forward_states(
-                    plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(), cache.v_layers(), row0,
+                    plan.stack, x, plan.rope_cos, plan.rope_sin, k_layers, v_layers, row0,
                     meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps, scale, last_only, native[0], native[1],
-                    positions, tree, list(capture))
-                meta.hidden, meta.layer_states = h, dict(zip(capture, states))
+                    positions, tree, at)
+                names = capture if index is None else [index[a] for a in at]
+                meta.hidden, meta.layer_states = h, dict(zip(names, states))
             elif tree is None and positions is None:  # the hot path: exactly the causal call
-                h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(),
-                                      cache.v_layers(), row0, meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps,
-                                      scale, last_only, native[0], native[1])
+                h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, k_layers, v_layers, row0,
+                                      meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps, scale, last_only,
+                                      native[0], native[1])
             else:
-                h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, cache.k_layers(),
-                                      cache.v_layers(), row0, meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps,
-                                      scale, last_only, native[0], native[1], positions, tree)
+                h = ext.stack_forward(plan.stack, x, plan.rope_cos, plan.rope_sin, k_layers, v_layers, row0,
+                                      meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, eps, scale, last_only,
+                                      native[0], native[1], positions, tree)
             return linear(h, head)
         h = ext.rms_norm(x, plan.attn_norms[0], eps)
         last = len(plan.layers) - 1
         states = {}
         for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, next_norm) in enumerate(plan.layers):
+            n = i if index is None else index[i]  # the module's layer number (its cache layer)
             qkv = linear(h, wqkv, bqkv)
-            attn = ext.attention(qkv, plan.rope_cos, plan.rope_sin, cache.k_layer(i), cache.v_layer(i), row0,
+            attn = ext.attention(qkv, plan.rope_cos, plan.rope_sin, cache.k_layer(n), cache.v_layer(n), row0,
                                  meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, scale, positions, tree)
             h = ext.add_rms_norm_(x, linear(attn, wo), mlp_norm, eps)
             down = linear(ext.silu_mul(linear(h, w13)), w2)
@@ -238,8 +270,8 @@ class LlamaModel(nn.Module):
             else:
                 x.add_(down)
                 h = ext.rms_norm(x[:, -1:].contiguous(), plan.norm, eps)
-            if capture and i in capture:  # x is updated in place: copy
-                states[i] = (x[:, -1:] if last_only else x).clone()
+            if capture and n in capture:  # x is updated in place: copy
+                states[n] = (x[:, -1:] if last_only else x).clone()
         if capture is not None:
             meta.hidden, meta.layer_states = h, states
         return linear(h, head)

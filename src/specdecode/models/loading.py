@@ -96,24 +96,36 @@ class Model:
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None,
                 last_only: bool = False, head: Optional[torch.Tensor] = None, *,
-                positions: Optional[torch.Tensor] = None, tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                positions: Optional[torch.Tensor] = None, tree_mask: Optional[torch.Tensor] = None,
+                layers: Optional[tuple[int, ...]] = None) -> torch.Tensor:
         """Append ``tokens`` [B, T] to the cache rows and return float32 logits [B, T or 1, V].
 
         ``head`` replaces the output matrix (rows of ``output_matrix()``: a draft's restricted
         vocabulary), and the logits then have one column per row of it. ``positions`` and
-        ``tree_mask``: see ``run``."""
+        ``tree_mask``: see ``run``. ``layers`` (a tuple of increasing layer numbers, checked by
+        ``check_layers``): run only those layers, then the final norm and the output layer (a
+        layer-skip draft); layer i still uses cache layer i and the others are left untouched."""
         if positions is not None or tree_mask is not None:
             return self.run(tokens, cache, rows, last_only=last_only, head=head, positions=positions,
-                            tree_mask=tree_mask).logits
+                            tree_mask=tree_mask, layers=layers).logits
         if torch.is_inference_mode_enabled():  # entering the mode again costs a draft step ~3%
-            return self._forward(tokens, cache, rows, last_only, head)
+            return self._forward(tokens, cache, rows, last_only, head, layers)
         with torch.inference_mode():
-            return self._forward(tokens, cache, rows, last_only, head)
+            return self._forward(tokens, cache, rows, last_only, head, layers)
+
+    def check_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        """``layers`` as ``forward(..., layers=)`` takes it, or a ValueError saying what is wrong."""
+        n = self.config.n_layers
+        out = tuple(int(i) for i in layers)
+        if not out or any(not 0 <= i < n for i in out) or list(out) != sorted(set(out)):
+            raise ValueError(f"layers must be distinct increasing layer numbers in 0..{n - 1} ({self.name} has "
+                             f"{n} layers), got {list(out)}")
+        return out
 
     def run(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None, *, last_only: bool = False,
             head: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None,
             tree_mask: Optional[torch.Tensor] = None, return_hidden: bool = False,
-            hidden_layers: Sequence[int] = ()) -> ForwardOutput:
+            hidden_layers: Sequence[int] = (), layers: Optional[tuple[int, ...]] = None) -> ForwardOutput:
         """``forward`` for draft trees and heads: the logits plus, on request, hidden states.
 
         ``tree_mask`` ([B, T, T] or [T, T] bool): ``[b, i, j]`` True iff new token j is token i or one
@@ -125,31 +137,40 @@ class Model:
         ``return_hidden``: also return the final normed hidden state (the input of the output
         projection, at no extra cost); ``hidden_layers``: the residual stream after each of these
         layers (0-based; transformers' ``hidden_states[i + 1]``). Both follow ``last_only``.
-        The fused CPU path takes tree masks of at most 64 new tokens.
+        The fused CPU path takes tree masks of at most 64 new tokens. ``layers``: see ``forward``
+        (``hidden_layers`` then names layers among them).
         """
-        layers = tuple(int(i) for i in hidden_layers)
-        bad = [i for i in layers if not 0 <= i < self.config.n_layers]
+        captured = tuple(int(i) for i in hidden_layers)
+        bad = [i for i in captured if not 0 <= i < self.config.n_layers]
         if bad:
             raise ValueError(f"hidden_layers {bad} outside 0..{self.config.n_layers - 1}")
         if torch.is_inference_mode_enabled():
-            return self._run(tokens, cache, rows, last_only, head, positions, tree_mask, return_hidden, layers)
+            return self._run(tokens, cache, rows, last_only, head, positions, tree_mask, return_hidden, captured,
+                             layers)
         with torch.inference_mode():
-            return self._run(tokens, cache, rows, last_only, head, positions, tree_mask, return_hidden, layers)
+            return self._run(tokens, cache, rows, last_only, head, positions, tree_mask, return_hidden, captured,
+                             layers)
 
     def _run(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice], last_only: bool,
              head: Optional[torch.Tensor], positions: Optional[torch.Tensor], tree_mask: Optional[torch.Tensor],
-             return_hidden: bool, layers: tuple[int, ...]) -> ForwardOutput:
+             return_hidden: bool, captured: tuple[int, ...], layers: Optional[tuple[int, ...]]) -> ForwardOutput:
         meta = cache.prepare(tokens.shape[1], rows, positions, tree_mask)
-        if return_hidden or layers:
-            meta.capture = layers
-        logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
+        if return_hidden or captured:
+            meta.capture = captured
+        if layers is None:
+            logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
+        else:
+            logits = self.module(tokens, meta, cache, last_only=last_only, head=head, layers=layers)
         cache.commit(meta)
         return ForwardOutput(logits.float(), meta.hidden if return_hidden else None, dict(meta.layer_states or {}))
 
     def _forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice], last_only: bool,
-                 head: Optional[torch.Tensor]) -> torch.Tensor:
+                 head: Optional[torch.Tensor], layers: Optional[tuple[int, ...]] = None) -> torch.Tensor:
         meta = cache.prepare(tokens.shape[1], rows)
-        logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
+        if layers is None:
+            logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
+        else:
+            logits = self.module(tokens, meta, cache, last_only=last_only, head=head, layers=layers)
         cache.commit(meta)
         return logits.float()
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..cache import ContextLengthError
-from ..config import ConfigError, GenerationConfig, SamplingConfig
+from ..config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from ..engine import FinishEvent, StepEvent, prompt_ids
 from .chat import PLAIN_TEMPLATE, ChatFormatter, ChatTemplateError
 from .config import ServerConfig
@@ -287,10 +287,12 @@ def _build_spec(state: ServerState, req: Any, ids: list[int], max_tokens: Option
         sampling = SamplingConfig(temperature=1.0 if req.temperature is None else req.temperature, top_k=req.top_k,
                                   top_p=req.top_p, min_p=req.min_p, seed=req.seed)
         generation = GenerationConfig(max_new_tokens=max_new, ignore_eos=bool(req.ignore_eos), stop=req.stop_list())
+        verify = VerifyConfig(chain_rule=req.chain_rule or VerifyConfig.chain_rule)
     except ConfigError as e:
         raise ApiError(400, str(e), code="invalid_value") from e
     return DecodeRequest(ids, sampling, generation, None if drafter == "none" else drafter,
-                   gamma=req.gamma or state.default_gamma, adaptive=state.config.speculation == "auto")
+                   gamma=req.gamma or state.default_gamma, adaptive=state.config.speculation == "auto",
+                   verify=verify)
 
 
 def _submit(state: ServerState, spec: DecodeRequest) -> RequestHandle:
@@ -407,16 +409,21 @@ def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[di
 
 def make_state(target: "Model", draft_model: Optional["Model"], config: ServerConfig, default_drafter: str = "model",
                default_gamma: int = 4, ngram_max: int = 3, ngram_min: int = 1,
-               model_name: Optional[str] = None, draft_vocab: "VocabSpec" = "auto") -> ServerState:
+               model_name: Optional[str] = None, draft_vocab: "VocabSpec" = "auto",
+               exit_layer: Optional[int] = None, skip_layers: Optional[tuple[int, ...]] = None,
+               heads: Optional[str] = None) -> ServerState:
     """Everything the app needs, from loaded models and the serving flags: every registered drafter
     that can run with what is loaded (a draft model's only when one is given)."""
     from ..drafters.registry import REGISTRY, DrafterOptions, get_spec
 
     options = DrafterOptions(draft=draft_model, gamma="auto", vocab=draft_vocab, ngram_max=ngram_max,
-                             ngram_min=ngram_min)
+                             ngram_min=ngram_min, exit_layer=exit_layer, skip_layers=skip_layers, heads=heads)
     if get_spec(default_drafter).needs_draft_model and draft_model is None:
         raise ConfigError(f"default drafter {default_drafter!r} needs a draft model; pass one or choose one of: "
                           f"{', '.join(n for n, sp in REGISTRY.items() if not sp.needs_draft_model)}")
+    if get_spec(default_drafter).needs_heads and heads is None:
+        raise ConfigError(f"default drafter {default_drafter!r} needs Medusa heads (--heads DIR); train them with "
+                          "`specdecode distill --method medusa --target TARGET --out DIR`")
     drafters = {}
     for name, spec in REGISTRY.items():
         if spec.needs_draft_model and draft_model is None:

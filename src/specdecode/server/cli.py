@@ -26,7 +26,7 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..cli import model_loader, resolve_draft_path, resolve_target
+    from ..cli import model_loader, resolve_draft_path, resolve_heads_path, resolve_target
     from ..drafters.registry import get_spec
     from .app import create_app, make_state
 
@@ -37,7 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     draft = load(draft_path) if draft_path else None
     gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
     state = make_state(target, draft, config, default_drafter=args.drafter or "model", default_gamma=gamma,
-                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_vocab=args.draft_vocab)
+                       ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_vocab=args.draft_vocab,
+                       exit_layer=args.exit_layer, skip_layers=args.skip_layers, heads=resolve_heads_path(args))
     app = create_app(state)
     print(f"specdecode serve: {state.model_name} on http://{config.host}:{config.port}/ "
           f"(drafter {state.default_drafter}, gamma {state.default_gamma}, batch {config.max_batch_size})")

@@ -4,7 +4,7 @@ Requests are validated strictly: a wrong type is a 400 that names the field,
 never a silent coercion. Parameters we cannot honour (n > 1, logprobs, echo,
 penalties) are refused with a clear message instead of being ignored.
 Extensions a stock OpenAI client never sends: ``drafter``, ``gamma``,
-``top_k``, ``min_p``, ``ignore_eos`` in requests, and a top-level
+``chain_rule``, ``top_k``, ``min_p``, ``ignore_eos`` in requests, and a top-level
 ``specdecode`` object in responses (per-token origin for the web page, α̂, τ).
 """
 
@@ -45,6 +45,7 @@ class _SamplingParams(_Strict):
     # extensions
     drafter: Optional[str] = None  # a registered drafter's name (drafters/registry.py)
     gamma: Optional[int] = Field(default=None, ge=1, le=32)
+    chain_rule: Optional[str] = None  # sampled chain verification: block (default) or token (config.VerifyConfig)
     ignore_eos: Optional[bool] = False
 
     @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", mode="before")
@@ -73,6 +74,15 @@ class _SamplingParams(_Strict):
 
         if v is not None and v not in REGISTRY:
             raise ValueError(f"unknown drafter {v!r}; use one of: {', '.join(REGISTRY)}")
+        return v
+
+    @field_validator("chain_rule")
+    @classmethod
+    def _known_chain_rule(cls, v: Optional[str]) -> Optional[str]:
+        from ..config import CHAIN_RULES
+
+        if v is not None and v not in CHAIN_RULES:
+            raise ValueError(f"unknown chain_rule {v!r}; use one of: {', '.join(CHAIN_RULES)} (default: block)")
         return v
 
     @field_validator("stop")

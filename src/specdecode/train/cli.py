@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Ty
 
 if TYPE_CHECKING:
     from .distill import DistillConfig
+    from .medusa import MedusaTrainConfig
     from .pretrain import PretrainConfig
 
-Cfg = TypeVar("Cfg", bound="PretrainConfig | DistillConfig")
+Cfg = TypeVar("Cfg", bound="PretrainConfig | DistillConfig | MedusaTrainConfig")
 Result = TypeVar("Result")
 
 
@@ -169,13 +170,67 @@ def _add_distill(sub) -> None:
                    help="tokens per held-out prompt in the final α report (default: %(default)s)")
     p.add_argument("--eval-new-tokens", type=int, default=d.eval_new_tokens,
                    help="target tokens per prompt in the final α report (default: %(default)s)")
+    p.add_argument("--method", choices=DISTILL_METHODS, default="draft",
+                   help="draft: a small draft model (the flags above); medusa: Medusa-1 heads on the frozen target "
+                        "(drafters/medusa.py), trained on its cached hidden states and top-k laws; --out then "
+                        "defaults to models/code-medusa and the draft-shape flags do not apply (default: %(default)s)")
+    p.add_argument("--medusa-heads", type=int, default=None,
+                   help="medusa: number of heads K (head k predicts the token k+1 positions ahead; default: 4)")
+    p.add_argument("--medusa-vocab", type=int, default=None,
+                   help="medusa: proposal vocabulary cut recorded in the heads' draft_vocab.json, the N tokens the "
+                        "target writes most often (--draft-vocab auto uses it; default: 2048)")
     p.add_argument("--quick", action="store_true", help="tiny recipe that finishes in seconds (tests, smoke runs)")
     p.set_defaults(func=_run_distill, _parser=p)
+
+
+DISTILL_METHODS = ("draft", "medusa")
+# distill flags that shape a draft model, meaningless for Medusa heads (an error if typed with --method medusa)
+_DRAFT_ONLY = ("dim", "layers", "heads", "kv_heads", "ffn", "loss", "corpus_seqs", "corpus_mix", "target_dtype")
+_MEDUSA_SHARED = ("target", "out", "run_dir", "steps", "batch_size", "lr", "warmup", "onpolicy_seqs", "prompt_len",
+                  "gen_len", "greedy_frac", "top_k", "gen_batch", "eval_prompts", "eval_prompt_len",
+                  "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype", "max_minutes", "stop_after",
+                  "resume", "quick")
+
+
+def _run_distill_medusa(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
+    """``distill --method medusa``: the flags the user typed override the Medusa recipe's defaults (the
+    parser's defaults are the draft model's, e.g. its learning rate and --out)."""
+    from ..config import ConfigError
+    from .medusa import QUICK, MedusaTrainConfig, train_medusa
+
+    typed = _explicit(argv, args._parser)
+    wrong = sorted("--" + n.replace("_", "-") for n in _DRAFT_ONLY if n in typed)
+    if wrong:
+        hint = "; the number of Medusa heads is --medusa-heads" if "heads" in typed else ""
+        raise ConfigError(f"{', '.join(wrong)} shape a draft model and do not apply to --method medusa (the heads "
+                          f"take the target's hidden size); drop them{hint}")
+    cfg = MedusaTrainConfig(corpus=list(args.corpus))
+    for name in _MEDUSA_SHARED:
+        if name in typed:
+            setattr(cfg, name, getattr(args, name))
+    quick = dict(QUICK)
+    for flag, name in (("medusa_heads", "num_heads"), ("medusa_vocab", "vocab_cut")):
+        if getattr(args, flag) is not None:
+            setattr(cfg, name, getattr(args, flag))
+            quick.pop(name, None)  # a typed flag wins over --quick
+    r = _run_training(args, argv, cfg, quick, train_medusa)
+    if r is None:
+        return 130
+    print(r)
+    return 0
 
 
 def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
     from .distill import QUICK, DistillConfig, distill
 
+    if getattr(args, "method", "draft") == "medusa":
+        return _run_distill_medusa(args, argv)
+    from ..config import ConfigError
+
+    medusa_only = [f for f, v in (("--medusa-heads", args.medusa_heads), ("--medusa-vocab", args.medusa_vocab))
+                   if v is not None]
+    if medusa_only:
+        raise ConfigError(f"{', '.join(medusa_only)} need --method medusa")
     names = ["target", "out", "run_dir", "steps", "batch_size", "dim", "layers", "heads", "kv_heads", "ffn", "lr",
              "warmup", "loss", "onpolicy_seqs", "prompt_len", "gen_len", "greedy_frac", "corpus_seqs", "corpus_mix",
              "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype",

@@ -1,0 +1,431 @@
+"""Layer-skip self-speculation: the target drafts for itself with a subset of its own layers.
+
+No second model and no training (Draft & Verify, arXiv:2309.08168; SWIFT, arXiv:2410.06916;
+LayerSkip, arXiv:2404.16710): the draft is the target's module run over some of its layers,
+then its final norm and output layer, autoregressively for γ tokens. Two shapes:
+
+* an **early exit**: the first L layers (``DraftLayers.exit(L, n)``);
+* a **skip set**: every layer but some (``DraftLayers.skip({...}, n)``).
+
+**Cache sharing.** The draft's layers before its first skipped layer are computed exactly as
+the target computes them (same weights, same inputs), so their keys and values at verified
+positions *are* the target's. The draft attends over the target's own cache rows for those
+layers (``DraftContext.target_cache``, viewed with ``KVCache.over_layers``) and writes its
+speculative entries into the slots past the row's length, which the target's next pass
+overwrites before it reads them. An early exit therefore keeps no cache and no per-row state
+at all, and never re-feeds a token: each step feeds the pending token, then its own drafts.
+A skip set keeps its own entries only for the layers after its first skipped one (their inputs
+differ from the target's); catching those up after a fully accepted draft feeds one verified
+token through the shared layers too, which would overwrite the target's entry at that slot, so
+those few slots are saved and restored bit for bit. The target's cache ends every step exactly
+as it would without the drafter (``tests/unit/test_layerskip.py`` compares it).
+
+The draft's law (greedy argmax, or the filtered law a token is drawn from, in ``Draft.probs``)
+is whatever these layers compute; verification is the core's, so the output is exact either way.
+Which layers to run comes from ``specdecode calibrate`` (``layerskip.json`` beside the
+checkpoint, or in the cache directory), an explicit ``exit_layer``/``skip_layers``, or an
+uncalibrated default (with a log line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+import torch
+
+from ..cache import KVCache
+from ..config import ConfigError
+from ..costmodel import Costs, cache_dir, load_or_measure_costs
+from ..ops import argmax_list
+from ..sampling import draw, probs_from_logits
+from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+
+if TYPE_CHECKING:
+    from ..models import Model
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_FILE = "layerskip.json"
+CALIBRATION_VERSION = 1
+SUPPORTED_FAMILIES = ("llama", "gpt2")  # the module families whose forward takes ``layers``
+
+
+def check_family(target: "Model") -> None:
+    """A ConfigError unless ``target``'s module can run a subset of its layers."""
+    family = target.config.family
+    if family not in SUPPORTED_FAMILIES:
+        raise ConfigError(f"layer-skip drafting runs llama-family and gpt2 checkpoints, not {family!r}")
+
+
+# -- which layers ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DraftLayers:
+    """The target's layers a draft runs (increasing), out of ``n_layers``."""
+
+    layers: tuple[int, ...]
+    n_layers: int
+
+    def __post_init__(self) -> None:
+        n, ls = self.n_layers, self.layers
+        if not ls or any(not 0 <= i < n for i in ls) or list(ls) != sorted(set(ls)):
+            raise ConfigError(f"a layer-skip draft runs distinct increasing layers in 0..{n - 1}, got {list(ls)}")
+        if len(ls) == n:
+            raise ConfigError(f"a layer-skip draft must skip at least one of the {n} layers (else it is the target)")
+
+    @classmethod
+    def exit(cls, exit_layer: int, n_layers: int) -> "DraftLayers":
+        """The first ``exit_layer`` layers, then the final norm and output layer."""
+        if not 1 <= exit_layer < n_layers:
+            raise ConfigError(f"exit layer must be in 1..{n_layers - 1} (the model has {n_layers} layers), "
+                              f"got {exit_layer}")
+        return cls(tuple(range(exit_layer)), n_layers)
+
+    @classmethod
+    def skip(cls, skipped: Sequence[int], n_layers: int) -> "DraftLayers":
+        bad = [i for i in skipped if not 0 <= i < n_layers]
+        if bad or not skipped:
+            raise ConfigError(f"skip layers must be a non-empty set of layer numbers in 0..{n_layers - 1}, "
+                              f"got {list(skipped)}")
+        return cls(tuple(i for i in range(n_layers) if i not in set(skipped)), n_layers)
+
+    @classmethod
+    def default(cls, n_layers: int) -> "DraftLayers":
+        """The uncalibrated choice: exit after three quarters of the layers (at least one skipped)."""
+        if n_layers < 2:
+            raise ConfigError("layer-skip drafting needs a target with at least 2 layers")
+        return cls.exit(max(1, n_layers - max(1, n_layers // 4)), n_layers)
+
+    @property
+    def shared(self) -> int:
+        """How many leading layers are the target's own computation (0..k-1 all run): the layers whose
+        cache entries the draft can share."""
+        k = 0
+        while k < len(self.layers) and self.layers[k] == k:
+            k += 1
+        return k
+
+    @property
+    def is_exit(self) -> bool:
+        return self.shared == len(self.layers)
+
+    @property
+    def skipped(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if i not in set(self.layers))
+
+    def describe(self) -> str:
+        if self.is_exit:
+            return f"early exit after layer {len(self.layers)} of {self.n_layers}"
+        return f"layers {','.join(map(str, self.skipped))} of {self.n_layers} skipped"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "n_layers": self.n_layers, "kind": "exit" if self.is_exit else "skip",
+                "exit_layer": len(self.layers) if self.is_exit else None, "skipped": list(self.skipped)}
+
+
+# -- calibration files ---------------------------------------------------------------------------
+def weights_stamp(model_dir: str | Path) -> str:
+    """The checkpoint's weight files by name and size: a calibration made for other weights is stale."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    return ",".join(f"{f.name}:{f.stat().st_size}" for f in files)
+
+
+def cached_calibration_path(model_dir: str | Path) -> Path:
+    """Where a calibration goes when the checkpoint directory is read-only: the cache directory."""
+    key = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
+    return cache_dir().parent / "layerskip" / f"{key}.json"
+
+
+def calibration_paths(model_dir: str | Path) -> list[Path]:
+    """Where a calibration is looked for, first match wins: beside the checkpoint, then the cache."""
+    return [Path(model_dir) / CALIBRATION_FILE, cached_calibration_path(model_dir)]
+
+
+def save_calibration(model_dir: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` beside the checkpoint, or in the cache directory if that is not writable;
+    returns the path written."""
+    record = {"version": CALIBRATION_VERSION, "weights": weights_stamp(model_dir), **record}
+    text = json.dumps(record, indent=2) + "\n"
+    beside, cached = calibration_paths(model_dir)
+    try:
+        beside.write_text(text)
+        return beside
+    except OSError as e:
+        log.info("cannot write %s (%s); storing the calibration in the cache directory", beside, e)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(text)
+    return cached
+
+
+def load_calibration(model_dir: str | Path, n_layers: int) -> Optional[tuple[DraftLayers, dict[str, Any], Path]]:
+    """The stored calibration for this checkpoint (its layers, the whole record, its path), or None.
+    A file for other weights or another layer count is skipped with a log line."""
+    stamp = weights_stamp(model_dir)
+    for path in calibration_paths(model_dir):
+        if not path.is_file():
+            continue
+        try:
+            rec = json.loads(path.read_text())
+            layers = DraftLayers(tuple(int(i) for i in rec["layers"]), int(rec["n_layers"]))
+        except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
+            log.warning("ignoring unreadable layer-skip calibration %s: %s", path, e)
+            continue
+        if layers.n_layers != n_layers or rec.get("weights", stamp) != stamp:
+            log.warning("ignoring layer-skip calibration %s: it was made for other weights; "
+                        "run `specdecode calibrate --target %s` again", path, model_dir)
+            continue
+        return layers, rec, path
+    return None
+
+
+# -- the drafter ---------------------------------------------------------------------------------
+class LayerSkipDrafter:
+    """Drafts γ tokens per row with a subset of the target's own layers (a ``BatchDrafter``).
+
+    ``exit_layer`` (the first L layers) or ``skip_layers`` (layers to leave out) override the
+    calibration; with neither, ``layerskip.json`` decides, else ``DraftLayers.default``.
+    ``gamma``: draft length or "auto" (the core's γ policy, from the measured c of the partial
+    model: it switches speculation off when it does not pay). ``share_cache=False`` keeps a
+    separate draft cache for every draft layer (the reference the sharing is tested against).
+    """
+
+    wants_hidden = False
+
+    def __init__(self, exit_layer: Optional[int] = None, skip_layers: Optional[Sequence[int]] = None,
+                 gamma: Gamma = "auto", share_cache: bool = True) -> None:
+        if exit_layer is not None and skip_layers is not None:
+            raise ConfigError("give an exit layer or skip layers, not both")
+        self.gamma = check_gamma(gamma)
+        self.exit_layer, self.skip_layers = exit_layer, tuple(skip_layers) if skip_layers is not None else None
+        self.share_cache = share_cache
+        self.acceptance = Acceptance()
+        self.plan: Optional[DraftLayers] = None
+        self.calibration: Optional[dict[str, Any]] = None  # the stored record the plan came from, if any
+        self._target: Optional["Model"] = None
+        self._rows, self._max_len = 0, 0
+        self._viewed: Optional[KVCache] = None  # the target cache the view shares (None: not sharing)
+        self._seen: Optional[KVCache] = None  # the target cache of the core the view was made for
+        self._view: Optional[KVCache] = None  # layer i -> the target's (shared) or our own entries
+        self._own: Optional[KVCache] = None  # entries of the layers we cannot share
+        self._shared = 0  # leading draft layers read from the target's cache
+        self._n_cached: list[int] = []  # per row: sequence tokens the own layers hold (0.._n_cached-1)
+        self._base: list[int] = []  # per row: sequence length when its last draft started
+        self._drafted: list[int] = []
+        self._costs: Optional[tuple["Model", tuple[int, ...], Costs]] = None
+        self._unusable: Optional[str] = None  # why this drafter cannot serve the prepared target
+
+    # -- setup ------------------------------------------------------------------------------------
+    def resolve(self, target: "Model") -> DraftLayers:
+        """The layers this drafter runs on ``target`` (explicit, calibrated, or the default)."""
+        check_family(target)
+        n = target.config.n_layers
+        self.calibration = None
+        if self.exit_layer is not None:
+            return DraftLayers.exit(self.exit_layer, n)
+        if self.skip_layers is not None:
+            return DraftLayers.skip(self.skip_layers, n)
+        found = load_calibration(target.path, n)
+        if found is not None:
+            plan, self.calibration, path = found
+            log.info("layerskip: %s (calibrated, %s)", plan.describe(), path)
+            return plan
+        plan = DraftLayers.default(n)
+        log.info("layerskip: uncalibrated, drafting with the %s; run `specdecode calibrate --target %s` to "
+                 "search for the fastest layers on your prompts", plan.describe(), target.path)
+        return plan
+
+    def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
+        """Choose the layers once per target. A target this drafter cannot serve (one layer, another
+        family) fails at the first proposal, not here: the server loads every registered drafter."""
+        if target is not self._target:
+            try:
+                self.plan, self._unusable = self.resolve(target), None
+            except ConfigError as e:
+                self.plan, self._unusable = None, str(e)
+            self._target = target
+            self._viewed = self._seen = self._view = self._own = None
+            self._n_cached, self._base, self._drafted = [], [], []
+        self._rows, self._max_len = max(self._rows, rows), max(self._max_len, max_len)
+        grow = self._rows - len(self._n_cached)
+        for xs in (self._n_cached, self._base, self._drafted):
+            xs.extend([0] * grow)
+
+    def costs_for(self, target: "Model") -> Optional[Costs]:
+        """c of the partial model and v(k) of the target, measured once per machine and layer set (for
+        the γ policy; None for a fixed γ)."""
+        if self.gamma != "auto" or (target is self._target and self.plan is None):
+            return None
+        plan = self.plan if target is self._target and self.plan is not None else self.resolve(target)
+        if self._costs is None or self._costs[0] is not target or self._costs[1] != plan.layers:
+            self._costs = (target, plan.layers, load_or_measure_costs(target, target, draft_layers=plan.layers))
+        return self._costs[2]
+
+    def _setup(self, target_cache: Optional[KVCache]) -> KVCache:
+        """The cache the draft runs on: a view of the target's cache for the shared layers plus our own
+        for the rest (or our own for all, without a target cache or with ``share_cache=False``)."""
+        if self._view is not None and target_cache is self._seen:
+            return self._view
+        target, plan = self._target, self.plan
+        if self._unusable is not None:
+            raise ConfigError(self._unusable)
+        if target is None or plan is None:
+            raise RuntimeError("LayerSkipDrafter.prepare_rows(target, ...) must be called before proposing")
+        share = target_cache is not None and self.share_cache
+        self._shared = plan.shared if share else 0
+        own_layers = plan.layers[self._shared:]
+        cfg = target.config
+        if share:
+            assert target_cache is not None
+            rows, max_len = target_cache.batch_size, target_cache.max_len
+        else:
+            rows, max_len = self._rows, min(self._max_len, target.max_seq_len)
+        k: list[Optional[torch.Tensor]] = [None] * cfg.n_layers
+        v: list[Optional[torch.Tensor]] = [None] * cfg.n_layers
+        if share:
+            assert target_cache is not None
+            for i in plan.layers[: self._shared]:
+                k[i], v[i] = target_cache.k_layer(i), target_cache.v_layer(i)
+        if own_layers:
+            own = self._own
+            if own is None or (len(own.k_layers()), own.batch_size, own.max_len) != (len(own_layers), rows, max_len):
+                own = self._own = KVCache(len(own_layers), rows, cfg.n_kv_heads, max_len, cfg.head_dim,
+                                          target.dtype, target.device)
+            for j, i in enumerate(own_layers):
+                k[i], v[i] = own.k_layer(j), own.v_layer(j)
+        else:
+            self._own = None
+        self._view = KVCache.over_layers(k, v)
+        self._viewed = target_cache if share else None
+        self._seen = target_cache
+        self._n_cached = [0] * len(self._n_cached)  # a new cache: nothing of ours is in it
+        return self._view
+
+    def reset_row(self, row: int) -> None:
+        if row < len(self._n_cached):
+            self._n_cached[row] = self._base[row] = self._drafted[row] = 0
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row ``src`` becomes row ``dst``: the shared layers moved with the target's cache; ours move here."""
+        if self._own is not None and self._n_cached[src] > 0:
+            self._own.lengths[src] = self._n_cached[src]
+            self._own.move_row(src, dst)
+        for xs in (self._n_cached, self._base, self._drafted):
+            xs[dst] = xs[src]
+        self.reset_row(src)
+
+    # -- drafting ---------------------------------------------------------------------------------
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        """Draft up to ``ctx.max_tokens`` tokens for each row in ``contexts`` (row -> context)."""
+        drafts = {r: Draft() for r in contexts}
+        if not contexts:
+            return drafts
+        view = self._setup(next(iter(contexts.values())).target_cache)
+        want: dict[int, int] = {}
+        for r, ctx in contexts.items():
+            g = min(ctx.max_tokens, view.max_len - len(ctx.tokens))
+            if self.gamma != "auto":
+                g = min(g, self.gamma)
+            self._base[r], self._drafted[r] = len(ctx.tokens), 0
+            if g > 0:
+                want[r] = g
+        if not want:
+            return drafts
+        own = len(self.plan.layers) > self._shared if self.plan is not None else False
+        target_cache = self._viewed
+        feeds: dict[int, list[int]] = {}
+        saved: list[tuple[int, slice, list[torch.Tensor]]] = []  # (row, slots, the target's K/V there)
+        with torch.inference_mode():
+            for r in want:
+                n = len(contexts[r].tokens)
+                if target_cache is not None and target_cache.lengths[r] != n - 1:
+                    raise RuntimeError(f"row {r}: the target's cache holds {target_cache.lengths[r]} tokens, "
+                                       f"expected {n - 1} (every token but the pending one)")
+                start = min(self._n_cached[r], n - 1) if own else n - 1
+                if target_cache is not None and start < n - 1 and self._shared:
+                    # verified tokens re-fed through the shared layers: keep the target's entries there
+                    slots = slice(start, n - 1)
+                    saved.append((r, slots, [c[r, :, slots].clone() for c in self._shared_layers(target_cache)]))
+                view.lengths[r] = start
+                feeds[r] = contexts[r].tokens[start:]
+            try:
+                tokens, probs = self._draft(view, want, feeds, contexts)
+            finally:
+                for r, slots, entries in saved:
+                    assert target_cache is not None
+                    for c, e in zip(self._shared_layers(target_cache), entries):
+                        c[r, :, slots] = e
+        for r, g in want.items():
+            self._drafted[r] = g
+            drafts[r] = Draft(tokens[r], torch.stack(probs[r]) if probs[r] else None)
+        return drafts
+
+    def _shared_layers(self, cache: KVCache) -> list[torch.Tensor]:
+        """The target's K and V tensors of the shared layers."""
+        return [c for i in range(self._shared) for c in (cache.k_layer(i), cache.v_layer(i))]
+
+    def _draft(self, view: KVCache, want: dict[int, int], feeds: dict[int, list[int]],
+               contexts: Mapping[int, DraftContext]) -> tuple[dict[int, list[int]], dict[int, list[torch.Tensor]]]:
+        """γ forwards for every drafting row: the unseen tokens, then one draft token at a time."""
+        logits = self._forward(view, feeds)
+        tokens: dict[int, list[int]] = {r: [] for r in want}
+        probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
+        for i in range(max(want.values())):
+            nxt: dict[int, list[int]] = {}
+            for r, g in want.items():
+                if i < g:
+                    t = self._pick(logits[r], contexts[r], probs[r])
+                    tokens[r].append(t)
+                    if i < g - 1:
+                        nxt[r] = [t]
+            if nxt:
+                logits = self._forward(view, nxt)
+        return tokens, probs
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, ctx: DraftContext, probs: list[torch.Tensor]) -> int:
+        """One draft token from a row's last logits (greedy, or drawn from the filtered law)."""
+        if ctx.sampling.greedy:
+            return argmax_list(logits)[0]
+        q = probs_from_logits(logits.unsqueeze(0), ctx.sampling)
+        probs.append(q[0])
+        return int(draw(q, ctx.generator)[0])
+
+    def _forward(self, view: KVCache, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """Append each row's tokens to the view (rows between them get padding, dropped after) and
+        return each fed row's last logits. Padding lands past a row's length: scratch slots."""
+        assert self._target is not None and self.plan is not None
+        target, layers = self._target, self.plan.layers
+        device = target.device
+        if len(feeds) == 1:
+            (r, f), = feeds.items()
+            ids = torch.tensor([f], dtype=torch.long, device=device)
+            return {r: target.forward(ids, view, rows=slice(r, r + 1), last_only=True, layers=layers)[0, -1]}
+        lo, hi = min(feeds), max(feeds) + 1
+        width = max(len(f) for f in feeds.values())
+        for r in range(lo, hi):
+            if r not in feeds:  # a row not drafting: write padding past what anyone reads
+                view.lengths[r] = self._viewed.lengths[r] if self._viewed is not None else self._n_cached[r]
+        if max(view.lengths[lo:hi]) + width > view.max_len:
+            out: dict[int, torch.Tensor] = {}  # padding would overflow a nearly full row: one row at a time
+            for r, f in feeds.items():
+                out.update(self._forward(view, {r: f}))
+            return out
+        real = [view.lengths[r] + len(feeds.get(r, ())) for r in range(lo, hi)]
+        ids = torch.tensor([feeds.get(r, []) + [0] * (width - len(feeds.get(r, ()))) for r in range(lo, hi)],
+                           dtype=torch.long, device=device)
+        logits = target.forward(ids, view, rows=slice(lo, hi), layers=layers)
+        for r, n in zip(range(lo, hi), real):
+            view.lengths[r] = n
+        return {r: logits[r - lo, len(f) - 1] for r, f in feeds.items()}
+
+    def on_verified_row(self, row: int, n_accepted: int) -> None:
+        """Our own layers keep the sequence plus the accepted draft tokens they hold (at most g - 1)."""
+        g = self._drafted[row]
+        if g:
+            self._n_cached[row] = self._base[row] + min(n_accepted, g - 1)
+            self._drafted[row] = 0
+

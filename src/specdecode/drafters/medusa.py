@@ -1,0 +1,523 @@
+"""Medusa drafting (Cai et al., arXiv:2401.10774, Medusa-1): K heads on the target's own hidden state
+propose a token tree, verified by the target in one pass; no second model.
+
+Per step and row: h = the target's final normed hidden state whose logits gave the newest token
+x_n (``DraftContext.hidden[-1]``); head k's top candidates guess x_{n+k}. Every head reads the same
+h, so a node's children are head (depth + 1)'s candidates whatever the node: a tree is a set of
+rank paths (r_1, ..., r_d), node token = head d's rank-r_d candidate. Candidates are deterministic
+(``probs=None``): greedy verification follows the target's argmax down the tree; under sampling the
+core's tree rule tries children in order against the residual law, which is exact.
+
+**The tree's size and shape come from the cost model.** On a CPU a node is not free: a pass over
+n + 1 tokens costs v(n) one-token passes (measured up to 64 tokens, ``measure_tree_costs``), and the
+heads cost c of one. With p[d][r], the running probability that head d's rank-r candidate is the
+target's token given the path to its parent was (``RankAcceptance``), a node's chance to be on the
+accepted path is the product of p along its rank path, and
+
+    E[accepted path length + 1] = 1 + Σ_nodes Π_{(d, r) on the node's path} p[d][r].
+
+Taking nodes best-first by that product (a child never beats its parent, so every prefix of the
+order is a tree, and the best tree of each size n) gives E(n) for n = 1..63; the drafter proposes
+the n maximising E(n) / (c + v(n) + t), and nothing when no n beats plain decoding by the policy's
+margin. t is what a tree step costs beyond a chain step of the same width (the core builds its mask
+and compacts the accepted path; measured too): the best chain (rank 0 at every depth, t = 0)
+competes with the best tree, so a tree is drafted only where its extra candidates pay for it. With B rows drafting together the pass is [B, n + 1]; its cost is read as v of B(n + 1)
+tokens against v of B (plain), so trees narrow as the batch grows. Chain mode (``tree=False``) is
+the same rule restricted to rank 0 (the top-1 of each head, ``parents=None``).
+
+p starts from the held-out table in ``medusa_config.json`` and follows what the target actually
+wrote: each proposal remembers every head's top candidates, and once the next K tokens are known
+the rank of each true token is counted (for depth d only while depths < d were covered), whether
+or not the node was in the tree, so the estimate does not depend on the shapes chosen.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ConfigError
+from ..costmodel import WARMUP_ROUNDS, Costs, _fingerprint, cache_dir, cost_clock
+from ..policy import SPECULATION_MARGIN
+from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+from .medusa_heads import MedusaConfig, check_fits, load_heads
+from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
+
+if TYPE_CHECKING:
+    from ..models import Model
+
+MAX_NODES = 63  # the pending token plus 63 nodes = 64 new tokens, the fused path's tree-mask limit
+RANKS = 10  # candidates per head whose acceptance is tracked (trees use at most these)
+PRIOR_WEIGHT = 50.0  # observations the held-out table is worth
+MEMORY = 2000.0  # observations per depth the running estimate remembers
+REPLAN_EVERY = 8  # proposals between tree re-plans (a plan costs ~0.1 ms)
+PROBE_EVERY = 8  # while no tree pays, the heads still run every this many steps to keep evidence fresh
+log = logging.getLogger(__name__)
+
+
+# -- acceptance by depth and rank ---------------------------------------------------------------
+class RankAcceptance:
+    """p[d][r]: the chance that head d + 1's rank-r candidate is the target's token, given every
+    earlier head had the target's token among its top ``ranks``. A prior worth ``prior_weight``
+    observations, then counts over about the last ``memory`` observations per depth."""
+
+    def __init__(self, depth: int, ranks: int = RANKS, prior: Optional[Sequence[Sequence[float]]] = None,
+                 prior_weight: float = PRIOR_WEIGHT, memory: float = MEMORY) -> None:
+        self.depth, self.ranks, self.memory = depth, ranks, memory
+        base = [list(prior[d][:ranks]) + [0.0] * (ranks - len(prior[d][:ranks])) if prior is not None and d < len(prior)
+                else [0.4 * 0.5 ** r for r in range(ranks)] for d in range(depth)]  # a modest guess without a table
+        self.counts = [[prior_weight * p for p in row] for row in base]
+        self.totals = [prior_weight] * depth
+        self.version = 0
+
+    def observe(self, ranks: Sequence[int]) -> None:
+        """One position: the rank of the true token in each head's list (``self.ranks`` = not listed)."""
+        for d, r in enumerate(ranks[: self.depth]):
+            if r < self.ranks:
+                self.counts[d][r] += 1.0
+            self.totals[d] += 1.0
+            if self.totals[d] > self.memory:
+                keep = self.memory / self.totals[d]
+                self.counts[d] = [c * keep for c in self.counts[d]]
+                self.totals[d] = self.memory
+            if r >= self.ranks:
+                break  # deeper heads only count while the path was coverable
+        self.version += 1
+
+    def table(self) -> list[list[float]]:
+        """p[d][r], made non-increasing in r (a lower-ranked candidate is never counted as likelier)."""
+        out = []
+        for row, total in zip(self.counts, self.totals):
+            p, best = [], 1.0
+            for c in row:
+                best = min(best, c / total)
+                p.append(best)
+            out.append(p)
+        return out
+
+
+# -- the tree ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TreePlan:
+    """Nodes as rank paths, parents before children (best-first), and the prediction behind them."""
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]
+    expected_tokens: float  # E[accepted path length + 1] under the rank table
+    speedup: float  # predicted tokens per second over plain decoding
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def is_chain(self) -> bool:
+        """Rank 0 at every depth: each node's parent is the one before, so it is drafted as a chain."""
+        return all(r == 0 for p in self.paths for r in p)
+
+
+NO_TREE = TreePlan((), (), 1.0, 1.0)
+
+
+def best_first(table: Sequence[Sequence[float]], max_nodes: int, chain: bool = False
+               ) -> list[tuple[float, tuple[int, ...]]]:
+    """Up to ``max_nodes`` (value, rank path) in non-increasing value, where value = Π p along the path.
+    ``table`` must be non-increasing in rank; a child's value never exceeds its parent's, so every
+    prefix of the result is a tree (and the highest-value one of its size)."""
+    depth, ranks = len(table), (1 if chain else min(len(r) for r in table) if table else 0)
+    out: list[tuple[float, tuple[int, ...]]] = []
+    if depth == 0 or ranks == 0:
+        return out
+    heap = [(-table[0][0], (0,), 1.0)]  # (-value, rank path, the parent's value)
+    while heap and len(out) < max_nodes:
+        neg, path, parent_value = heapq.heappop(heap)
+        if -neg <= 0.0:
+            break
+        out.append((-neg, path))
+        d, r = len(path) - 1, path[-1]
+        if r + 1 < ranks:  # the next sibling (same parent, next rank)
+            heapq.heappush(heap, (-parent_value * table[d][r + 1], path[:-1] + (r + 1,), parent_value))
+        if d + 1 < depth:  # the first child
+            heapq.heappush(heap, (neg * table[d + 1][0], path + (0,), -neg))
+    return out
+
+
+def _best_prefix(nodes: Sequence[tuple[float, tuple[int, ...]]], costs: Costs, rows: int, extra: float,
+                 floor: float) -> TreePlan:
+    """The prefix of a best-first node list with the highest predicted speedup above ``floor``."""
+    plain = costs.v_at(rows - 1)
+    best_n, best_s, e, best_e = 0, floor, 1.0, 1.0
+    for n, (value, _) in enumerate(nodes, start=1):
+        e += value
+        s = e * plain / (rows * (costs.c + extra) + costs.v_at(rows * (n + 1) - 1))
+        if s > best_s:
+            best_n, best_s, best_e = n, s, e
+    if best_n == 0:
+        return NO_TREE
+    chosen = [p for _, p in nodes[:best_n]]
+    # the rank-0 chain first (then best-first): its path, the one most often accepted, is then a prefix
+    # of the pass, which ``cache.keep`` keeps without copying anything
+    paths = tuple([p for p in chosen if not any(p)] + [p for p in chosen if any(p)])
+    index = {p: i for i, p in enumerate(paths)}
+    parents = tuple(index[p[:-1]] if len(p) > 1 else -1 for p in paths)
+    return TreePlan(paths, parents, best_e, best_s)
+
+
+def plan_tree(table: Sequence[Sequence[float]], costs: Costs, max_nodes: int, chain: bool = False, rows: int = 1,
+              margin: float = SPECULATION_MARGIN, tree_extra: float = 0.0) -> TreePlan:
+    """The draft maximising E(n) / cost(n) for ``rows`` rows drafting together, where
+    cost(n) = rows·c + v(rows·(n + 1) − 1) against plain decoding's v(rows − 1), plus rows·``tree_extra``
+    for a tree (its mask and the compaction of its accepted path cost more than a chain's rollback).
+    The best chain (rank 0 at every depth) competes with the best tree, so a tree is drafted only when
+    it pays for its own overhead; ``chain``: chains only. NO_TREE unless the best beats plain decoding
+    by ``margin``."""
+    cap = min(max_nodes, MAX_NODES)
+    best_chain = _best_prefix(best_first(table, cap, chain=True), costs, rows, 0.0, margin)
+    if chain:
+        return best_chain
+    best_tree = _best_prefix(best_first(table, cap), costs, rows, tree_extra, max(margin, best_chain.speedup))
+    return best_tree if best_tree.paths else best_chain
+
+
+def fixed_plan(choices: Sequence[Sequence[int]]) -> TreePlan:
+    """A tree given as rank paths (Medusa's static "choices"), ordered parents first; for ablations
+    and tests. Raises ConfigError when a path's parent is missing."""
+    paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(paths)}
+    for p in paths:
+        if not p or min(p) < 0 or (len(p) > 1 and p[:-1] not in index):
+            raise ConfigError(f"Medusa tree choice {list(p)} needs its parent {list(p[:-1])} in the tree too "
+                              "(and ranks >= 0)")
+    return TreePlan(tuple(paths), tuple(index[p[:-1]] if len(p) > 1 else -1 for p in paths), 0.0, 0.0)
+
+
+# -- costs -----------------------------------------------------------------------------------------
+_COST_SIZES = tuple(range(1, 17)) + tuple(range(20, 65, 4))  # pass widths timed; the rest interpolated
+PAIRS = 3  # chain and tree steps timed per round for the tree's extra cost
+_MEMO: dict[str, tuple[Costs, float]] = {}
+
+
+def _tree_mask(n: int) -> torch.Tensor:
+    """A Medusa-like tree over n new tokens (root, four children, then chains under them)."""
+    anc = [[0]]
+    for k in range(n - 1):
+        parent = 0 if k < 4 else k - 3
+        anc.append(anc[parent] + [k + 1])
+    m = torch.zeros(1, n, n, dtype=torch.bool)
+    for i, a in enumerate(anc):
+        m[0, i, a] = True
+    return m
+
+
+def measure_tree_costs(target: "Model", drafter: "MedusaDrafter", reps: int = 15, context_len: int = 192
+                       ) -> tuple[Costs, float]:
+    """(costs, tree_extra) in the target's cost clock. ``costs.v[k]``: a target pass over k + 1 new
+    tokens (1..64) as the core runs a tree step (``Model.run`` with a tree mask and hidden states,
+    logits read back, rolled back); ``costs.c``: one row's heads (all K, with their top candidates);
+    ``tree_extra``: what a tree step costs beyond a chain step of the same width (the core builds the
+    mask and compacts the accepted path with ``cache.keep``), all over a one-token pass. Widths are
+    interleaved per round (alternating order) and medians kept; widths between those timed are
+    interpolated."""
+    from ..core import tree_mask  # the core's own mask builder (a lazy import: the core imports drafters)
+
+    ids = [i % target.vocab_size for i in range(min(context_len, target.max_seq_len - 66))]
+    dev, clock = target.device, cost_clock(target)
+    samples: dict[int, list[float]] = {n: [] for n in _COST_SIZES}
+    heads_s: list[float] = []
+    chain_s: list[float] = []
+    tree_s: list[float] = []
+    six = Draft([1, 2, 3, 4, 5], None, [-1, 0, 1, -1, 3])  # a two-branch tree over 6 tokens, rank-0 chain first
+    probe = torch.tensor([(ids * 2)[:64]], device=dev)
+    masks = {n: _tree_mask(n).to(dev) if n > 1 else None for n in _COST_SIZES}
+    with torch.inference_mode():
+        cache = target.new_cache(1, len(ids) + 64)
+        target.forward(torch.tensor([ids], device=dev), cache, last_only=True)
+        h = target.run(probe[:, :1], cache, return_hidden=True).hidden
+        cache.trim(1)
+        assert h is not None
+        h = h[0, -1:]
+        for r in range(reps + WARMUP_ROUNDS):
+            for n in _COST_SIZES if r % 2 == 0 else _COST_SIZES[::-1]:
+                t0 = clock()
+                float(target.run(probe[:, :n], cache, tree_mask=masks[n], return_hidden=True).logits[0, -1, 0])
+                dt = clock() - t0
+                cache.trim(n)
+                if r >= WARMUP_ROUNDS:
+                    samples[n].append(dt)
+            t0 = clock()
+            drafter.candidates(h)
+            if r >= WARMUP_ROUNDS:
+                heads_s.append(clock() - t0)
+            for _ in range(PAIRS):  # the difference of two noisy times: more samples than the widths get
+                t0 = clock()  # a chain step of 6 tokens: pass, roll back the rejected tail
+                float(target.run(probe[:, :6], cache, return_hidden=True).logits[0, -1, 0])
+                cache.trim(3)
+                t1 = clock()
+                cache.trim(3)
+                t2 = clock()  # the same width as a tree: mask, pass, keep the accepted (rank-0) path
+                mask = tree_mask([six], 6, dev)
+                float(target.run(probe[:, :6], cache, tree_mask=mask, return_hidden=True).logits[0, -1, 0])
+                cache.keep([0, 1, 2], row=0)
+                t3 = clock()
+                cache.trim(3)
+                if r >= WARMUP_ROUNDS:
+                    chain_s.append(t1 - t0)
+                    tree_s.append(t3 - t2)
+    med = {n: statistics.median(s) for n, s in samples.items()}
+    times = []
+    for n in range(1, 65):
+        lo = max(s for s in _COST_SIZES if s <= n)
+        hi = min(s for s in _COST_SIZES if s >= n)
+        times.append(med[lo] if lo == hi else med[lo] + (med[hi] - med[lo]) * (n - lo) / (hi - lo))
+    extra = max(0.0, statistics.median(tree_s) - statistics.median(chain_s)) / times[0]
+    return Costs.from_times(times, statistics.median(heads_s), len(ids), reps), extra
+
+
+def load_or_measure_tree_costs(target: "Model", drafter: "MedusaDrafter") -> tuple[Costs, float]:
+    """``measure_tree_costs``, cached on disk per machine, threads, target and heads shape (like
+    ``costmodel.load_or_measure_costs``)."""
+    key = _fingerprint([target], f"medusa-tree-v4|heads={drafter.num_heads}x{drafter.dim}|vocab={drafter.vocab_rows}")
+    if key in _MEMO:
+        return _MEMO[key]
+    path = cache_dir() / f"medusa-{key}.json"
+    if path.is_file():
+        try:
+            d = json.loads(path.read_text())
+            _MEMO[key] = (Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
+                                target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
+                                context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0))),
+                          float(d["tree_extra"]))
+            return _MEMO[key]
+        except (ValueError, KeyError, TypeError):
+            pass  # a corrupt cache file is re-measured
+    log.info("medusa: measuring target pass costs v(n) for trees of up to 64 tokens and the heads' cost c "
+             "(once per machine, target and heads)")
+    costs, extra = _MEMO[key] = measure_tree_costs(target, drafter)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**asdict(costs), "tree_extra": extra}))
+    except OSError:
+        pass
+    return costs, extra
+
+
+# -- the drafter -----------------------------------------------------------------------------------
+@dataclass
+class _Record:
+    base: int  # sequence length when proposed (the pending token is tokens[base - 1])
+    candidates: list[list[int]]  # [K][RANKS] token ids, best first
+
+
+class MedusaDrafter:
+    """Medusa heads as a ``BatchDrafter``: tree (default) or chain drafts from one hidden state per row.
+
+    ``gamma``: the most nodes per draft ("auto": up to ``MAX_NODES``; the cost model picks fewer).
+    ``vocab``: the proposal vocabulary ("auto": the heads directory's ``draft_vocab.json`` cut,
+    "full", or N). ``choices``: a fixed tree as rank paths instead of the cost model's (ablations,
+    tests). ``costs`` and ``tree_extra``: measured costs to use instead of measuring (tests)."""
+
+    wants_hidden = True
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, config: MedusaConfig, *, tree: bool = True,
+                 gamma: Gamma = "auto", vocab: VocabSpec = "auto", source: Optional[Union[str, Path]] = None,
+                 choices: Optional[Sequence[Sequence[int]]] = None, costs: Optional[Costs] = None,
+                 tree_extra: float = 0.0) -> None:
+        gamma = check_gamma(gamma, "gamma (most Medusa tree nodes)")
+        self.config = config
+        self.num_heads, self.dim = config.num_heads, config.dim
+        self.tree = tree
+        self.max_nodes = MAX_NODES if gamma == "auto" else min(int(gamma), MAX_NODES)
+        self.gamma: Gamma = self.max_nodes  # a cap, not a γ for the chain policy: the drafter plans its own trees
+        self.source = str(source) if source is not None else None
+        self.vocab_spec = parse_vocab_spec(vocab)
+        self._weight, self._bias = weight, bias
+        self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
+        self.stats = RankAcceptance(self.num_heads, RANKS, config.rank_acceptance or None)
+        self._fixed = fixed_plan(choices) if choices is not None else None
+        if self._fixed is not None and self._fixed.depth > self.num_heads:
+            raise ConfigError(f"Medusa tree choices reach depth {self._fixed.depth} but there are only "
+                              f"{self.num_heads} heads")
+        if self._fixed is not None and not tree and any(r for p in self._fixed.paths for r in p):
+            raise ConfigError("chain mode takes rank-0 choices only, e.g. [[0], [0, 0]]")
+        self._costs, self._tree_extra = costs, tree_extra
+        self._target: Optional["Model"] = None
+        self._records: dict[int, list[_Record]] = {}
+        self._plans: dict[tuple[int, int], tuple[int, TreePlan]] = {}
+        self._steps_off = 0
+        self.last_plan: TreePlan = NO_TREE
+        self.vocab_rows = 0
+
+    @classmethod
+    def load(cls, path: Union[str, Path], *, tree: bool = True, gamma: Gamma = "auto", vocab: VocabSpec = "auto",
+             choices: Optional[Sequence[Sequence[int]]] = None, costs: Optional[Costs] = None) -> "MedusaDrafter":
+        """Heads from a directory written by ``specdecode distill --method medusa``."""
+        config, sd = load_heads(path)
+        return cls(sd["weight"], sd["bias"], config, tree=tree, gamma=gamma, vocab=vocab, source=path,
+                   choices=choices, costs=costs)
+
+    # -- setup -------------------------------------------------------------------------------------
+    def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
+        """Check the heads fit ``target`` and lay their weights out for its kernels (once per target)."""
+        if target is self._target:
+            return
+        where = self.source or "the given heads"
+        check_fits(self.config, target, where)
+        fast = target.kernels.fast
+        wdt = target.weight_dtype
+        self._lin = target.kernels.linear
+        self._x_dtype = torch.float32 if fast else target.dtype
+        self._w = self._weight.reshape(self.num_heads * self.dim, self.dim).to(target.device, wdt).contiguous()
+        self._b = self._bias.reshape(-1).to(target.device, torch.float32 if fast else wdt).contiguous()
+        ids = self._vocab_ids(target)
+        out = target.output_matrix()
+        self._ids = ids
+        self._out = out.index_select(0, ids).contiguous() if ids is not None else out
+        self.vocab_rows = int(self._out.shape[0])
+        self._target = target
+        if self._costs is None and self._fixed is None:
+            self._costs, self._tree_extra = load_or_measure_tree_costs(target, self)
+        self._plans.clear()
+
+    def _vocab_ids(self, target: "Model") -> Optional[torch.Tensor]:
+        spec = self.vocab_spec
+        if spec == "full":
+            return None
+        data = read_vocab_file(self.source) if self.source is not None else None
+        if data is None:
+            if spec == "auto":
+                return None
+            raise ConfigError(f"--draft-vocab {spec} for Medusa needs the heads' token ranking draft_vocab.json in "
+                              f"{self.source or 'the heads directory'}; retrain the heads or use --draft-vocab full")
+        ranked = data["token_ids"]
+        n = min(int(data.get("size", len(ranked))) if spec == "auto" else int(spec), len(ranked))
+        if n >= target.vocab_size:
+            return None
+        if any(not 0 <= t < target.vocab_size for t in ranked[:n]):
+            raise ConfigError(f"{self.source}/draft_vocab.json lists token ids outside the target's vocabulary")
+        return torch.tensor(sorted(ranked[:n]), dtype=torch.long, device=target.device)
+
+    def costs_for(self, target: "Model") -> Optional[Costs]:
+        """None: the γ policy's chain model does not describe trees; this drafter plans with its own costs."""
+        return None
+
+    @property
+    def costs(self) -> Optional[Costs]:
+        return self._costs
+
+    @property
+    def tree_extra(self) -> float:
+        return self._tree_extra
+
+    def reset_row(self, row: int) -> None:
+        self._records.pop(row, None)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self._records.pop(dst, None)
+        if src in self._records:
+            self._records[dst] = self._records.pop(src)
+
+    def on_verified_row(self, row: int, n_accepted: int) -> None:
+        """Nothing to roll back: the heads keep no cache; evidence is read from the sequence itself."""
+
+    # -- single-row protocol (row 0) -----------------------------------------------------------------
+    def prepare(self, target: "Model") -> None:
+        self.prepare_rows(target, 1, target.max_seq_len)
+        self.reset_row(0)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        return self.propose_rows({0: ctx})[0]
+
+    def on_verified(self, n_accepted: int) -> None:
+        self.on_verified_row(0, n_accepted)
+
+    def reset(self) -> None:
+        self.reset_row(0)
+
+    # -- drafting ------------------------------------------------------------------------------------
+    def candidates(self, h: torch.Tensor, ranks: int = RANKS) -> torch.Tensor:
+        """[B, dim] hidden states -> [B, K, ranks] token ids, each head's best first (one product for all
+        heads and rows, then one through the output matrix)."""
+        b = h.shape[0]
+        x = h.to(self._x_dtype)
+        z = self._lin(x, self._w, self._b).view(b, self.num_heads, self.dim)
+        feats = (F.silu(z) + x.unsqueeze(1)).reshape(b * self.num_heads, self.dim)
+        logits = self._lin(feats, self._out)
+        top = logits.topk(min(ranks, logits.shape[-1]), dim=-1).indices
+        if self._ids is not None:
+            top = self._ids[top]
+        return top.view(b, self.num_heads, -1)
+
+    def _observe(self, row: int, tokens: list[int]) -> None:
+        """Count the ranks of the true tokens for past proposals whose K next tokens are now known."""
+        recs = self._records.get(row)
+        if not recs:
+            return
+        n, k = len(tokens), self.num_heads
+        if recs[-1].base > n:  # a different sequence in this row without a reset: start over
+            del self._records[row]
+            return
+        while recs and recs[0].base + k <= n:
+            rec = recs.pop(0)
+            ranks = []
+            for d in range(k):
+                true = tokens[rec.base - 1 + d + 1]
+                cands = rec.candidates[d]
+                ranks.append(cands.index(true) if true in cands else RANKS)
+            self.stats.observe(ranks)
+
+    def _plan(self, rows: int, cap: int) -> TreePlan:
+        if self._fixed is not None:
+            return self._fixed
+        assert self._costs is not None
+        key = (rows, cap)
+        got = self._plans.get(key)
+        if got is None or self.stats.version - got[0] >= REPLAN_EVERY:
+            plan = plan_tree(self.stats.table(), self._costs, cap, chain=not self.tree, rows=rows,
+                             tree_extra=self._tree_extra)
+            got = self._plans[key] = (self.stats.version, plan)
+        return got[1]
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        """Candidates for every row that has a hidden state, shaped by one plan for all of them."""
+        if self._target is None:
+            raise RuntimeError("MedusaDrafter.prepare(target) must be called before propose()")
+        drafts = {r: Draft() for r in contexts}
+        ready = {r: c for r, c in contexts.items() if c.hidden is not None and len(c.hidden) > 0 and c.max_tokens > 0}
+        for r, c in contexts.items():
+            self._observe(r, c.tokens)
+        if not ready:
+            return drafts
+        cap = min(self.max_nodes, max(c.max_tokens for c in ready.values()))
+        plan = self.last_plan = self._plan(len(ready), cap)
+        if not plan.paths:
+            self._steps_off += 1
+            if self._steps_off % PROBE_EVERY:
+                return drafts  # nothing pays: plain decoding, with a probe of the heads now and then
+        else:
+            self._steps_off = 0
+        rows = list(ready)
+        with torch.inference_mode():
+            h = torch.stack([ready[r].hidden[-1] for r in rows])  # type: ignore[index]
+            top = self.candidates(h).tolist()
+        for r, cands in zip(rows, top):
+            ctx = ready[r]
+            recs = self._records.setdefault(r, [])
+            recs.append(_Record(len(ctx.tokens), cands))
+            if len(recs) > self.num_heads + 1:
+                recs.pop(0)
+            n = min(len(plan.paths), ctx.max_tokens)
+            if n == 0:
+                continue
+            paths = plan.paths[:n]  # a prefix of a best-first order is still a tree
+            tokens = [cands[len(p) - 1][p[-1]] for p in paths]
+            drafts[r] = Draft(tokens, None, None if plan.is_chain else list(plan.parents[:n]))
+        return drafts
+
