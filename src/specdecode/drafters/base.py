@@ -226,6 +226,31 @@ class PerRowDrafters:
         return None
 
 
+PickFn = Callable[[torch.Tensor, DraftContext, list[torch.Tensor]], int]
+
+
+def draft_rows(want: Mapping[int, int], contexts: Mapping[int, DraftContext], logits: Mapping[int, torch.Tensor],
+               forward: Callable[[dict[int, list[int]]], Mapping[int, torch.Tensor]], pick: PickFn
+               ) -> tuple[dict[int, list[int]], dict[int, list[torch.Tensor]]]:
+    """Autoregressive drafting for many rows at once: ``want[r]`` tokens for row r, starting from its
+    last ``logits[r]``; each round picks one token per row that still drafts and feeds all of them
+    back in one batched ``forward`` (row -> tokens, returning row -> last logits). ``pick`` appends
+    the law it drew from to the row's list when it samples. Returns tokens and laws per row."""
+    tokens: dict[int, list[int]] = {r: [] for r in want}
+    probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
+    for i in range(max(want.values(), default=0)):
+        nxt: dict[int, list[int]] = {}
+        for r, g in want.items():
+            if i < g:
+                t = pick(logits[r], contexts[r], probs[r])
+                tokens[r].append(t)
+                if i < g - 1:
+                    nxt[r] = [t]
+        if nxt:
+            logits = forward(nxt)
+    return tokens, probs
+
+
 def as_batch_drafter(drafter: Union[Drafter, BatchDrafter]) -> BatchDrafter:
     """The drafter itself when it batches, else one wrapping it for a single row (row 0).
 

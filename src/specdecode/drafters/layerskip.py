@@ -43,7 +43,7 @@ from ..config import ConfigError
 from ..costmodel import Costs, cache_dir, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import draw, probs_from_logits
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma, draft_rows
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -370,20 +370,7 @@ class LayerSkipDrafter:
     def _draft(self, view: KVCache, want: dict[int, int], feeds: dict[int, list[int]],
                contexts: Mapping[int, DraftContext]) -> tuple[dict[int, list[int]], dict[int, list[torch.Tensor]]]:
         """γ forwards for every drafting row: the unseen tokens, then one draft token at a time."""
-        logits = self._forward(view, feeds)
-        tokens: dict[int, list[int]] = {r: [] for r in want}
-        probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
-        for i in range(max(want.values())):
-            nxt: dict[int, list[int]] = {}
-            for r, g in want.items():
-                if i < g:
-                    t = self._pick(logits[r], contexts[r], probs[r])
-                    tokens[r].append(t)
-                    if i < g - 1:
-                        nxt[r] = [t]
-            if nxt:
-                logits = self._forward(view, nxt)
-        return tokens, probs
+        return draft_rows(want, contexts, self._forward(view, feeds), lambda nxt: self._forward(view, nxt), self._pick)
 
     @staticmethod
     def _pick(logits: torch.Tensor, ctx: DraftContext, probs: list[torch.Tensor]) -> int:

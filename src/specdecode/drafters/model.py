@@ -23,7 +23,7 @@ from ..config import ConfigError
 from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import draw, probs_from_logits
-from .base import Acceptance, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma
+from .base import Acceptance, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma, draft_rows
 from .vocab import VocabSpec, draft_vocab_for
 
 if TYPE_CHECKING:
@@ -257,20 +257,7 @@ class DraftModelDrafter:
         """γ batched forwards for every drafting row: a catch-up feed, then one token per row at a time."""
         feeds = {r: self._start(r, contexts[r]) for r in want}
         self.last_catch_up = max(len(f) for f in feeds.values())
-        logits = self._forward(feeds)
-        tokens: dict[int, list[int]] = {r: [] for r in want}
-        probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
-        for i in range(max(want.values())):
-            nxt: dict[int, list[int]] = {}
-            for r, g in want.items():
-                if i < g:
-                    t = self._pick(logits[r], contexts[r], probs[r])
-                    tokens[r].append(t)
-                    if i < g - 1:
-                        nxt[r] = [t]
-            if nxt:
-                logits = self._forward(nxt)
-        return tokens, probs
+        return draft_rows(want, contexts, self._forward(feeds), self._forward, self._pick)
 
     def on_verified_row(self, row: int, n_accepted: int) -> None:
         """Keep the sequence plus the accepted draft tokens that are in the cache (at most g - 1)."""
