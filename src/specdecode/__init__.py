@@ -9,7 +9,7 @@
 
 from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
-from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DraftModelDrafter, LayerSkipDrafter,
+from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DraftModelDrafter, EagleDrafter, LayerSkipDrafter,
                        MedusaDrafter, PromptLookupDrafter, VocabularyMismatchError, drafter_names)
 from .core import DecodeCore, Request
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
@@ -19,7 +19,7 @@ from .models import Model, ModelNotFoundError, UnsupportedModelError, load_model
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "FinishEvent",
+    "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "EagleDrafter", "FinishEvent",
     "GenerationConfig", "GenerationResult", "GenerationStats", "KVCache", "LayerSkipDrafter", "MedusaDrafter", "Model",
     "ModelNotFoundError",
     "PromptLookupDrafter", "SamplingConfig", "StepEvent", "UnsupportedModelError", "VocabularyMismatchError",

@@ -32,6 +32,7 @@ def default_model_dir(name: str) -> Path:
 DEFAULT_TARGET = "code-target"
 DEFAULT_DRAFT = "code-draft"
 DEFAULT_HEADS = "code-medusa"
+DEFAULT_EAGLE = "code-eagle"
 
 
 class CLIError(Exception):
@@ -62,7 +63,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="layerskip: draft with every layer but these, e.g. 1,5 (overrides the calibration)")
     p.add_argument("--heads", default=None, metavar="DIR",
                    help="medusa, medusa-chain: the Medusa heads directory (`specdecode distill --method medusa`; "
-                        f"default with the bundled target: bundled models/{DEFAULT_HEADS})")
+                        f"default with the bundled target: bundled models/{DEFAULT_HEADS}); eagle: an EAGLE-3 "
+                        f"draft directory (`distill --method eagle`; default: bundled models/{DEFAULT_EAGLE})")
     add_dataclass_args(p, ModelLoadConfig)
 
 
@@ -124,9 +126,25 @@ def resolve_heads_path(args: argparse.Namespace) -> Optional[str]:
     """The Medusa heads directory: --heads if given; else the bundled heads when the target is the bundled
     one (they fit only it); else None (a medusa drafter then says it needs --heads)."""
     if getattr(args, "heads", None):
-        return str(args.heads)
+        from .drafters.eagle_model import is_eagle_dir
+
+        return None if is_eagle_dir(args.heads) else str(args.heads)  # an EAGLE directory is not Medusa's
     path = default_model_dir(DEFAULT_HEADS)
     if not getattr(args, "target", None) and path.is_dir():
+        return str(path)
+    return None
+
+
+def resolve_eagle_path(args: argparse.Namespace) -> Optional[str]:
+    """The EAGLE-3 draft directory: --heads when it is one; else the bundled one when the target is the
+    bundled one (it fits only it); else None (the eagle drafter then says it needs --heads)."""
+    from .drafters.eagle_model import is_eagle_dir
+
+    heads = getattr(args, "heads", None)
+    if heads:
+        return str(heads) if is_eagle_dir(heads) else None
+    path = default_model_dir(DEFAULT_EAGLE)
+    if not getattr(args, "target", None) and is_eagle_dir(path):
         return str(path)
     return None
 
@@ -138,7 +156,7 @@ def drafter_options(args: argparse.Namespace, load: Callable[[str], object], nee
     path = resolve_draft_path(args, needs_draft_model)
     return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,  # type: ignore[arg-type]
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer,
-                          skip_layers=args.skip_layers, heads=resolve_heads_path(args))
+                          skip_layers=args.skip_layers, heads=resolve_heads_path(args), eagle=resolve_eagle_path(args))
 
 
 def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> object:
@@ -147,7 +165,9 @@ def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> ob
     from .drafters.registry import get_spec
 
     name = args.drafter or "model"
-    return build(name, drafter_options(args, load, get_spec(name).needs_draft_model))
+    spec = get_spec(name)
+    # auto takes the bundled draft model beside the bundled target (it fits no other); --draft for others
+    return build(name, drafter_options(args, load, spec.needs_draft_model or (spec.uses_draft_model and not args.target)))
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -185,16 +205,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     verify = from_args(VerifyConfig, args)
     load_cfg = from_args(ModelLoadConfig, args)
     prompt = _read_prompt(args)
+    from .constraints import bind, spec_from_files
+    spec = spec_from_files(args.json_schema, args.regex, args.grammar, args.json_object)  # before loading models
 
     load = model_loader(load_cfg)
 
     target = load(resolve_target(args))
     drafter = build_drafter(args, load)
+    constraint = bind(spec, target) if spec is not None else None  # type: ignore[arg-type]
     colour = sys.stdout.isatty() and not args.no_color and not args.json
     if not args.json and not args.stream:
         sys.stdout.write(prompt)
     finish: Optional[FinishEvent] = None
-    for ev in stream(target, prompt, drafter, sampling, generation, verify):  # type: ignore[arg-type]
+    for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint):  # type: ignore[arg-type]
         if isinstance(ev, StepEvent):
             if args.json:
                 continue
@@ -234,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_args(g, SamplingConfig)
     add_dataclass_args(g, GenerationConfig)
     add_dataclass_args(g, VerifyConfig)
+    s = g.add_argument_group("structured output (exact under speculation; needs the [structured] extra)")
+    s.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid against this schema file")
+    s.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    s.add_argument("--regex", metavar="PATTERN", help="constrain the output to match this regular expression")
+    s.add_argument("--grammar", metavar="FILE", help="constrain the output to this Lark grammar file")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
     g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")

@@ -74,6 +74,7 @@ class GenerationConfig:
 
 
 CHAIN_RULES = ("block", "token")  # verify.CHAIN_RULES maps the same names to the functions
+ACCEPT_RULES = ("auto", "coupled", "rejection")  # VerifyConfig.accept_rule
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,26 @@ class VerifyConfig:
         "verification rule for sampled chain drafts: block = block verification (Sun et al., arXiv:2403.10444), "
         "never fewer accepted tokens than token-by-token in expectation; token = token-by-token rejection "
         "sampling (Leviathan et al.). Both are exact"))
+    accept_rule: str = field(default="auto", metadata=_help(
+        "how sampled drafts are accepted: coupled = Gumbel-max coupling (Daliri et al., arXiv:2408.07978): each "
+        "token is the target's own seeded draw and a draft token is kept when it equals it, so a seed gives the "
+        "same text whatever the drafter, gamma or batch; rejection = rejection sampling (Leviathan/Chen token by "
+        "token or block verification, per --chain-rule; SpecInfer for trees), which accepts more tokens; "
+        "auto = coupled when a seed is given, else rejection. All are exact"))
 
     def __post_init__(self) -> None:
         if self.chain_rule not in CHAIN_RULES:
             raise ConfigError(f"chain_rule must be one of {', '.join(CHAIN_RULES)} (block is the default and "
                               f"never accepts fewer tokens), got {self.chain_rule!r}")
+        if self.accept_rule not in ACCEPT_RULES:
+            raise ConfigError(f"accept_rule must be one of {', '.join(ACCEPT_RULES)} (auto: coupled for seeded "
+                              f"requests, rejection otherwise), got {self.accept_rule!r}")
+
+    def coupled(self, sampling: SamplingConfig) -> bool:
+        """Whether a request with these sampling settings draws by the Gumbel-max coupling."""
+        if sampling.greedy:
+            return False
+        return self.accept_rule == "coupled" or (self.accept_rule == "auto" and sampling.seed is not None)
 
 
 _DTYPE_NAMES = ("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
@@ -111,7 +127,8 @@ class ModelLoadConfig:
     dtype: str = field(default=DEFAULT_DTYPE, metadata=_help("compute dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
     weight_dtype: str = field(default=DEFAULT_WEIGHT_DTYPE, metadata=_help(
         "storage dtype of weight matrices: auto (a bf16 checkpoint stays bf16 under fp32 compute when the fast CPU "
-        "kernel is on), same (= dtype), fp32, bf16"))
+        "kernel is on), same (= dtype), fp32, bf16, or int8 / int4: the layer matrices quantized at load to blocks "
+        "of 32 with fp16 scales (llama.cpp's Q8_0 / Q4_0 math; CPU, fp32 activations, fast kernel)"))
     fast_linear: bool = field(default=DEFAULT_FAST, metadata=_help(
         "use the small-M CPU linear kernel and fused decode ops (compiled on first use; falls back to PyTorch "
         "if they cannot build)"))
@@ -125,8 +142,16 @@ class ModelLoadConfig:
         check_matmul(self.matmul)
         if self.dtype not in _DTYPE_NAMES:
             raise ConfigError(f"dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
-        if self.weight_dtype not in _DTYPE_NAMES + ("same",):
-            raise ConfigError(f"weight_dtype must be one of auto, same, fp32, bf16, fp16; got {self.weight_dtype!r}")
+        check_weight_dtype(self.weight_dtype)
+
+
+WEIGHT_DTYPE_NAMES = _DTYPE_NAMES + ("same", "int8", "int4")
+
+
+def check_weight_dtype(weight_dtype: object) -> None:
+    """Raise ``ConfigError`` unless ``weight_dtype`` names a weight storage (shared by the CLI and ``load_model``)."""
+    if weight_dtype not in WEIGHT_DTYPE_NAMES:
+        raise ConfigError(f"weight_dtype must be one of auto, same, fp32, bf16, fp16, int8, int4; got {weight_dtype!r}")
 
 
 def check_matmul(matmul: str) -> None:

@@ -4,7 +4,8 @@
     forward:  ONE target pass over the rows, padded to the widest draft (a tree mask if any
               draft is a tree; hidden states if any drafter reads them)
     verify:   per row, pure functions from ``verify.py`` (greedy; sampled chains: block or token by
-              token, ``Request.verify``; trees: greedy or sampled, per node)
+              token, ``Request.verify``; trees: greedy or sampled, per node; seeded rows: the
+              Gumbel-max coupling, whose tokens are plain decoding's whatever was drafted)
     commit:   ``cache.trim`` (a chain) or ``cache.keep`` (a tree's accepted path) per row
     emit:     the one place for EOS, stop strings, detokenisation and stats
 
@@ -19,20 +20,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 import torch
 
 from .cache import ContextLengthError
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
+from .constraints import check_request, row_state
+from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .costmodel import cost_clock
 from .drafters.base import BatchDrafter, Draft, DraftContext
 from .metrics import GenerationStats
 from .models import Model
 from .ops import argmax_list
 from .policy import GammaPolicy, RowPlan
-from .sampling import make_generator, probs_from_logits
-from .verify import CHAIN_RULES, VerifyResult, greedy_verify, greedy_verify_tree, rejection_sample_tree
+from .sampling import CoupledNoise, make_generator, probs_from_logits
+from .verify import (CHAIN_RULES, VerifyResult, coupled_verify, coupled_verify_tree, greedy_verify, greedy_verify_tree,
+                     rejection_sample_tree, tree_levels)
+
+if TYPE_CHECKING:
+    from .constraints import Constraint
 
 Prompt = Union[str, Sequence[int]]
 
@@ -46,6 +53,8 @@ class StepEvent:
     from_draft: list[bool]  # True: a draft token the target accepted
     pieces: list[str]  # text delta per token ('' while a multi-byte character is incomplete)
     drafted: int = 0  # draft tokens the target judged for this step
+    logprobs: Optional[list[TokenLogprob]] = None  # per token, when the request asks (``Request.logprobs``)
+    proposed: Optional[list[int]] = None  # the chain the drafter proposed for this pass (None: tree or no draft)
 
     @property
     def text(self) -> str:
@@ -141,8 +150,8 @@ class Request:
     ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` caps the draft
     length (None: the drafter's own γ, or the policy's maximum when that is "auto"). ``adaptive``
     lets the γ policy choose up to that cap each step (None: when the drafter's γ is "auto");
-    False drafts the cap whenever there is room. ``verify`` picks the sampled chain rule (block
-    verification by default)."""
+    False drafts the cap whenever there is room. ``verify`` picks the sampled rule (by default the
+    Gumbel-max coupling for a seeded request, else block verification)."""
 
     prompt_ids: list[int]
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -151,6 +160,9 @@ class Request:
     gamma: Optional[int] = None
     adaptive: Optional[bool] = None
     verify: VerifyConfig = field(default_factory=VerifyConfig)
+    constraint: Optional["Constraint"] = None  # structured output (constraints.py): a token mask per step
+    logit_bias: Optional[Mapping[int, float]] = None  # token id -> added to its logit, target and draft alike
+    logprobs: Optional[int] = None  # report each token's log-probability and this many top alternatives
 
 
 class Row:
@@ -168,10 +180,13 @@ class Row:
         self.gamma_cap = gamma_cap
         self.adaptive = adaptive
         self.gen = make_generator(request.sampling.seed, target.device)
+        self.noise = coupled_noise(request, target.vocab_size, self.gen)
         self.detok = IncrementalDetokenizer(target, self.tokens) if target.tokenizer is not None else None
         self.eos = frozenset() if request.generation.ignore_eos else target.eos_token_ids
+        self.constraint = row_state(request.constraint, request.logit_bias, target.vocab_size)
         self.stats = GenerationStats(prompt_tokens=self.n_prompt)
         self.hidden: Optional[torch.Tensor] = None
+        self.layers: Optional[dict[int, torch.Tensor]] = None  # residual after layer i, same tokens as hidden
         self.generated: list[int] = []
         self.text = ""
         self.decode_start = 0.0
@@ -179,6 +194,17 @@ class Row:
     def room(self) -> int:
         """Tokens this row may still produce (token budget and context window)."""
         return min(self.request.generation.max_new_tokens - len(self.generated), self.max_len - len(self.tokens))
+
+
+def coupled_noise(request: Request, vocab: int, gen: torch.Generator) -> Optional[CoupledNoise]:
+    """The row's Gumbel-max noise when it samples by the coupled rule (``VerifyConfig.coupled``), keyed
+    by its seed (``accept_rule="coupled"`` without one: a seed drawn from the row's generator)."""
+    if not request.verify.coupled(request.sampling):
+        return None
+    seed = request.sampling.seed
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
+    return CoupledNoise(seed, vocab, gen.device)
 
 
 def tree_mask(drafts: Sequence[Draft], width: int, device: torch.device) -> torch.Tensor:
@@ -230,6 +256,11 @@ class DecodeCore:
         self._names = {id(d): name for name, d in self.drafters.items()}
         self._drafter_list = list(self.drafters.values())
         self._want_hidden = any(d.wants_hidden for d in self.drafters.values())
+        self._forced: set[int] = set()  # rows whose draft this step is the grammar's forced tokens
+        # EAGLE-3 drafters also read intermediate layers (an optional attribute of a hidden-state drafter);
+        # then the prefill keeps the prompt's states too, so the first step can draft
+        self._hidden_layers = tuple(sorted({int(i) for d in self.drafters.values() if d.wants_hidden
+                                            for i in getattr(d, "hidden_layers", ())}))
 
     # -- rows ------------------------------------------------------------------------------------
     def add(self, request: Request, owner: Any = None) -> Row:
@@ -245,6 +276,10 @@ class DecodeCore:
         gamma = drafter.gamma if drafter is not None else 0
         cap = request.gamma or (gamma if isinstance(gamma, int) else self.policy.max_gamma)
         adaptive = request.adaptive if request.adaptive is not None else gamma == "auto"
+        if request.constraint is not None or request.logit_bias:
+            check_request(request, self.target)
+        if request.logprobs is not None:
+            check_logprobs(request.logprobs)
         i = len(self.rows)
         max_len = min(self.context_len, len(request.prompt_ids) + request.generation.max_new_tokens)
         row = Row(request, self.target, max_len, drafter, cap, adaptive, owner)
@@ -258,7 +293,13 @@ class DecodeCore:
         try:
             if row.n_prompt > 1:
                 ids = torch.tensor([row.tokens[:-1]], dtype=torch.long, device=self.target.device)
-                self.target.forward(ids, self.cache, rows=slice(i, i + 1), last_only=True)
+                if self._hidden_layers:
+                    # every position's states, but no logits worth computing (one output row stands in)
+                    out = self.target.run(ids, self.cache, rows=slice(i, i + 1), return_hidden=True,
+                                          hidden_layers=self._hidden_layers, head=self.target.output_matrix()[:1])
+                    row.hidden, row.layers = out.hidden[0], {k: v[0] for k, v in out.layers.items()}
+                else:
+                    self.target.forward(ids, self.cache, rows=slice(i, i + 1), last_only=True)
         except BaseException:
             self.cache.reset(i)
             raise
@@ -313,11 +354,20 @@ class DecodeCore:
         rows = self.rows
         drafts = [_NO_DRAFT] * len(rows)
         groups: dict[str, dict[int, DraftContext]] = {}
+        self._forced.clear()
         for i, (r, g) in enumerate(zip(rows, lengths)):
             if r.drafter is not None:
                 group = groups.setdefault(self._names[id(r.drafter)], {})
+                if r.constraint is not None:  # tokens the grammar forces: a free draft, no drafter step
+                    room = min(r.room() - 1, self.cache.max_len - max(self.cache.lengths[: len(rows)]) - 1)
+                    forced = r.constraint.forced(room)
+                    if forced:
+                        drafts[i] = Draft(forced)
+                        self._forced.add(i)
+                        continue
                 if g > 0:
-                    group[i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden, target_cache=self.cache)
+                    group[i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden, target_cache=self.cache,
+                                            noise=r.noise, constraint=r.constraint, layers=r.layers)
         for name, contexts in groups.items():
             d = self.drafters[name]
             depth = max((c.max_tokens for c in contexts.values()), default=0)
@@ -351,6 +401,10 @@ class DecodeCore:
         else:  # plain decoding: nothing to plan or propose
             drafts = [_NO_DRAFT] * batch
             self._clock = time.perf_counter
+        masks: list[Optional[torch.Tensor]] = [None] * batch  # structured output: allowed tokens per position
+        for i, r in enumerate(rows):
+            if r.constraint is not None:
+                drafts[i], masks[i] = r.constraint.check_draft(drafts[i])
         width, tree = 1, False
         for d in drafts:
             width = max(width, 1 + len(d.tokens))
@@ -359,14 +413,21 @@ class DecodeCore:
                             for r, d in zip(rows, drafts)], dtype=torch.long, device=self.target.device)
         mask = tree_mask(drafts, width, ids.device) if tree else None
         t0 = self._clock()
-        hidden = None
+        hidden, layers = None, None
         if self._want_hidden:
-            out = self.target.run(ids, self.cache, rows=slice(0, batch), tree_mask=mask, return_hidden=True)
+            out = self.target.run(ids, self.cache, rows=slice(0, batch), tree_mask=mask, return_hidden=True,
+                                  hidden_layers=self._hidden_layers)
+            layers = out.layers
             logits, hidden = out.logits, out.hidden
         elif mask is not None:
             logits = self.target.forward(ids, self.cache, rows=slice(0, batch), tree_mask=mask)
         else:
             logits = self.target.forward(ids, self.cache, rows=slice(0, batch))
+        if any(m is not None for m in masks):
+            logits = logits.clone()  # may be an inference tensor (or a reused buffer): mask a copy
+        for i, m in enumerate(masks):  # the constrained law: forbidden tokens at -inf, before any filter
+            if m is not None:
+                logits[i, : m.shape[0]] = rows[i].constraint.apply(logits[i, : m.shape[0]], m)
         argmax = None
         if any(r.sampling.greedy for r in rows):
             flat = argmax_list(logits.reshape(batch * width, -1))
@@ -383,6 +444,10 @@ class DecodeCore:
                 if r.sampling.greedy:
                     assert argmax is not None
                     res = greedy_verify_tree(argmax[i][: g + 1], d.tokens, d.parents)
+                elif r.noise is not None:
+                    rates = r.noise.window(len(r.tokens), tree_levels(d.parents) + 1)
+                    res = coupled_verify_tree(probs_from_logits(logits[i, : g + 1], r.sampling), d.tokens, d.parents,
+                                              rates)
                 else:
                     res = rejection_sample_tree(probs_from_logits(logits[i, : g + 1], r.sampling), d.tokens,
                                                 d.parents, d.probs, r.gen)
@@ -393,6 +458,9 @@ class DecodeCore:
                 if r.sampling.greedy:
                     assert argmax is not None
                     res = greedy_verify(argmax[i][: g + 1], d.tokens)
+                elif r.noise is not None:
+                    rates = r.noise.window(len(r.tokens), g + 1)
+                    res = coupled_verify(probs_from_logits(logits[i, : g + 1], r.sampling), d.tokens, rates)
                 else:
                     draft_ids = torch.tensor(d.tokens, dtype=torch.long, device=logits.device)
                     rule = CHAIN_RULES[r.request.verify.chain_rule]
@@ -400,13 +468,30 @@ class DecodeCore:
                 self.cache.trim(width - 1 - res.n_accepted, row=i)
                 accepted = d.tokens[: res.n_accepted]
                 kept = None
-            if r.drafter is not None and g > 0:
+            if r.constraint is not None:
+                r.constraint.commit(accepted + [res.next_token])
+            if r.drafter is not None and g > 0 and i not in self._forced:
                 r.drafter.on_verified_row(i, res.n_accepted)
                 r.drafter.acceptance.update(g, res.n_accepted)
+                r.stats.record_source(d.source or self._names[id(r.drafter)], g, res.n_accepted)
             if hidden is not None:
-                r.hidden = hidden[i, kept if kept is not None else slice(0, res.n_accepted + 1)]
+                sel = kept if kept is not None else slice(0, res.n_accepted + 1)
+                r.hidden = hidden[i, sel]
+                if layers:
+                    r.layers = {k: v[i, sel] for k, v in layers.items()}
+            n_events = len(events)
             if self._emit(r, accepted, res, g, events):
                 finished.append(r)
+            if d.parents is None and g > 0 and n_events < len(events):  # for the web page's per-pass card
+                step_ev = events[n_events][1]
+                assert isinstance(step_ev, StepEvent)
+                step_ev.proposed = list(d.tokens)
+            if r.request.logprobs is not None and n_events < len(events):
+                ev = events[n_events][1]
+                assert isinstance(ev, StepEvent)
+                pos = kept if kept is not None else list(range(res.n_accepted + 1))
+                ev.logprobs = token_logprobs(logits[i, pos[: len(ev.token_ids)]], ev.token_ids, r.sampling,
+                                             r.request.logprobs)
         for r in finished:
             self.remove(r)
         return events

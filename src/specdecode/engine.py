@@ -7,8 +7,10 @@ against the same runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+from .constraints import Constraint, bind, parse_logit_bias, spec_from_args
+from .logprobs import TokenLogprob
 from .config import GenerationConfig, SamplingConfig, VerifyConfig
 from .core import (DecodeCore, Event, FinishEvent, IncrementalDetokenizer, Prompt, Request, StepEvent, find_stop,
                    prompt_ids, truncate_pieces)
@@ -29,6 +31,7 @@ class GenerationResult:
     stats: GenerationStats
     finish_reason: str
     from_draft: list[bool] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, when ``logprobs`` was asked
 
 
 def stream(
@@ -38,9 +41,12 @@ def stream(
     sampling: Optional[SamplingConfig] = None,
     generation: Optional[GenerationConfig] = None,
     verify: Optional[VerifyConfig] = None,
+    constraint: Optional[Constraint] = None,
+    logit_bias: Optional[Mapping[int, float]] = None,
+    logprobs: Optional[int] = None,
 ) -> Iterator[StepEvent | FinishEvent]:
     """Generate from ``target``, yielding a ``StepEvent`` per target pass and a final ``FinishEvent``.
-    ``verify`` picks the sampled chain rule (default: block verification)."""
+    ``verify`` picks the sampled rule (default: the Gumbel-max coupling when seeded, else block verification)."""
     sampling = sampling or SamplingConfig()
     generation = generation or GenerationConfig()
     verify = verify or VerifyConfig()
@@ -48,7 +54,9 @@ def stream(
     drafters = {_DRAFTER: as_batch_drafter(drafter)} if drafter is not None else {}
     core = DecodeCore(target, drafters, max_rows=1,
                       context_len=min(target.max_seq_len, len(ids) + generation.max_new_tokens))
-    core.add(Request(ids, sampling, generation, _DRAFTER if drafter is not None else None, verify=verify))
+    core.add(Request(ids, sampling, generation, _DRAFTER if drafter is not None else None, verify=verify,
+                     constraint=constraint, logit_bias=parse_logit_bias(logit_bias, target.vocab_size),
+                     logprobs=logprobs))
     while core.rows:
         for _, ev in core.step():
             yield ev  # type: ignore[misc]
@@ -68,16 +76,34 @@ def generate(
     ignore_eos: bool = False,
     stop: Sequence[str] = (),
     chain_rule: str = VerifyConfig.chain_rule,
+    accept_rule: str = VerifyConfig.accept_rule,
+    json_schema: Union[None, str, Mapping[str, Any]] = None,
+    regex: Optional[str] = None,
+    grammar: Optional[str] = None,
+    logit_bias: Optional[Mapping[int, float]] = None,
+    logprobs: Optional[int] = None,
 ) -> GenerationResult:
-    """Run ``stream`` to the end and collect tokens, text and stats. ``chain_rule``: "block" (block
-    verification) or "token" (token by token) for sampled chain drafts; both are exact."""
+    """Run ``stream`` to the end and collect tokens, text and stats. ``accept_rule``: "auto" (the
+    Gumbel-max coupling when ``seed`` is set: the same text for a seed whatever the drafter or γ;
+    else rejection sampling), "coupled" or "rejection". ``chain_rule``: "block" (block verification)
+    or "token" (token by token) for rejection-sampled chain drafts. All are exact. At most one of
+    ``json_schema`` (a dict or its JSON text), ``regex`` and ``grammar`` (Lark) constrains the output
+    (structured output, ``constraints.py``): every position follows the target's masked law, drafts
+    included, so speculation stays exact; the output ends with EOS once the grammar is complete.
+    ``logit_bias`` ({token id: bias in [-100, 100]}) shifts the target's and the draft's logits alike.
+    ``logprobs`` = k reports each token's log-probability under the target's law and its k most
+    likely alternatives (``GenerationResult.logprobs``), exact under speculation."""
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     generation = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=tuple(stop))
-    verify = VerifyConfig(chain_rule=chain_rule)
+    verify = VerifyConfig(chain_rule=chain_rule, accept_rule=accept_rule)
+    spec = spec_from_args(json_schema=json_schema, regex=regex, grammar=grammar)
+    constraint = bind(spec, target) if spec is not None else None
     flags: list[bool] = []
-    for ev in stream(target, prompt, drafter, sampling, generation, verify):
+    lps: list[TokenLogprob] = []
+    for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint, logit_bias, logprobs):
         if isinstance(ev, StepEvent):
             flags.extend(ev.from_draft)
+            lps.extend(ev.logprobs or ())
         else:
-            return GenerationResult(ev.token_ids, ev.text, ev.stats, ev.reason, flags)
+            return GenerationResult(ev.token_ids, ev.text, ev.stats, ev.reason, flags, lps)
     raise RuntimeError("stream ended without a FinishEvent")  # pragma: no cover

@@ -18,6 +18,12 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
+    drafted_by: dict[str, int] = field(default_factory=dict)  # draft tokens judged, per drafter that made them
+    accepted_by: dict[str, int] = field(default_factory=dict)  # accepted draft tokens, per drafter (auto: its members)
+
+    def record_source(self, drafter: str, n_drafted: int, n_accepted: int) -> None:
+        self.drafted_by[drafter] = self.drafted_by.get(drafter, 0) + n_drafted
+        self.accepted_by[drafter] = self.accepted_by.get(drafter, 0) + n_accepted
 
     def record_step(self, n_drafted: int, n_accepted: int, n_emitted: int) -> None:
         self.target_passes += 1
@@ -69,4 +75,6 @@ class GenerationStats:
     def summary(self) -> str:
         return (f"{self.generated_tokens} tokens in {self.total_s:.2f}s: {self.tokens_per_s:.1f} tok/s | "
                 f"target passes {self.target_passes} | tau {self.tau:.2f} tokens/pass | "
-                f"alpha {self.alpha:.2f} ({self.accepted}/{self.drafted} drafted accepted)")
+                f"alpha {self.alpha:.2f} ({self.accepted}/{self.drafted} drafted accepted)"
+                + (" | accepted by " + ", ".join(f"{k} {v}" for k, v in self.accepted_by.items())
+                   if len(self.accepted_by) > 1 else ""))

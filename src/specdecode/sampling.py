@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .config import SamplingConfig
@@ -76,3 +77,81 @@ def make_generator(seed: Optional[int], device: torch.device | str = "cpu") -> t
     else:
         g.manual_seed(seed)
     return g
+
+
+_U64 = (1 << 64) - 1
+
+
+class CoupledNoise:
+    """The shared randomness of the Gumbel-max coupling (Daliri, Musco & Suresh, arXiv:2408.07978): one
+    vector of Exp(1) variables E_i[x] per sequence position i, a pure function of (seed, i).
+
+    The token at position i is ``argmax_x p_i(x) / E_i[x]`` (an exponential race; with g = -log E it is
+    ``argmax log p_i + g``, the Gumbel-max trick), which is a draw from p_i whatever p_i is. A drafter
+    draws its token at position i with the same E_i from its own law q_i, and the verifier keeps a
+    draft token exactly when it equals the target's own draw there (``verify.coupled_verify``): the
+    output is then the same tokens plain decoding with this seed writes, whatever the drafter, γ,
+    tree or batch, and the agreement rate is at least (1 - TV(p, q)) / (1 + TV(p, q)).
+
+    Why a counter-based generator: E_i must not depend on how many draws came before (that count
+    changes with γ and acceptance). Philox4x64 keyed by the seed with counter word 1 = i gives each
+    position its own stream (word 0 counts within it), so no two positions share noise; numpy's
+    ziggurat turns it into float64 exponentials. A position's noise is made once and cached (the
+    draft and the verifier read it, and a rejected position is read again at the next pass); it is
+    kept as float32 rates 1/E, so a draw is one multiply and an argmax over the vocabulary; its law
+    is p's up to the float32 rounding of p / E (relative 6e-8), the precision of p itself.
+    """
+
+    def __init__(self, seed: int, vocab: int, device: torch.device | str = "cpu", keep: int = 128) -> None:
+        if vocab < 1:
+            raise ValueError(f"vocab must be positive, got {vocab}")
+        self.seed, self.vocab, self.device, self.keep = int(seed), vocab, torch.device(device), keep
+        key = self.seed % (1 << 128)  # Philox's 128-bit key; any int seed (negative too) maps to one
+        self._bits = np.random.Philox(0)  # seeded, so no OS entropy is read; key and counter are set below
+        self._gen = np.random.Generator(self._bits)
+        self._state = self._bits.state
+        self._state["state"]["key"] = np.array([key & _U64, key >> 64], dtype=np.uint64)
+        self._e = np.empty(vocab)  # float64 scratch
+        self._rates: dict[int, torch.Tensor] = {}
+
+    def rate(self, position: int) -> torch.Tensor:
+        """[V] float32: 1 / E_position (cached)."""
+        r = self._rates.get(position)
+        if r is None:
+            if position < 0:
+                raise ValueError(f"positions start at 0, got {position}")
+            st = self._state  # the stream of counter (0, position, 0, 0), from its start
+            st["state"]["counter"] = np.array([0, position, 0, 0], dtype=np.uint64)
+            st["buffer_pos"], st["has_uint32"], st["uinteger"] = 4, 0, 0
+            self._bits.state = st
+            e = self._gen.standard_exponential(self.vocab, out=self._e)
+            np.maximum(e, 1e-30, out=e)  # E = 0 (probability 2^-53 each) would make 0 * inf = nan
+            r = torch.from_numpy(np.reciprocal(e, out=np.empty(self.vocab, np.float32), casting="same_kind"))
+            r = r.to(self.device)
+            if len(self._rates) >= self.keep:  # a bound for callers that never call window()
+                del self._rates[min(self._rates)]
+            self._rates[position] = r
+        return r
+
+    def window(self, start: int, count: int) -> torch.Tensor:
+        """[count, V] float32: the rates of positions start .. start + count - 1. Positions before
+        ``start`` are forgotten: the caller (the verifier) says the sequence has passed them."""
+        for p in [p for p in self._rates if p < start]:
+            del self._rates[p]
+        if count == 1:  # plain decoding: a view, no copy
+            return self.rate(start).unsqueeze(0)
+        return torch.stack([self.rate(p) for p in range(start, start + count)])
+
+    def draw(self, probs: torch.Tensor, position: int) -> int:
+        """The coupled draw at ``position`` from weights ``probs`` ([V] or [1, V])."""
+        return coupled_draws(probs.reshape(1, -1), self.rate(position).unsqueeze(0))[0]
+
+
+def coupled_draws(probs: torch.Tensor, rates: torch.Tensor) -> list[int]:
+    """Row-wise ``argmax probs * rates``: the exponential race, a draw from each row of ``probs``
+    [N, V] (non-negative weights) given the rates 1/E [N, V] of its position. A zero-weight token
+    never wins (every rate is positive and at least one weight is)."""
+    if probs.shape != rates.shape:
+        raise ValueError(f"coupled draws need weights and rates of one shape, got {tuple(probs.shape)} and "
+                         f"{tuple(rates.shape)} (a drafter's law must cover the target's vocabulary)")
+    return (probs.float() * rates).argmax(dim=-1).tolist()

@@ -14,6 +14,10 @@ Rules (each exact: the emitted sequence follows the target's law; each has a chi
 * ``rejection_sample_tree`` (tree, per node): multi-draft speculative sampling (SpecInfer,
   arXiv:2305.09781) in the recursive form of Jeon et al. (arXiv:2402.14160), with deterministic
   candidates (top-k heads) as one-hot draft laws.
+* ``coupled_verify`` / ``coupled_verify_tree``: drafter-invariant sampling by the Gumbel-max
+  coupling (Daliri, Musco & Suresh, arXiv:2408.07978): the target's token at each position is its
+  own seeded draw (``sampling.CoupledNoise``), and a draft token is kept exactly when it equals it;
+  the greedy rules applied to those draws. The output is plain decoding's with the same seed.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .sampling import draw
+from .sampling import coupled_draws, draw
 
 # Below this total residual mass, p and q agree up to float32 rounding at the
 # rejected position; a rejection there had probability ~0, so p itself is the
@@ -262,3 +266,49 @@ def rejection_sample_tree(
             return VerifyResult(len(path), int(draw(r.unsqueeze(0), generator)[0]), False, tuple(path))
         path.append(accepted)
         node = accepted
+
+
+def coupled_verify(target_probs: torch.Tensor, draft_tokens: Sequence[int], rates: torch.Tensor) -> VerifyResult:
+    """Gumbel-max coupled verification of a chain (``sampling.CoupledNoise``).
+
+    target_probs: [γ+1, V] filtered target law after each prefix; rates: [γ+1, V] the noise rates
+    of the positions those laws are for (row j: the position of draft token j, the last row the
+    bonus position). The target's token at each position is ``argmax p * rate``, its draw with this
+    seed whatever was drafted; the draft is kept while it equals those draws and the first
+    differing draw (or the bonus draw) comes next, so the output law is the target's and the
+    tokens are plain decoding's. How the draft was made (sampled with the same noise, or
+    deterministic) only changes how many are kept."""
+    g = len(draft_tokens)
+    return greedy_verify(coupled_draws(target_probs[: g + 1], rates[: g + 1]), draft_tokens)
+
+
+def tree_levels(parents: Sequence[int]) -> int:
+    """How many tokens deep a tree is (a chain of n nodes: n); parents come before children."""
+    depth: list[int] = []
+    for par in parents:
+        depth.append(1 if par < 0 else depth[par] + 1)
+    return max(depth, default=0)
+
+
+def coupled_verify_tree(target_probs: torch.Tensor, draft_tokens: Sequence[int], parents: Sequence[int],
+                        rates: torch.Tensor) -> VerifyResult:
+    """Gumbel-max coupled verification of a tree: from the root, follow the child equal to the
+    target's draw while there is one (the walk of ``greedy_verify_tree``, on the draws).
+
+    target_probs: [n+1, V] as for ``rejection_sample_tree`` (row 0 after the pending token, row k+1
+    after node k along its path). rates: [``tree_levels(parents)`` + 1, V], row d the rates of the
+    position d tokens after the pending one (row 0 is scored at d = 0, node k's row at k's depth
+    + 1). Draws are made along the walk only: a wide tree costs no more than its accepted path."""
+    children: dict[int, dict[int, int]] = {}
+    for k, (tok, par) in enumerate(zip(draft_tokens, parents)):
+        children.setdefault(int(par), {}).setdefault(int(tok), k)  # the first of equal siblings wins
+    path: list[int] = []
+    node = -1
+    while True:
+        d = len(path)
+        want = coupled_draws(target_probs[node + 1 : node + 2], rates[d : d + 1])[0]
+        nxt = children.get(node, {}).get(want)
+        if nxt is None:
+            return VerifyResult(d, want, node >= 0 and node not in children, tuple(path))
+        path.append(nxt)
+        node = nxt

@@ -75,9 +75,31 @@ def test_sampled_bench_runs_token_by_token_beside_block_verification(tiny_dirs: 
     prompt = target.encode("def add(a, b):\n")
     outs = {m.name: m.run(prompt, 12) for m in methods}
     ref = specdecode.generate(target, prompt, specdecode.DraftModelDrafter(draft, 3), max_new_tokens=12,
-                              temperature=1.0, seed=3, ignore_eos=True, chain_rule="token")
+                              temperature=1.0, seed=3, ignore_eos=True, chain_rule="token", accept_rule="rejection")
     assert outs["draft-token/g3"].token_ids == ref.token_ids  # the run's sampling and rule reach generate
     assert all(a == d for d, a in outs["draft/g3"].steps or [])  # draft = target: block keeps every token
     greedy = BenchContext(target, draft, str(target.path), str(draft.path))
     _, skipped = build_methods(greedy, ["draft-token"], {"gammas": [3]})
     assert [s.name for s in skipped] == ["draft-token/3"] and "--temperature" in skipped[0].reason
+
+
+def test_sampled_bench_runs_the_coupled_rule_beside_rejection(tiny_dirs: dict[str, Path]) -> None:
+    """'draft-coupled' verifies by the Gumbel-max coupling (seeded: plain decoding's tokens), 'draft' and
+    'draft-token' by rejection sampling even when the run has a seed; greedy skips 'draft-coupled'."""
+    from specdecode.bench.runners import BenchContext, build_methods
+    from specdecode.config import SamplingConfig
+
+    target, draft = specdecode.load_model(tiny_dirs["llama"]), specdecode.load_model(tiny_dirs["draft"])
+    sampling = SamplingConfig(temperature=0.8, seed=5)
+    ctx = BenchContext(target, draft, str(target.path), str(draft.path), sampling=sampling)
+    methods, skipped = build_methods(ctx, ["draft", "draft-token", "draft-coupled"], {"gammas": [3]})
+    by_name = {m.name: m for m in methods}
+    assert not skipped and by_name["draft-coupled/g3"].verify.accept_rule == "coupled"
+    assert by_name["draft/g3"].verify.accept_rule == by_name["draft-token/g3"].verify.accept_rule == "rejection"
+    prompt = target.encode("def add(a, b):\n")
+    plain = specdecode.generate(target, prompt, max_new_tokens=12, temperature=0.8, seed=5, ignore_eos=True)
+    out = by_name["draft-coupled/g3"].run(prompt, 12)
+    assert out.token_ids == plain.token_ids and sum(d for d, _ in out.steps or []) > 0
+    greedy = BenchContext(target, draft, str(target.path), str(draft.path))
+    _, skipped = build_methods(greedy, ["draft-coupled"], {"gammas": [3]})
+    assert [s.name for s in skipped] == ["draft-coupled/3"] and "--temperature" in skipped[0].reason

@@ -50,11 +50,11 @@ def test_chain_rule_flag_reaches_generate(tiny_dirs: dict[str, Path]) -> None:
     value is a one-line error naming the choices."""
     args = ["generate", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["draft"]), "--gamma", "3",
             "--prompt", PROMPT, "--max-new-tokens", "12", "--ignore-eos", "--temperature", "1", "--seed", "5"]
-    p = run(*args, "--chain-rule", "token", "--json")
+    p = run(*args, "--chain-rule", "token", "--accept-rule", "rejection", "--json")
     assert p.returncode == 0, p.stderr
     drafter = sd.DraftModelDrafter(sd.load_model(tiny_dirs["draft"]), 3)
     ref = sd.generate(sd.load_model(tiny_dirs["llama"]), PROMPT, drafter, max_new_tokens=12, ignore_eos=True,
-                      temperature=1.0, seed=5, chain_rule="token")
+                      temperature=1.0, seed=5, chain_rule="token", accept_rule="rejection")
     assert json.loads(p.stdout)["token_ids"] == ref.token_ids
     p = run(*args, "--chain-rule", "tree")
     assert p.returncode == 2 and "chain_rule must be one of block, token" in p.stderr and "Traceback" not in p.stderr

@@ -8,14 +8,15 @@ from __future__ import annotations
 import pytest
 
 import specdecode as sd
-from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.config import GenerationConfig, SamplingConfig, VerifyConfig
 from specdecode.core import DecodeCore, FinishEvent, Request
 
 from .chi2 import gof_pvalue
 from .test_generate_law import N, PROMPT, exact_law, models  # noqa: F401  (the fixture)
 
 
-def test_batched_rows_follow_the_target_law(models: tuple[sd.Model, sd.Model]) -> None:  # noqa: F811
+@pytest.mark.parametrize("rule", ["rejection", "coupled"])
+def test_batched_rows_follow_the_target_law(models: tuple[sd.Model, sd.Model], rule: str) -> None:  # noqa: F811
     target, draft = models
     cfg = SamplingConfig(temperature=1.0)
     drafters = {"model": sd.DraftModelDrafter(draft, gamma=3),
@@ -29,7 +30,8 @@ def test_batched_rows_follow_the_target_law(models: tuple[sd.Model, sd.Model]) -
     while len(samples) < N:
         while len(core.rows) < 4:  # refill: rows join a batch that is already running
             kind, gamma = kinds[seed % 4]
-            core.add(Request(PROMPT, SamplingConfig(temperature=1.0, seed=seed), generation, kind, gamma))
+            core.add(Request(PROMPT, SamplingConfig(temperature=1.0, seed=seed), generation, kind, gamma,
+                             verify=VerifyConfig(accept_rule=rule)))
             seed += 1
         for _, ev in core.step():
             if isinstance(ev, FinishEvent):
@@ -40,7 +42,8 @@ def test_batched_rows_follow_the_target_law(models: tuple[sd.Model, sd.Model]) -
 
 @pytest.mark.parametrize("width", [1, 4])
 def test_a_row_samples_the_same_tokens_alone_or_in_a_batch(models: tuple[sd.Model, sd.Model], width: int) -> None:  # noqa: F811
-    """Each row draws from its own seeded generator in a fixed order: seeded runs reproduce."""
+    """A seeded row (the coupled rule by default; its draws depend on nothing but seed and position)
+    writes the same tokens alone or beside other rows."""
     target, draft = models
     generation = GenerationConfig(max_new_tokens=6, ignore_eos=True)
     core = DecodeCore(target, {"model": sd.DraftModelDrafter(draft, gamma=2)}, max_rows=width, context_len=16)

@@ -50,7 +50,8 @@ def test_generate_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: Sam
     samples = []
     for seed in range(N):
         r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=3, temperature=cfg.temperature,
-                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, chain_rule=chain_rule)
+                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, chain_rule=chain_rule,
+                        accept_rule="rejection")
         samples.append(tuple(r.token_ids))
     assert gof_pvalue(samples, exact_law(target, cfg)) > 1e-3
     # the same test rejects the draft's law: it has power
@@ -66,7 +67,7 @@ def test_restricted_vocabulary_draft_law_matches_target(models: tuple[sd.Model, 
     assert drafter.vocab is not None and sorted(drafter.vocab.ids.tolist()) == [1, 2, 5, 6]
     cfg = SamplingConfig(temperature=1.0)
     samples = [tuple(sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=3, temperature=1.0, seed=s,
-                                 ignore_eos=True).token_ids) for s in range(N)]
+                                 ignore_eos=True, accept_rule="rejection").token_ids) for s in range(N)]
     assert any(t in (0, 3, 4, 7) for s in samples for t in s)
     assert gof_pvalue(samples, exact_law(target, cfg)) > 1e-3
     assert gof_pvalue(samples, exact_law(draft, cfg)) < 1e-6
@@ -78,7 +79,7 @@ def test_prompt_lookup_law_matches_target(models: tuple[sd.Model, sd.Model]) -> 
     drafter = sd.PromptLookupDrafter(max_ngram=1, num_draft_tokens=2)
     prompt = [1, 2, 1, 2, 1, 2]
     samples = [tuple(sd.generate(target, prompt, drafter=drafter, max_new_tokens=3, temperature=1.0, seed=s,
-                                 ignore_eos=True).token_ids) for s in range(N)]
+                                 ignore_eos=True, accept_rule="rejection").token_ids) for s in range(N)]
     seqs = list(itertools.product(range(V), repeat=3))
     with torch.inference_mode():
         logits = target.module(torch.tensor([prompt + list(s) for s in seqs])).float()

@@ -56,7 +56,8 @@ def test_layerskip_law_matches_target(target: sd.Model, plan: dict, cfg: Samplin
     samples, drafted = [], 0
     for seed in range(N):
         r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=3, temperature=cfg.temperature,
-                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, chain_rule=rule)
+                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, chain_rule=rule,
+                        accept_rule="rejection")
         samples.append(tuple(r.token_ids))
         drafted += r.stats.drafted
     assert drafted > N  # speculation really ran

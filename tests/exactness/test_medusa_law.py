@@ -40,7 +40,7 @@ def test_medusa_sampled_law_matches_target(setup: tuple[sd.Model, sd.Model, Path
         # 8 tokens, so the second pass (the first with a hidden state) verifies the whole tree; the law
         # tested is the first 3 tokens' marginal, which the second pass's tree decides in part
         r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=8, temperature=cfg.temperature,
-                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True)
+                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, accept_rule="rejection")
         samples.append(tuple(r.token_ids[:3]))
         accepted += sum(r.from_draft[1:3])
         deep += r.from_draft[2] and r.from_draft[1]  # a depth-2 node accepted on the second pass

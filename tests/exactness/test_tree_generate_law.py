@@ -74,7 +74,7 @@ def test_tree_generate_law_matches_target(models: tuple[sd.Model, sd.Model], cfg
     for seed in range(N):
         # 7 new tokens so the first pass verifies the whole 6-node tree; the law is of the first 3
         r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=7, temperature=cfg.temperature,
-                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True)
+                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, accept_rule="rejection")
         samples.append(tuple(r.token_ids[:3]))
         accepted += sum(r.from_draft)
     assert drafter.nodes_proposed > 0 and accepted > 0  # trees were drafted and paths through them kept

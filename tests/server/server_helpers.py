@@ -15,6 +15,7 @@ import uvicorn
 from specdecode.models import Model
 from specdecode.server.app import ServerState, create_app, make_state
 from specdecode.server.config import ServerConfig
+from specdecode.server.runner import DrainingServer
 
 MODEL_NAME = "tiny-llama"
 
@@ -49,7 +50,8 @@ def start_server(state: ServerState) -> RunningServer:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level="warning", timeout_graceful_shutdown=5))
+    server = DrainingServer(uvicorn.Config(create_app(state), log_level="warning",
+                                           timeout_graceful_shutdown=int(state.config.drain_timeout) + 5), state)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -183,8 +183,13 @@ def test_chain_rule_extension_reaches_the_decode_request(server: RunningServer, 
         body = {"model": MODEL_NAME, "prompt": "def", "max_tokens": 4, "temperature": 1.0, "chain_rule": given}
         req = CompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
         assert _build_spec(server.state, req, [1, 2], 4, None, "prompt").verify.chain_rule == expected
+    for given, expected in ((None, "auto"), ("rejection", "rejection"), ("coupled", "coupled")):
+        body = {"model": MODEL_NAME, "prompt": "def", "max_tokens": 4, "accept_rule": given}
+        req = CompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+        assert _build_spec(server.state, req, [1, 2], 4, None, "prompt").verify.accept_rule == expected
+    # a seeded request defaults to the coupled rule; ask for rejection sampling to exercise the token chain rule
     ref = specdecode.generate(models.target, PROMPTS[1], specdecode.DraftModelDrafter(models.target, 4),
-                              max_new_tokens=24, temperature=0.9, seed=7, chain_rule="token")
+                              max_new_tokens=24, temperature=0.9, seed=7, chain_rule="token", accept_rule="rejection")
     r = client(server).completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=24, temperature=0.9, seed=7,
-                                          extra_body={"chain_rule": "token"})
+                                          extra_body={"chain_rule": "token", "accept_rule": "rejection"})
     assert r.choices[0].text == ref.text

@@ -83,7 +83,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--target", help="target model directory (default: bundled models/code-target)")
     b.add_argument("--draft", help="draft model directory (default: bundled models/code-draft)")
     b.add_argument("--heads", help="Medusa heads directory for the medusa methods (default with the bundled target: "
-                                   "bundled models/code-medusa)")
+                                   "bundled models/code-medusa), or an EAGLE-3 directory for the eagle method "
+                                   "(default: bundled models/code-eagle)")
     b.add_argument("--workload", help="JSONL file with id, category, prompt, max_new_tokens per line "
                                       "(default: the bundled held-out stdlib workload)")
     b.add_argument("--methods", default=",".join(DEFAULT_METHODS),
@@ -108,6 +109,13 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--threads", type=int, default=None,
                    help="torch threads for every method, fixed for the whole run; 0 = decide once at the start: "
                         "all cores if the machine is otherwise idle, else 1 (default: 0; quick: 1)")
+    b.add_argument("--llama-cpp", metavar="DIR",
+                   help="also run llama.cpp (a build made by scripts/build_llama_cpp.sh, or its bin folder): the pair "
+                        "converted to GGUF, plain decoding (llama-bench) per --llama-cpp-formats and speculative "
+                        "decoding (llama-speculative-simple) per format and --peer-gammas, interleaved with ours on "
+                        "the same prompts, budgets and --threads (default: not run)")
+    b.add_argument("--llama-cpp-formats", default="bf16,q8_0,q4_0",
+                   help="GGUF weight formats for the llama.cpp runs (default: %(default)s)")
     add_dataclass_args(b, ModelLoadConfig)
     add_dataclass_args(b, SamplingConfig)  # every method samples alike; > 0 adds 'draft-token' beside 'draft'
     b.add_argument("--cost-repeats", type=int, help="timed rounds when measuring c and v(γ) (default: 20)")
@@ -257,6 +265,8 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
         families.append("draft-auto")
     if auto and "layerskip" in families and "layerskip-auto" not in families:
         families.append("layerskip-auto")
+    if auto and "quant" in families and "quant-auto" not in families:
+        families.append("quant-auto")
     s = BenchSettings(
         families=families,
         gammas=gammas,
@@ -291,7 +301,7 @@ def adaptive_threads() -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import model_loader, resolve_draft_path, resolve_heads_path, resolve_target
+    from ..cli import model_loader, resolve_draft_path, resolve_eagle_path, resolve_heads_path, resolve_target
     from ..costmodel import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
@@ -299,6 +309,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     started = time.time()
     st = resolve_settings(args)
+    from . import llamacpp
+
+    peer_build = llamacpp.locate(args.llama_cpp) if args.llama_cpp else None  # a bad path fails before loading
+    peer_formats = llamacpp.parse_formats(args.llama_cpp_formats)
     gammas, lookup_tokens, peer_gammas, reps = st.gammas, st.lookup_tokens, st.peer_gammas, st.reps
     sampling = from_args(SamplingConfig, args)
     families = list(st.families)
@@ -325,9 +339,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
                        ignore_eos=not args.stop_at_eos, lookup_max_ngram=args.lookup_max_ngram,
                        lookup_min_ngram=args.lookup_min_ngram, draft_vocab=args.draft_vocab,
-                       heads=resolve_heads_path(args), sampling=sampling)
+                       heads=resolve_heads_path(args), eagle=resolve_eagle_path(args), sampling=sampling)
     methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
                                                      "peer_gammas": peer_gammas})
+    peer_files: dict[str, str] = {}
+    if peer_build is not None:
+        peer_methods, peer_skipped, peer_files = llamacpp.build_methods(
+            peer_build, target, draft, peer_formats, peer_gammas, threads, sampling, log=sys.stderr)
+        methods += peer_methods
+        skipped += peer_skipped
     memory["after_loading_peers_mib"] = _maxrss_mib()
     prompts = prepare_prompts(workloads, target, draft)
     window = min(target.max_seq_len, draft.max_seq_len) if draft else target.max_seq_len
@@ -351,6 +371,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         failures += warm_up([m], prompts[0])
         per_method_rss[m.name] = _maxrss_mib()
     healthy = [m for m in methods if m.name not in {f.method for f in failures}]
+    llamacpp.start_timed_runs(healthy)
     from tqdm import tqdm
 
     with tqdm(total=len(healthy) * len(prompts) * reps, desc="bench", unit="run", file=sys.stderr,
@@ -362,6 +383,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     summary = summarize(records, methods, skipped, failures, prompts, costs, greedy=sampling.greedy)
     table = format_table(summary)
+    peer_rows = llamacpp.comparison(summary, target.weight_format, methods) if peer_build else []
+    if peer_rows:
+        table += "\n\n" + llamacpp.format_comparison(peer_rows, target.weight_format)
+    elif peer_build is None:
+        table += f"\nllama.cpp: {llamacpp.NOT_RUN}"
     print(table)
     config = {
         "command": sys.argv, "started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
@@ -369,7 +395,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "threads": threads, "load_average_start_end": [load_before, os.getloadavg()[0]],
         "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
         "versions": _versions(), "kernels": target.kernels.describe(),
-        "weight_dtype": str(target.weight_dtype).replace("torch.", ""), "target": str(target.path), "draft": str(draft.path) if draft else None,
+        "weight_dtype": target.weight_format, "target": str(target.path), "draft": str(draft.path) if draft else None,
         "target_parameters": target.num_parameters(), "draft_parameters": draft.num_parameters() if draft else None,
         "workload_file": str(workload_path),
         "workload_sha1": hashlib.sha1(workload_path.read_bytes()).hexdigest(),
@@ -395,6 +421,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   "new_tokens": len(r.output.token_ids),
                   "seconds": r.output.seconds} for r in records],
         "plots": plots,
+        "llama_cpp": ({**peer_build.describe(), "formats": peer_formats, "gammas": peer_gammas, "threads": threads,
+                       "gguf": peer_files, "comparison": peer_rows} if peer_build else {"status": llamacpp.NOT_RUN}),
     }
     payload = finite(payload)
     write_json(out_dir / "bench.json", payload)

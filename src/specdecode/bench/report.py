@@ -23,6 +23,7 @@ OVERALL = "overall"
 BASELINE = "plain"
 FP32_BASELINE = "eager-plain"  # the reference for runs in fp32 arithmetic (eager path, transformers)
 DRAFT_MODEL_FAMILIES = frozenset({"draft", "draft-auto"})  # c from the measured draft forward
+NO_TOKEN_RUNTIMES = frozenset({"llama.cpp"})  # runtimes whose runs report timings, not token ids
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[Method], skipped: 
         rs = by_method.get(m.name, [])
         ref_name = (FP32_BASELINE if (m.runtime != "specdecode" or m.name.startswith("eager-"))
                     and references[FP32_BASELINE] else baseline)
-        reference = references[ref_name]
+        # llama.cpp's runs return no token ids to compare (llama-bench decodes its own tokens; bench/llamacpp.py)
+        reference = references[ref_name] if m.runtime not in NO_TOKEN_RUNTIMES else {}
         entry: dict[str, Any] = {"name": m.name, "family": m.family, "runtime": m.runtime, "setting": m.setting,
                                  "status": "failed" if m.name in failed else "ok", "reason": failed.get(m.name)}
         for r in rs:

@@ -66,6 +66,7 @@ class BenchContext:
     draft_vocab: VocabSpec = "auto"  # the draft methods' output vocabulary (drafters/vocab.py)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # every method's (greedy by default)
     heads: Optional[str] = None  # Medusa heads directory (the medusa methods)
+    eagle: Optional[str] = None  # EAGLE-3 draft directory (the eagle method)
     _hf: dict[str, object] = field(default_factory=dict)
     _eager: dict[str, Model] = field(default_factory=dict)
 
@@ -165,9 +166,11 @@ def _ours(ctx: BenchContext, drafter: str, gamma: Gamma, vocab: VocabSpec = "aut
     spec = get_spec(drafter)
     if spec.needs_heads and ctx.heads is None:
         raise MethodUnavailable("no Medusa heads (pass --heads DIR)")
+    if spec.needs_eagle and ctx.eagle is None:
+        raise MethodUnavailable("no EAGLE-3 draft (pass --heads DIR with an EAGLE directory)")
     options = DrafterOptions(draft=(draft or ctx.require_draft()) if spec.needs_draft_model else None, gamma=gamma,
                              vocab=vocab, ngram_max=ctx.lookup_max_ngram, ngram_min=ctx.lookup_min_ngram,
-                             heads=ctx.heads)
+                             heads=ctx.heads, eagle=ctx.eagle)
     return build_drafter(drafter, options)
 
 
@@ -183,7 +186,7 @@ def _plain(ctx: BenchContext, setting: Optional[int]) -> Method:
 def _draft(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"draft/g{setting}", "draft", setting, ctx.target, _ours(ctx, "model", setting, ctx.draft_vocab),
-                      ctx.ignore_eos, ctx.sampling)
+                      ctx.ignore_eos, ctx.sampling, VerifyConfig(accept_rule="rejection"))  # also under --seed
 
 
 def _draft_token(ctx: BenchContext, setting: Optional[int]) -> Method:
@@ -195,7 +198,20 @@ def _draft_token(ctx: BenchContext, setting: Optional[int]) -> Method:
                                 "token-by-token with block verification")
     return OursMethod(f"draft-token/g{setting}", "draft-token", setting, ctx.target,
                       _ours(ctx, "model", setting, ctx.draft_vocab), ctx.ignore_eos, ctx.sampling,
-                      VerifyConfig(chain_rule="token"))
+                      VerifyConfig(chain_rule="token", accept_rule="rejection"))
+
+
+def _draft_coupled(ctx: BenchContext, setting: Optional[int]) -> Method:
+    """The draft family under the Gumbel-max coupling (the default rule for seeded requests): beside
+    'draft-token' (Leviathan's rule) and 'draft' (block) the table shows what drafter-invariant seeds
+    cost in acceptance and speed. Without --seed each request draws its own seed."""
+    assert setting is not None
+    if ctx.sampling.greedy:
+        raise MethodUnavailable("greedy decoding has one verification rule; pass --temperature > 0 to compare "
+                                "the coupled rule with rejection sampling")
+    return OursMethod(f"draft-coupled/g{setting}", "draft-coupled", setting, ctx.target,
+                      _ours(ctx, "model", setting, ctx.draft_vocab), ctx.ignore_eos, ctx.sampling,
+                      VerifyConfig(accept_rule="coupled"))
 
 
 def _draft_fullvocab(ctx: BenchContext, setting: Optional[int]) -> Method:
@@ -206,6 +222,10 @@ def _draft_fullvocab(ctx: BenchContext, setting: Optional[int]) -> Method:
 
 def _medusa(ctx: BenchContext, setting: Optional[int]) -> Method:
     return OursMethod("medusa", "medusa", None, ctx.target, _ours(ctx, "medusa", "auto"), ctx.ignore_eos, ctx.sampling)
+
+
+def _eagle(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("eagle", "eagle", None, ctx.target, _ours(ctx, "eagle", "auto"), ctx.ignore_eos, ctx.sampling)
 
 
 def _medusa_chain(ctx: BenchContext, setting: Optional[int]) -> Method:
@@ -224,10 +244,57 @@ def _layerskip_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
                       ctx.ignore_eos, ctx.sampling)
 
 
+def _quant(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    return OursMethod(f"quant/g{setting}", "quant", setting, ctx.target, _ours(ctx, "quant", setting),
+                      ctx.ignore_eos, ctx.sampling)
+
+
+def _quant_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("quant/auto", "quant-auto", None, ctx.target, _ours(ctx, "quant", "auto"),
+                      ctx.ignore_eos, ctx.sampling)
+
+
 def _lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"lookup/k{setting}", "lookup", setting, ctx.target, _ours(ctx, "ngram", setting),
                       ctx.ignore_eos, ctx.sampling)
+
+
+class HistoryMethod(OursMethod):
+    """A drafter that remembers earlier requests (suffix, auto): its history restarts whenever a prompt
+    comes round again (after the warm-up, at the next repetition), so no run drafts from its own
+    earlier copy; within a repetition the prompts run in file order, as a session's turns do."""
+
+    def __init__(self, name: str, family: str, target: Model, drafter: Optional[BatchDrafter], ignore_eos: bool,
+                 sampling: Optional[SamplingConfig], forget: Callable[[], None]) -> None:
+        super().__init__(name, family, None, target, drafter, ignore_eos, sampling)
+        self._forget = forget
+        self._seen: set[tuple[int, ...]] = set()
+
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
+        key = tuple(prompt)
+        if key in self._seen:
+            self._forget()
+            self._seen.clear()
+        self._seen.add(key)
+        return super().run(prompt, max_new_tokens)
+
+
+def _history(ctx: BenchContext, name: str, drafter: Optional[BatchDrafter]) -> Method:
+    forget = getattr(drafter, "forget", None)
+    assert callable(forget), f"{name} has no forget()"
+    return HistoryMethod(name, name, ctx.target, drafter, ctx.ignore_eos, ctx.sampling, forget)
+
+
+def _suffix(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return _history(ctx, "suffix", _ours(ctx, "suffix", "auto"))
+
+
+def _auto(ctx: BenchContext, setting: Optional[int]) -> Method:
+    options = DrafterOptions(draft=ctx.draft, gamma="auto", vocab=ctx.draft_vocab, ngram_max=ctx.lookup_max_ngram,
+                             ngram_min=ctx.lookup_min_ngram, heads=ctx.heads, eagle=ctx.eagle)
+    return _history(ctx, "auto", build_drafter("auto", options))
 
 
 # ---------------------------------------------------------------------------
@@ -345,6 +412,9 @@ for _spec in (
     MethodSpec("draft-token", "specdecode", "gammas", _draft_token,
                "draft model verified token by token, γ from --gammas (sampling only; added beside 'draft' "
                "when --temperature > 0)"),
+    MethodSpec("draft-coupled", "specdecode", "gammas", _draft_coupled,
+               "draft model under the Gumbel-max coupled rule (drafter-invariant seeds; the default when a request "
+               "has a seed), γ from --gammas (sampling only)"),
     MethodSpec("draft-auto", "specdecode", "none", _draft_auto,
                "draft model with gamma='auto': γ chosen every step from measured costs and running α̂"),
     MethodSpec("draft-fullvocab", "specdecode", "gammas", _draft_fullvocab,
@@ -354,10 +424,23 @@ for _spec in (
                "layer-skip self-speculation (the target's calibrated layers, `specdecode calibrate`), γ from --gammas"),
     MethodSpec("layerskip-auto", "specdecode", "none", _layerskip_auto,
                "layer-skip self-speculation with gamma='auto' (the γ policy, from the partial model's measured c)"),
+    MethodSpec("quant", "specdecode", "gammas", _quant,
+               "quantized self-draft (--drafter quant): the target's int4 copy drafts, γ from --gammas"),
+    MethodSpec("quant-auto", "specdecode", "none", _quant_auto,
+               "quantized self-draft with gamma='auto' (the γ policy, from the int4 copy's measured c)"),
     MethodSpec("medusa", "specdecode", "none", _medusa,
                "Medusa heads (--heads DIR), a token tree sized each step by the measured v(nodes) and running α by depth"),
     MethodSpec("medusa-chain", "specdecode", "none", _medusa_chain,
                "Medusa heads (--heads DIR), top-1 of each head as a chain, length by the same cost model"),
+    MethodSpec("eagle", "specdecode", "none", _eagle,
+               "EAGLE-3 draft layer (--heads DIR: an EAGLE directory; bundled models/code-eagle with the bundled "
+               "target), EAGLE-2 dynamic trees sized by the measured costs"),
+    MethodSpec("suffix", "specdecode", "none", _suffix,
+               "suffix drafting: frequency-ranked trees from the sequence and earlier outputs (history restarts "
+               "per repetition)"),
+    MethodSpec("auto", "specdecode", "none", _auto,
+               "--drafter auto: per step, the member the cost model ranks first (draft model with --draft, heads "
+               "with --heads, calibrated layer skip, suffix, lookup); plain when none pays"),
     MethodSpec("eager-plain", "specdecode", "none", _eager_plain,
                "plain decoding on PyTorch's eager F.linear with fp32 weights (the fast kernel off)"),
     MethodSpec("eager-draft", "specdecode", "peer_gammas", _eager_draft,

@@ -4,10 +4,11 @@ from .base import (Acceptance, BatchDrafter, Draft, DraftContext, Drafter, PerRo
                    as_batch_drafter)
 from .model import DraftModelDrafter, check_vocab_compatible
 from .layerskip import DraftLayers, LayerSkipDrafter
+from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .ngram import PromptLookupDrafter
 from .registry import DrafterOptions, DrafterSpec, build_drafter, drafter_names, register
 
 __all__ = ["Acceptance", "BatchDrafter", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DrafterOptions",
-           "DrafterSpec", "DraftLayers", "LayerSkipDrafter", "MedusaDrafter", "PerRowDrafters", "PromptLookupDrafter", "VocabularyMismatchError", "as_batch_drafter",
+           "DrafterSpec", "DraftLayers", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter", "PerRowDrafters", "PromptLookupDrafter", "VocabularyMismatchError", "as_batch_drafter",
            "build_drafter", "check_vocab_compatible", "drafter_names", "register"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping, Optional, Protocol
 import torch
 
 from ..config import ConfigError, SamplingConfig
+from ..sampling import CoupledNoise, draw
 
 if TYPE_CHECKING:
     from ..cache import KVCache
@@ -54,7 +55,10 @@ class DraftContext:
     computes some layers exactly as the target does (layer skip) attends over the target's own
     entries for them instead of recomputing them. It may write entries past the row's length
     (the next target pass overwrites them before reading) and must leave the lengths and every
-    entry below them as it found them.
+    entry below them as it found them. ``noise`` is set when the row samples by the Gumbel-max
+    coupling: a drafter that samples then draws its token for sequence position i (the first
+    draft token's is ``len(tokens)``) as ``noise.draw(q, i)`` instead of from ``generator``
+    (``draw_token`` does either), which is what makes its tokens agree with the target's draws.
     """
 
     tokens: list[int]
@@ -64,6 +68,31 @@ class DraftContext:
     hidden: Optional[torch.Tensor] = None
     probe: bool = False
     target_cache: Optional["KVCache"] = None
+    noise: Optional[CoupledNoise] = None
+    constraint: Optional["DraftConstraint"] = None
+    layers: Optional[Mapping[int, torch.Tensor]] = None  # EAGLE-3: residual after layer i, [k, dim], same tokens as hidden
+
+
+class DraftConstraint(Protocol):
+    """A row's grammar (structured output) as a drafter sees it (``constraints.ConstraintState``).
+
+    A drafter that samples or takes an argmax passes its logits [V] (target vocabulary) through
+    ``mask`` and reports the law of the masked logits, then ``push``es the token it chose, so its
+    next position is masked in the grammar state after it; the core rolls the pushes back. A
+    drafter that ignores ``DraftContext.constraint`` stays exact: the core cuts its draft at the
+    first forbidden token, so it only loses acceptance."""
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def push(self, token: int) -> bool: ...
+
+
+def draw_token(q: torch.Tensor, ctx: DraftContext, index: int) -> int:
+    """A sampling drafter's token ``index`` (0: the one after ``ctx.tokens``) from its filtered law
+    ``q`` [1, V]: the coupled draw when the row is coupled, else a draw from the row's generator."""
+    if ctx.noise is not None:
+        return ctx.noise.draw(q, len(ctx.tokens) + index)
+    return int(draw(q, ctx.generator)[0])
 
 
 @dataclass
@@ -72,12 +101,17 @@ class Draft:
 
     ``parents`` makes the draft a tree: ``parents[i]`` is the index of node i's parent in
     ``tokens``, or -1 for a child of the pending token; parents come before their children.
-    ``None`` is a chain (each token follows the previous one), the common case.
+    ``None`` is a chain (each token follows the previous one), the common case. ``source`` names
+    the drafter that made it when a composite (``--drafter auto``) chose among several: the stats
+    count accepted tokens per source. ``expected``: the drafter's own prediction of the tokens this
+    step yields (accepted + 1), when it has one; auto weighs deterministic drafts with it.
     """
 
     tokens: list[int] = field(default_factory=list)
     probs: Optional[torch.Tensor] = None
     parents: Optional[list[int]] = None
+    source: Optional[str] = None
+    expected: Optional[float] = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -226,7 +260,7 @@ class PerRowDrafters:
         return None
 
 
-PickFn = Callable[[torch.Tensor, DraftContext, list[torch.Tensor]], int]
+PickFn = Callable[[torch.Tensor, DraftContext, list[torch.Tensor], int], int]  # (logits, ctx, laws, index)
 
 
 def draft_rows(want: Mapping[int, int], contexts: Mapping[int, DraftContext], logits: Mapping[int, torch.Tensor],
@@ -234,15 +268,16 @@ def draft_rows(want: Mapping[int, int], contexts: Mapping[int, DraftContext], lo
                ) -> tuple[dict[int, list[int]], dict[int, list[torch.Tensor]]]:
     """Autoregressive drafting for many rows at once: ``want[r]`` tokens for row r, starting from its
     last ``logits[r]``; each round picks one token per row that still drafts and feeds all of them
-    back in one batched ``forward`` (row -> tokens, returning row -> last logits). ``pick`` appends
-    the law it drew from to the row's list when it samples. Returns tokens and laws per row."""
+    back in one batched ``forward`` (row -> tokens, returning row -> last logits). ``pick`` gets the
+    token's index in the draft (for ``draw_token``) and appends the law it drew from to the row's
+    list when it samples. Returns tokens and laws per row."""
     tokens: dict[int, list[int]] = {r: [] for r in want}
     probs: dict[int, list[torch.Tensor]] = {r: [] for r in want}
     for i in range(max(want.values(), default=0)):
         nxt: dict[int, list[int]] = {}
         for r, g in want.items():
             if i < g:
-                t = pick(logits[r], contexts[r], probs[r])
+                t = pick(logits[r], contexts[r], probs[r], i)
                 tokens[r].append(t)
                 if i < g - 1:
                     nxt[r] = [t]

@@ -42,8 +42,8 @@ from ..cache import KVCache
 from ..config import ConfigError
 from ..costmodel import Costs, cache_dir, load_or_measure_costs
 from ..ops import argmax_list
-from ..sampling import draw, probs_from_logits
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma, draft_rows
+from ..sampling import probs_from_logits
+from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma, draft_rows, draw_token
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -373,13 +373,13 @@ class LayerSkipDrafter:
         return draft_rows(want, contexts, self._forward(view, feeds), lambda nxt: self._forward(view, nxt), self._pick)
 
     @staticmethod
-    def _pick(logits: torch.Tensor, ctx: DraftContext, probs: list[torch.Tensor]) -> int:
-        """One draft token from a row's last logits (greedy, or drawn from the filtered law)."""
+    def _pick(logits: torch.Tensor, ctx: DraftContext, probs: list[torch.Tensor], index: int) -> int:
+        """Draft token ``index`` from a row's last logits (greedy, or drawn from the filtered law)."""
         if ctx.sampling.greedy:
             return argmax_list(logits)[0]
         q = probs_from_logits(logits.unsqueeze(0), ctx.sampling)
         probs.append(q[0])
-        return int(draw(q, ctx.generator)[0])
+        return draw_token(q, ctx, index)
 
     def _forward(self, view: KVCache, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """Append each row's tokens to the view (rows between them get padding, dropped after) and

@@ -22,8 +22,9 @@ import torch
 from ..config import ConfigError
 from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
 from ..ops import argmax_list
-from ..sampling import draw, probs_from_logits
-from .base import Acceptance, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma, draft_rows
+from ..sampling import probs_from_logits
+from .base import (Acceptance, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma, draft_rows,
+                   draw_token)
 from .vocab import VocabSpec, draft_vocab_for
 
 if TYPE_CHECKING:
@@ -151,8 +152,18 @@ class DraftModelDrafter:
             logits = fixed
         return logits
 
-    def _pick(self, logits: torch.Tensor, ctx: DraftContext, probs: list[torch.Tensor]) -> int:
-        """One draft token from a row's last logits (greedy, or drawn from the filtered law)."""
+    def _pick(self, logits: torch.Tensor, ctx: DraftContext, probs: list[torch.Tensor], index: int) -> int:
+        """Draft token ``index`` from a row's last logits (greedy, or drawn from the filtered law)."""
+        if ctx.constraint is not None:  # structured output: the masked law, as the target will judge it
+            masked = ctx.constraint.mask(self._full(logits))
+            if ctx.sampling.greedy:
+                t = argmax_list(masked)[0]
+            else:
+                q = probs_from_logits(masked.unsqueeze(0), ctx.sampling)
+                probs.append(q[0])
+                t = draw_token(q, ctx, index)
+            ctx.constraint.push(t)
+            return t
         if ctx.sampling.greedy:
             if self.model.vocab_size == self._target_vocab:
                 t = argmax_list(logits)[0]
@@ -160,7 +171,7 @@ class DraftModelDrafter:
             return argmax_list(self._full(logits))[0]
         q = probs_from_logits(self._full(logits).unsqueeze(0), ctx.sampling)
         probs.append(q[0])
-        return int(draw(q, ctx.generator)[0])
+        return draw_token(q, ctx, index)
 
     def _last_logits(self, feed: list[int], rows: slice) -> torch.Tensor:
         """Append one row's tokens and return its last position's logits."""
@@ -247,7 +258,7 @@ class DraftModelDrafter:
         rows = slice(r, r + 1)
         logits = self._last_logits(feed, rows)
         for i in range(g):
-            t = self._pick(logits, ctx, probs)
+            t = self._pick(logits, ctx, probs, i)
             tokens.append(t)
             if i < g - 1:
                 logits = self._last_logits([t], rows)

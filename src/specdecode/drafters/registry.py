@@ -7,15 +7,19 @@ bench's methods all read this table.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..config import ConfigError
 from .base import BatchDrafter, Gamma, PerRowDrafters
+from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .layerskip import LayerSkipDrafter
 from .model import DraftModelDrafter
 from .ngram import PromptLookupDrafter
+from .quant import QuantDrafter
+from .suffix import SuffixDrafter
 from .vocab import VocabSpec
 
 if TYPE_CHECKING:
@@ -36,6 +40,7 @@ class DrafterOptions:
     heads: Optional[str] = None  # a Medusa heads directory (``distill --method medusa``)
     exit_layer: Optional[int] = None  # layer skip: draft with the first N layers (overrides the calibration)
     skip_layers: Optional[tuple[int, ...]] = None  # layer skip: draft without these layers (likewise)
+    eagle: Optional[str] = None  # an EAGLE-3 draft directory (``distill --method eagle``; the CLI's --heads DIR)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class DrafterSpec:
     needs_draft_model: bool
     build: Callable[[DrafterOptions], Optional[BatchDrafter]]  # None: plain decoding, or what it needs is absent
     needs_heads: bool = False  # Medusa: a heads directory (--heads DIR)
+    uses_draft_model: bool = False  # takes a draft model when there is one (auto): the CLI loads the bundled one
+    needs_eagle: bool = False  # EAGLE: an EAGLE-3 draft directory (--heads DIR)
 
 
 REGISTRY: dict[str, DrafterSpec] = {}
@@ -75,6 +82,9 @@ def build_drafter(name: str, options: DrafterOptions) -> Optional[BatchDrafter]:
     if spec.needs_heads and options.heads is None:
         raise ConfigError(f"drafter {name!r} needs Medusa heads (--heads DIR); train them with `specdecode distill "
                           "--method medusa --target TARGET --out DIR`")
+    if spec.needs_eagle and options.eagle is None:
+        raise ConfigError(f"drafter {name!r} needs an EAGLE-3 draft directory (--heads DIR); train one with "
+                          "`specdecode distill --method eagle --target TARGET --out DIR`")
     return spec.build(options)
 
 
@@ -110,4 +120,38 @@ register(DrafterSpec("medusa", "Medusa heads on the target's hidden state (--hea
                                 "the cost model", False, _medusa(True), needs_heads=True))
 register(DrafterSpec("medusa-chain", "Medusa heads, top-1 of each head as a chain (--heads DIR)", False,
                      _medusa(False), needs_heads=True))
+register(DrafterSpec("suffix", "suffix drafting: trees of the most frequent continuations of the longest match in "
+                     "the sequence and in earlier outputs (shared by all requests)", False,
+                     lambda o: SuffixDrafter(o.gamma)))
+register(DrafterSpec("eagle", "EAGLE-3 draft layer on the target's low/mid/high features (--heads DIR): an EAGLE-2 "
+                     "dynamic tree sized by the cost model", False,
+                     lambda o: EagleDrafter.load(o.eagle, gamma=o.gamma) if o.eagle is not None else None,
+                     needs_eagle=True))
+AUTO_MEMBERS = ("model", "eagle", "medusa", "layerskip", "suffix", "ngram")  # auto's candidates, preferred first on ties
+
+
+def _auto(o: DrafterOptions) -> Optional[BatchDrafter]:
+    """Every candidate this run can build (a draft model only with --draft, heads only with --heads)."""
+    from .auto import AutoDrafter  # lazy: auto composes the registry's own drafters
+
+    members: dict[str, BatchDrafter] = {}
+    for name in AUTO_MEMBERS:
+        if name not in REGISTRY:
+            continue
+        try:  # each member sizes its own drafts; the request's gamma still caps them
+            d = build_drafter(name, dataclasses.replace(o, gamma="auto"))
+        except (ConfigError, OSError, ValueError, KeyError):  # it lacks what it needs, or --heads holds another kind
+            continue
+        if d is not None:
+            members[name] = d
+    explicit = o.exit_layer is not None or o.skip_layers is not None
+    usable = {"layerskip": lambda d: explicit or getattr(d, "calibration", None) is not None}
+    return AutoDrafter(members, usable=usable)
+
+
+register(DrafterSpec("auto", "choose per request and step among the drafters available (draft model, heads, "
+                     "calibrated layer skip, suffix, prompt lookup) by the cost model; plain when none pays", False,
+                     _auto, uses_draft_model=True))
+register(DrafterSpec("quant", "self-speculation: an int4 copy of the target drafts (quantized at load; no training, "
+                     "no second checkpoint; CPU)", False, lambda o: QuantDrafter(o.gamma, vocab=o.vocab)))
 register(DrafterSpec("none", "plain decoding (no drafts)", False, lambda o: None))

@@ -1,4 +1,4 @@
-"""Compile a one-file C++ torch extension on first use, cached per torch/Python version.
+"""Compile a one-file C++ torch extension on first use, cached per source, flags, torch and Python.
 
 Shared by the package's CPU kernels. ``build_extension`` returns the module, or
 raises ``ExtensionBuildError`` with one readable line (the compiler's first
@@ -8,6 +8,7 @@ falling back to eager PyTorch.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Sequence
 
 import torch
 
@@ -26,13 +28,30 @@ class ExtensionBuildError(RuntimeError):
     """The extension could not be compiled or loaded here."""
 
 
-def build_dir(name: str) -> Path:
-    """``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/specdecode/torch_extensions``, one folder per torch/Python."""
+CFLAGS = ("-O3", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+
+
+def source_key(sources: Sequence[Path], cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS) -> str:
+    """Hash of what decides the binary: source bytes, flags, torch and Python (12 hex digits)."""
+    h = hashlib.sha256()
+    for src in sources:
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    h.update("\0".join([*cflags, "|", *ldflags, torch.__version__, sys.version]).encode())
+    return h.hexdigest()[:12]
+
+
+def build_dir(name: str, sources: Sequence[Path] = (), cflags: Sequence[str] = CFLAGS,
+              ldflags: Sequence[str] = LDFLAGS) -> Path:
+    """``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/specdecode/torch_extensions``, one folder per source hash.
+
+    Keyed by content, not by name: two checkouts or versions on one machine (a development tree
+    and an installed copy) each keep their own build instead of rebuilding each other's (~40 s each).
+    torch's own versioning inside a folder only compares against the last build made there."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     base = Path(root).expanduser() if root else Path("~/.cache/specdecode/torch_extensions").expanduser()
-    # torch's own versioning only hashes sources and flags, not the torch it was built against
     tag = re.sub(r"[^A-Za-z0-9]+", "_", f"torch{torch.__version__}_py{sys.version_info[0]}{sys.version_info[1]}")
-    return base / f"{name}_{tag}"
+    return base / f"{name}_{tag}_{source_key(sources, cflags, ldflags)}"
 
 
 def summarise(exc: BaseException) -> str:
@@ -61,11 +80,13 @@ def build_extension(name: str, source: Path) -> ModuleType:
     try:
         from torch.utils.cpp_extension import load
 
-        directory = build_dir(name)
+        directory = build_dir(name, [source])
         directory.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(directory)
-        if not any(directory.glob("*.so")):
-            logger.info("compiling %s into %s (first use only)", source.name, directory)
+        fresh = not any(directory.glob("*.so"))
+        if fresh:
+            logger.info("compiling %s into %s (first use of this source only)", source.name, directory)
+        t0 = time.perf_counter()
         # keep torch's build chatter (compiler-ABI warnings etc.) out of the log
         torch_log = logging.getLogger("torch.utils.cpp_extension")
         level = torch_log.level
@@ -73,9 +94,12 @@ def build_extension(name: str, source: Path) -> ModuleType:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return load(name=name, sources=[str(source)], extra_cflags=["-O3", "-fopenmp"],
-                            extra_ldflags=["-fopenmp"], build_directory=str(directory), verbose=False)
+                module = load(name=name, sources=[str(source)], extra_cflags=list(CFLAGS),
+                              extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=False)
         finally:
             torch_log.setLevel(level)
+        if fresh:
+            logger.info("compiled %s in %.1f s", source.name, time.perf_counter() - t0)
+        return module
     except Exception as exc:  # no compiler / ninja / headers
         raise ExtensionBuildError(f"could not build the C++ extension {name} ({type(exc).__name__}: {summarise(exc)})") from exc

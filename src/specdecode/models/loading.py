@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -15,8 +15,9 @@ from torch import nn
 
 from ..cache import KVCache
 from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_MATMUL, DEFAULT_WEIGHT_DTYPE,
-                      check_matmul)
+                      ConfigError, check_matmul, check_weight_dtype)
 from ..kernels import Kernels, install_kernels, select_kernels
+from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from .config import ModelConfig
 from .gpt2 import GPT2Model
 from .llama import LlamaModel
@@ -37,6 +38,90 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 @dataclass
+class QuantState:
+    """A model whose layer matrices are packed ``fmt`` blocks (``kernels/quant.py``).
+
+    ``head``: the output matrix, packed, which forward multiplies by when no ``head`` is passed
+    (the dense table stays for the embedding lookup and for drafters that take rows of it).
+    ``logical``: each packed parameter's weight count, for ``num_parameters``."""
+
+    fmt: str
+    head: torch.Tensor
+    logical: dict[str, int] = field(default_factory=dict)
+
+
+def quantize_module(module: nn.Module, fmt: str, sources: Optional[dict[str, torch.Tensor]] = None) -> QuantState:
+    """Pack every matrix of the decoder layers (``layers.*``) and a copy of the output matrix as ``fmt``.
+
+    ``sources`` (parameter name -> dense matrix) quantizes from those instead of the module's own
+    weights (a quantized copy of a model whose matrices are already packed). Embeddings, norms and
+    biases stay as they are."""
+    logical: dict[str, int] = {}
+    for name, p in list(module.named_parameters()):
+        if not name.startswith("layers.") or p.dim() != 2:
+            continue
+        dense = sources[name] if sources is not None else p
+        owner = module.get_submodule(name.rsplit(".", 1)[0])
+        setattr(owner, name.rsplit(".", 1)[1], nn.Parameter(quantize(dense, fmt), requires_grad=False))
+        logical[name] = dense.numel()
+    head = quantize(module.output_matrix(), fmt)
+    return QuantState(fmt, head, logical)
+
+
+def _quant_kernels(kernels: Kernels, fmt: str, device: torch.device, dtype: torch.dtype) -> Kernels:
+    """The kernels for ``fmt`` weights, or a ConfigError naming what to change."""
+    if device.type != "cpu":
+        raise ConfigError(f"weight_dtype {fmt} runs on the CPU only (device {device}); use --device cpu or "
+                          "--weight-dtype bf16")
+    if dtype != torch.float32:
+        raise ConfigError(f"weight_dtype {fmt} needs fp32 activations (dtype {str(dtype).replace('torch.', '')}); "
+                          "use --dtype fp32 (or auto)")
+    try:
+        return quantized_kernels(kernels, fmt)
+    except QuantUnavailableError as exc:
+        raise ConfigError(f"weight_dtype {fmt}: {exc}; use --weight-dtype bf16") from exc
+
+
+def quantized_copy(model: "Model", fmt: str) -> "Model":
+    """A second ``Model`` running ``model``'s checkpoint with ``fmt`` weights (the quantized drafter).
+
+    It shares the embedding table, norms, biases, RoPE tables and tokenizer with ``model`` (no copy)
+    and quantizes the layer matrices from the checkpoint's own dense weights (re-read from disk
+    when ``model`` itself is quantized), so memory grows by one packed copy."""
+    if fmt not in QUANT_FORMATS:
+        raise ConfigError(f"quantized format must be one of {', '.join(QUANT_FORMATS)}, got {fmt!r}")
+    cls = GPT2Model if model.config.family == "gpt2" else LlamaModel
+    kernels = _quant_kernels(model.kernels if model.quant is None else _dense_kernels(model), fmt, model.device,
+                             model.dtype)
+    sources: Optional[dict[str, torch.Tensor]] = None
+    if model.quant is not None:
+        raw = cls.convert_hf_state_dict(_load_weights(Path(model.path)), model.config)
+        sources = {k: v for k, v in raw.items() if k.startswith("layers.") and v.dim() == 2}
+    with torch.device("meta"):
+        module = cls(model.config, model.max_seq_len)
+    src = model.module
+    for name, p in src.named_parameters():  # share everything; packed ones are replaced below
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        setattr(owner, name.rsplit(".", 1)[-1], p)
+    for name, b in src.named_buffers():
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        setattr(owner, name.rsplit(".", 1)[-1], b)
+    if sources is None:
+        sources = {n: p for n, p in src.named_parameters() if n.startswith("layers.") and p.dim() == 2}
+    quant = quantize_module(module, fmt, sources)
+    module.eval().requires_grad_(False)
+    install_kernels(module, kernels)
+    return Model(module, model.config, model.tokenizer, sorted(model.eos_token_ids), model.path, model.max_seq_len,
+                 model.dtype, quant)
+
+
+def _dense_kernels(model: "Model") -> Kernels:
+    """The dense kernels a quantized model was built on (its mode after the format label)."""
+    k = model.kernels
+    return replace(k, mode=k.mode.split("+", 1)[1] if "+" in k.mode else k.mode)
+
+
+@dataclass
 class ForwardOutput:
     """What ``Model.run`` returns: logits, and the hidden states a draft head reads."""
 
@@ -49,7 +134,8 @@ class Model:
     """A loaded checkpoint: the module plus what the engine needs around it."""
 
     def __init__(self, module: nn.Module, config: ModelConfig, tokenizer: Optional[Tokenizer],
-                 eos_token_ids: Sequence[int], path: str, max_seq_len: int, dtype: torch.dtype) -> None:
+                 eos_token_ids: Sequence[int], path: str, max_seq_len: int, dtype: torch.dtype,
+                 quant: Optional["QuantState"] = None) -> None:
         self.module = module
         self.config = config
         self.tokenizer = tokenizer
@@ -58,7 +144,14 @@ class Model:
         self.max_seq_len = max_seq_len
         self.device = next(module.parameters()).device
         self.dtype = dtype  # compute (activation and KV cache) dtype
-        self.weight_dtype = next(p for p in module.parameters() if p.dim() == 2).dtype
+        # storage dtype of the dense matrices (with quantized weights: the embedding table's)
+        self.weight_dtype = next(p for p in module.parameters() if p.dim() == 2 and p.dtype.is_floating_point).dtype
+        self.quant = quant
+
+    @property
+    def weight_format(self) -> str:
+        """How the layer matrices are stored: "int8", "int4" (quantized blocks) or the dense dtype's name."""
+        return self.quant.fmt if self.quant is not None else str(self.weight_dtype).replace("torch.", "")
 
     @property
     def vocab_size(self) -> int:
@@ -71,6 +164,8 @@ class Model:
 
     @kernels.setter
     def kernels(self, kernels: Kernels) -> None:
+        if self.quant is not None and not kernels.mode.startswith(self.quant.fmt):
+            raise ValueError(f"{self.name} holds {self.quant.fmt} weights: only the quantized kernels can run it")
         install_kernels(self.module, kernels)
 
     @property
@@ -83,6 +178,8 @@ class Model:
         return Path(self.path).name or self.path
 
     def num_parameters(self) -> int:
+        if self.quant is not None:  # packed matrices count their weights, not their bytes
+            return sum(self.quant.logical.get(n, p.numel()) for n, p in self.module.named_parameters())
         return sum(p.numel() for p in self.module.parameters())
 
     def output_matrix(self) -> torch.Tensor:
@@ -105,6 +202,8 @@ class Model:
         ``tree_mask``: see ``run``. ``layers`` (a tuple of increasing layer numbers, checked by
         ``check_layers``): run only those layers, then the final norm and the output layer (a
         layer-skip draft); layer i still uses cache layer i and the others are left untouched."""
+        if head is None and self.quant is not None:
+            head = self.quant.head
         if positions is not None or tree_mask is not None:
             return self.run(tokens, cache, rows, last_only=last_only, head=head, positions=positions,
                             tree_mask=tree_mask, layers=layers).logits
@@ -140,6 +239,8 @@ class Model:
         The fused CPU path takes tree masks of at most 64 new tokens. ``layers``: see ``forward``
         (``hidden_layers`` then names layers among them).
         """
+        if head is None and self.quant is not None:
+            head = self.quant.head
         captured = tuple(int(i) for i in hidden_layers)
         bad = [i for i in captured if not 0 <= i < self.config.n_layers]
         if bad:
@@ -277,8 +378,15 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     kernel cannot build (one log line). ``matmul`` is how the kernel multiplies by
     bf16-stored weights: "bf16" (activations rounded to bf16, exact products summed in
     fp32) or "fp32" (exact fp32 products). The choice belongs to this model alone.
+
+    ``weight_dtype`` "int8" or "int4" quantizes the decoder layers' matrices and a copy of the
+    output matrix at load (blocks of 32 with fp16 scales, ``kernels/quant.py``), for the CPU with
+    fp32 activations and the fast kernel; the embedding table stays as stored.
     """
     check_matmul(matmul)
+    if weight_dtype is not None and not isinstance(weight_dtype, torch.dtype):
+        check_weight_dtype(weight_dtype)
+    fmt = weight_dtype if isinstance(weight_dtype, str) and weight_dtype in QUANT_FORMATS else None
     root = resolve_model_path(str(path))
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
@@ -289,13 +397,15 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
         raise ValueError(f"device {device!r} requested but no CUDA GPU is available; use --device cpu")
     dt = resolve_dtype(dtype, dev)
     kernels = select_kernels(fast, matmul, dev)
+    if fmt is not None:
+        kernels = _quant_kernels(kernels, fmt, dev, dt)
     max_len = min(cfg.max_position_embeddings, MAX_RUNTIME_CONTEXT)
     cls = GPT2Model if cfg.family == "gpt2" else LlamaModel
     with torch.device("meta"):
         module = cls(cfg, max_len)
     raw = _load_weights(root)
     stored = next(iter(raw.values())).dtype
-    wdt = resolve_weight_dtype(weight_dtype, dt, stored, dev, kernels.fast)
+    wdt = resolve_weight_dtype("auto" if fmt else weight_dtype, dt, stored, dev, kernels.fast)
     sd = cls.convert_hf_state_dict(raw, cfg)
     sd = {k: v.to(device=dev, dtype=wdt if v.dim() == 2 else dt) for k, v in sd.items()}
     module.load_state_dict(sd, strict=False, assign=True)
@@ -308,7 +418,8 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
         cos, sin = rope_tables(cfg, max_len)
         module.rope_cos, module.rope_sin = cos.to(dev), sin.to(dev)
     module.eval().requires_grad_(False)
+    quant = quantize_module(module, fmt) if fmt is not None else None
     install_kernels(module, kernels)
     tok_file = root / "tokenizer.json"
     tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-    return Model(module, cfg, tokenizer, _eos_ids(root, cfg), str(root), max_len, dt)
+    return Model(module, cfg, tokenizer, _eos_ids(root, cfg), str(root), max_len, dt, quant)

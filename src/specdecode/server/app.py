@@ -30,9 +30,10 @@ from ..config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from ..engine import FinishEvent, StepEvent, prompt_ids
 from .chat import PLAIN_TEMPLATE, ChatFormatter, ChatTemplateError
 from .config import ServerConfig
+from .guard import BadBody, BodyLimit, check_content_type, parse_json_object
 from .metrics import ServerMetrics
-from .protocol import (ChatCompletionRequest, CompletionRequest, chat_chunk, completion_chunk, error_body, new_id,
-                       now, usage)
+from .protocol import (NOT_HONOURED, NOT_SUPPORTED_YET, ChatCompletionRequest, CompletionRequest, chat_chunk,
+                       completion_chunk, error_body, new_id, now, refused_parameter, usage)
 from .scheduler import Event, Failure, QueueFullError, RequestHandle, Scheduler, SchedulerClosedError
 from .scheduler import Request as DecodeRequest
 
@@ -44,16 +45,22 @@ log = logging.getLogger("specdecode.server")
 
 STATIC_DIR = Path(__file__).parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+RETRY_AFTER_BUSY_S = 1  # 429: a row frees up as soon as any request ends
+RETRY_AFTER_DRAIN_S = 5  # 503: this process is going away; a restarted one needs a few seconds
+PARSE_IN_THREAD_BYTES = 64 * 1024  # bigger bodies are decoded and validated off the event loop
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None) -> None:
+                 param: Optional[str] = None, code: Optional[str] = None, retry_after: Optional[int] = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.retry_after = retry_after
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status)
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return JSONResponse(error_body(self.message, self.type, self.param, self.code), status_code=self.status,
+                            headers=headers)
 
 
 class ClientGone(Exception):
@@ -71,6 +78,7 @@ class ServerState:
     default_drafter: str
     default_gamma: int
     created: int
+    max_token_chars: int = 0  # longest vocabulary entry, for the early context-length check
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -82,10 +90,12 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             yield
         finally:
-            await asyncio.to_thread(state.scheduler.stop, min(30.0, state.config.request_timeout))
+            await asyncio.to_thread(state.scheduler.stop, state.config.drain_timeout)
 
-    app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json" if state.config.openapi else None)
     app.state.specdecode = state
+    app.add_middleware(BodyLimit, limit=state.config.max_body_bytes)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -93,6 +103,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, e: ClientGone) -> Response:
+        log.info("client disconnected before its answer: %s", e)
         return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
 
     @app.exception_handler(RequestValidationError)
@@ -106,8 +117,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal server error: {e}", "server_error"), status_code=500)
+        ref = new_id("err")
+        log.exception("unhandled error %s", ref)  # the details stay in the log; the client gets a reference
+        return JSONResponse(error_body(f"internal server error (reference {ref} in the server log)", "server_error"),
+                            status_code=500)
 
     def check_auth(request: Request) -> None:
         key = state.config.api_key
@@ -138,11 +151,21 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict[str, Any]:
+        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdecode"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         check_auth(request)
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                            "owned_by": "specdecode"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        check_auth(request)
+        if model_id != state.model_name:
+            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {state.model_name!r}",
+                           "not_found_error", param="model", code="model_not_found")
+        return model_card()
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Union[JSONResponse, StreamingResponse]:
@@ -152,7 +175,7 @@ def create_app(state: ServerState) -> FastAPI:
         prompt: Union[str, list[int]]
         prompt = req.prompt[0] if req.prompt and isinstance(req.prompt, list) and isinstance(req.prompt[0], str) \
             else req.prompt  # type: ignore[assignment]
-        ids = _tokenize(state, prompt, "prompt", add_special_tokens=True)
+        ids = await asyncio.to_thread(_tokenize, state, prompt, "prompt", True)
         spec = _build_spec(state, req, ids, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt")
         handle = _submit(state, spec)
         rid, created = new_id("cmpl"), now()
@@ -163,7 +186,7 @@ def create_app(state: ServerState) -> FastAPI:
         if req.stream:
             opts = req.stream_options
             return _sse(handle, chunk, None, bool(opts and opts.include_usage), rid, created, state.model_name,
-                        "text_completion")
+                        "text_completion", lambda t: _token_text(state, t))
         fin, flags = await _collect(handle, request)
         body = chunk(fin.text, fin.reason, _summary(fin, flags))
         body["usage"] = _usage(fin)
@@ -175,11 +198,7 @@ def create_app(state: ServerState) -> FastAPI:
         req = await _parse(request, ChatCompletionRequest)
         _check_model(state, req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            text = state.chat.render(messages)
-        except ChatTemplateError as e:
-            raise ApiError(400, str(e), param="messages") from e
-        ids = _tokenize(state, text, "messages", add_special_tokens=not state.chat_has_model_template)
+        ids = await asyncio.to_thread(_render_and_tokenize, state, messages)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         spec = _build_spec(state, req, ids, max_tokens, None, "messages")
         handle = _submit(state, spec)
@@ -193,7 +212,7 @@ def create_app(state: ServerState) -> FastAPI:
             opts = req.stream_options
             first = chat_chunk(rid, created, state.model_name, {"role": "assistant", "content": ""}, None, None)
             return _sse(handle, chunk, first, bool(opts and opts.include_usage), rid, created, state.model_name,
-                        "chat.completion.chunk")
+                        "chat.completion.chunk", lambda t: _token_text(state, t))
         fin, flags = await _collect(handle, request)
         body = {
             "id": rid, "object": "chat.completion", "created": created, "model": state.model_name,
@@ -217,6 +236,10 @@ def _validation_error(errors: Any) -> ApiError:
     err = errs[0]
     if err.get("type") == "json_invalid":
         return ApiError(400, f"request body is not valid JSON: {err.get('msg')}", code="invalid_json")
+    if err.get("type") == "extra_forbidden":  # OpenAI's wording for a field it does not know
+        param = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        return ApiError(400, f"{param}: unrecognized request argument supplied", param=param,
+                        code="unknown_parameter")
     loc = [str(p) for p in err.get("loc", ()) if p != "body" and not (isinstance(p, str) and _TYPE_TAG.match(p))]
     param = ".".join(loc) or None
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
@@ -225,18 +248,36 @@ def _validation_error(errors: Any) -> ApiError:
     return ApiError(400, f"{param}: {msg}" if param else msg, param=param, code="invalid_value")
 
 
-async def _parse(request: Request, cls: type[BaseModel]) -> Any:
-    raw = await request.body()
+def _validate(raw: bytes, cls: type[BaseModel]) -> Any:
+    """Bytes -> request model, or an ApiError naming the field (guard.py refuses what JSON alone allows)."""
     try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from e
-    if not isinstance(obj, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+        obj = parse_json_object(raw)
+    except BadBody as e:
+        raise ApiError(e.status, e.message, param=e.param, code=e.code) from e
+    refused = refused_parameter(obj)
+    if refused is not None:
+        name, why = refused
+        raise ApiError(400, f"{name}: {why}", param=name, code="unsupported_parameter")
+    for name in (*NOT_SUPPORTED_YET, *NOT_HONOURED):  # neutral values of fields this endpoint lacks
+        if name in obj and name not in cls.model_fields:
+            del obj[name]
     try:
         return cls.model_validate(obj)
     except ValidationError as e:
         raise _validation_error(e.errors()) from e
+    except (RecursionError, OverflowError) as e:  # belt and braces: never a 500 for a body
+        raise ApiError(400, "request body could not be read as a request", code="invalid_value") from e
+
+
+async def _parse(request: Request, cls: type[BaseModel]) -> Any:
+    try:
+        check_content_type(request.headers.get("content-type"))
+    except BadBody as e:
+        raise ApiError(e.status, e.message, code=e.code) from e
+    raw = await request.body()  # BodyLimit has already refused bodies over the limit
+    if len(raw) > PARSE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(_validate, raw, cls)
+    return _validate(raw, cls)
 
 
 def _check_model(state: ServerState, name: str) -> None:
@@ -245,20 +286,47 @@ def _check_model(state: ServerState, name: str) -> None:
                             "(see GET /v1/models)", param="model", code="model_not_found")
 
 
-def _tokenize(state: ServerState, prompt: Union[str, list[int]], param: str, add_special_tokens: bool) -> list[int]:
-    target = state.scheduler.target
+def _render_and_tokenize(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
+    """Chat template, then tokens (runs in a worker thread: both can take a while on a long chat)."""
     try:
-        if isinstance(prompt, str) and not add_special_tokens and prompt:
-            ids = target.encode(prompt, add_special_tokens=False)
+        text = state.chat.render(messages)
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e), param="messages") from e
+    except RecursionError as e:
+        raise ApiError(400, "the chat template could not render these messages", param="messages") from e
+    return _tokenize(state, text, "messages", not state.chat_has_model_template)
+
+
+def _tokenize(state: ServerState, prompt: Union[str, list[int]], param: str, add_special_tokens: bool) -> list[int]:
+    """Prompt -> ids, refusing a prompt that cannot fit before spending time on it (runs in a worker thread)."""
+    target = state.scheduler.target
+    ctx = state.scheduler.context_len
+    # no token is longer than max_token_chars, so this many characters need at least ctx tokens
+    if isinstance(prompt, str) and state.max_token_chars and len(prompt) >= ctx * state.max_token_chars:
+        at_least = len(prompt) // state.max_token_chars
+        raise ApiError(400, f"the {param} has {len(prompt)} characters, at least {at_least} "
+                            f"tokens, more than this model's context window of {ctx} tokens; shorten it",
+                       param=param, code="context_length_exceeded")
+    if isinstance(prompt, list) and len(prompt) >= ctx:
+        raise ApiError(400, f"the {param} has {len(prompt)} tokens but this model's context window is {ctx} "
+                            "tokens; shorten it so at least one token can be generated",
+                       param=param, code="context_length_exceeded")
+    try:
+        if isinstance(prompt, str) and prompt and target.tokenizer is not None:
+            # Model.encode's pipeline, but encode_batch releases the GIL (encode holds it): a long prompt
+            # tokenised in a worker thread then never stalls the event loop
+            ids = target.tokenizer.encode_batch([prompt], add_special_tokens=add_special_tokens)[0].ids
         else:
             ids = prompt_ids(target, prompt)
     except ContextLengthError as e:
         raise ApiError(400, str(e), param=param, code="context_length_exceeded") from e
     except (ConfigError, ValueError) as e:
         raise ApiError(400, str(e), param=param, code="invalid_value") from e
+    except (TypeError, OverflowError) as e:  # the tokeniser refused the text: say so without its internals
+        raise ApiError(400, f"the {param} could not be tokenised; send plain Unicode text", param=param,
+                       code="invalid_value") from e
     if not ids:
         raise ApiError(400, "the prompt is empty; give at least one token of text", param=param, code="invalid_value")
-    ctx = state.scheduler.context_len
     if len(ids) >= ctx:
         raise ApiError(400, f"the prompt has {len(ids)} tokens but this model's maximum context length is {ctx} "
                             "tokens; shorten it so at least one token can be generated",
@@ -287,7 +355,8 @@ def _build_spec(state: ServerState, req: Any, ids: list[int], max_tokens: Option
         sampling = SamplingConfig(temperature=1.0 if req.temperature is None else req.temperature, top_k=req.top_k,
                                   top_p=req.top_p, min_p=req.min_p, seed=req.seed)
         generation = GenerationConfig(max_new_tokens=max_new, ignore_eos=bool(req.ignore_eos), stop=req.stop_list())
-        verify = VerifyConfig(chain_rule=req.chain_rule or VerifyConfig.chain_rule)
+        verify = VerifyConfig(chain_rule=req.chain_rule or VerifyConfig.chain_rule,
+                              accept_rule=req.accept_rule or VerifyConfig.accept_rule)
     except ConfigError as e:
         raise ApiError(400, str(e), code="invalid_value") from e
     return DecodeRequest(ids, sampling, generation, None if drafter == "none" else drafter,
@@ -300,9 +369,11 @@ def _submit(state: ServerState, spec: DecodeRequest) -> RequestHandle:
     try:
         state.scheduler.submit(handle)
     except QueueFullError as e:
-        raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from e
+        state.metrics.observe_refused("queue_full")
+        raise ApiError(429, str(e), "rate_limit_error", code="queue_full", retry_after=RETRY_AFTER_BUSY_S) from e
     except SchedulerClosedError as e:
-        raise ApiError(503, str(e), "server_error", code="shutting_down") from e
+        state.metrics.observe_refused("shutting_down")
+        raise ApiError(503, str(e), "server_error", code="shutting_down", retry_after=RETRY_AFTER_DRAIN_S) from e
     except ValueError as e:
         raise ApiError(400, str(e), param="drafter", code="invalid_value") from e
     return handle
@@ -323,7 +394,7 @@ def _failure_error(f: Failure) -> ApiError:
     if f.kind == "timeout":
         return ApiError(504, f.message, "timeout_error", code="request_timeout")
     if f.kind == "shutdown":
-        return ApiError(503, f.message, "server_error", code="shutting_down")
+        return ApiError(503, f.message, "server_error", code="shutting_down", retry_after=RETRY_AFTER_DRAIN_S)
     return ApiError(500, f.message, "server_error", code="internal_error")
 
 
@@ -340,6 +411,7 @@ async def _next_event(handle: RequestHandle, wait: float) -> Optional[Event]:
 async def _collect(handle: RequestHandle, request: Request) -> tuple[FinishEvent, list[bool]]:
     """Wait for a non-streaming request to finish, cancelling it if the client goes away."""
     flags: list[bool] = []
+    tokens = 0
     next_check = time.monotonic() + 0.25
     try:
         while True:
@@ -347,11 +419,12 @@ async def _collect(handle: RequestHandle, request: Request) -> tuple[FinishEvent
             if time.monotonic() >= next_check:  # events may never pause, so check on a clock
                 next_check = time.monotonic() + 0.25
                 if await request.is_disconnected():
-                    raise ClientGone()
+                    raise ClientGone(f"request {handle.id} cancelled after {tokens} tokens")
             if ev is None:
                 continue
             if isinstance(ev, StepEvent):
                 flags.extend(ev.from_draft)
+                tokens += len(ev.token_ids)
             elif isinstance(ev, FinishEvent):
                 return ev, flags
             else:
@@ -363,8 +436,9 @@ async def _collect(handle: RequestHandle, request: Request) -> tuple[FinishEvent
 
 def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[dict[str, Any]]], dict[str, Any]],
          first: Optional[dict[str, Any]], include_usage: bool, rid: str, created: int, model: str,
-         obj: str) -> StreamingResponse:
-    """Server-sent events: one chunk per target pass, carrying per-token origin in ``specdecode``."""
+         obj: str, token_text: Callable[[int], str]) -> StreamingResponse:
+    """Server-sent events: one chunk per target pass, carrying per-token origin in ``specdecode``
+    (and, for a drafted chain, the first proposal the target rejected: the page's per-pass card)."""
 
     def line(payload: Any) -> bytes:
         return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
@@ -372,6 +446,7 @@ def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[di
     async def events() -> AsyncIterator[bytes]:
         done = False
         flags: list[bool] = []
+        sent = 0
         try:
             if first is not None:
                 yield line(first)
@@ -382,9 +457,13 @@ def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[di
                 if isinstance(ev, StepEvent):
                     from_draft = ev.from_draft + [False] * (len(ev.pieces) - len(ev.from_draft))
                     flags.extend(ev.from_draft)
+                    sent += len(ev.token_ids)
+                    n_acc = sum(ev.from_draft)
+                    rejected = (token_text(ev.proposed[n_acc]) if ev.proposed is not None and n_acc < len(ev.proposed)
+                                and len(ev.token_ids) == n_acc + 1 else None)
                     yield line(chunk(ev.text, None, {"pieces": ev.pieces, "from_draft": from_draft,
                                                      "token_ids": ev.token_ids,
-                                                     "drafted": ev.drafted}))
+                                                     "drafted": ev.drafted, "rejected": rejected}))
                 elif isinstance(ev, FinishEvent):
                     yield line(chunk("", ev.reason, {**_summary(ev, []), "usage": _usage(ev)}))
                     if include_usage:
@@ -400,8 +479,9 @@ def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[di
                     yield b"data: [DONE]\n\n"
                     return
         finally:
-            if not done:  # client went away (or the server is closing): free the row now
+            if not done:  # the client went away: free the row now
                 handle.cancel()
+                log.info("client disconnected from stream %d after %d tokens; cancelled", handle.id, sent)
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -411,16 +491,20 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
                default_gamma: int = 4, ngram_max: int = 3, ngram_min: int = 1,
                model_name: Optional[str] = None, draft_vocab: "VocabSpec" = "auto",
                exit_layer: Optional[int] = None, skip_layers: Optional[tuple[int, ...]] = None,
-               heads: Optional[str] = None) -> ServerState:
+               heads: Optional[str] = None, eagle: Optional[str] = None) -> ServerState:
     """Everything the app needs, from loaded models and the serving flags: every registered drafter
     that can run with what is loaded (a draft model's only when one is given)."""
     from ..drafters.registry import REGISTRY, DrafterOptions, get_spec
 
     options = DrafterOptions(draft=draft_model, gamma="auto", vocab=draft_vocab, ngram_max=ngram_max,
-                             ngram_min=ngram_min, exit_layer=exit_layer, skip_layers=skip_layers, heads=heads)
+                             ngram_min=ngram_min, exit_layer=exit_layer, skip_layers=skip_layers, heads=heads,
+                             eagle=eagle)
     if get_spec(default_drafter).needs_draft_model and draft_model is None:
         raise ConfigError(f"default drafter {default_drafter!r} needs a draft model; pass one or choose one of: "
                           f"{', '.join(n for n, sp in REGISTRY.items() if not sp.needs_draft_model)}")
+    if get_spec(default_drafter).needs_eagle and eagle is None:
+        raise ConfigError(f"default drafter {default_drafter!r} needs an EAGLE-3 draft (--heads DIR); train one with "
+                          "`specdecode distill --method eagle --target TARGET --out DIR`")
     if get_spec(default_drafter).needs_heads and heads is None:
         raise ConfigError(f"default drafter {default_drafter!r} needs Medusa heads (--heads DIR); train them with "
                           "`specdecode distill --method medusa --target TARGET --out DIR`")
@@ -436,4 +520,20 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
                           max_context=config.max_context, metrics=metrics)
     chat = ChatFormatter.for_model(target.path)
     return ServerState(scheduler, metrics, config, model_name or target.name, chat, chat.source != PLAIN_TEMPLATE,
-                       default_drafter, default_gamma, now())
+                       default_drafter, default_gamma, now(), _max_token_chars(target))
+
+
+def _token_text(state: ServerState, token: int) -> str:
+    """One token's text for display (a lone byte of a multi-byte character shows as U+FFFD)."""
+    try:
+        return state.scheduler.target.decode([token])
+    except (ValueError, TypeError, OverflowError):
+        return ""
+
+
+def _max_token_chars(target: "Model") -> int:
+    """Characters in the longest vocabulary entry (0 without a tokenizer): bounds tokens from below by length."""
+    tok = target.tokenizer
+    if tok is None:
+        return 0
+    return max((len(t) for t in tok.get_vocab(with_added_tokens=True)), default=0)

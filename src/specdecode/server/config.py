@@ -30,6 +30,12 @@ class ServerConfig:
                                        "always: draft the full gamma every step"))
     max_context: Optional[int] = field(
         default=None, metadata=_help("cap on tokens per sequence (default: the model's context window)"))
+    max_body_bytes: int = field(
+        default=4 * 1024 * 1024, metadata=_help("largest request body accepted; bigger ones get HTTP 413"))
+    drain_timeout: float = field(
+        default=30.0, metadata=_help("on SIGTERM: seconds running requests may take to finish (new and queued "
+                                     "ones get HTTP 503 at once); past it they end with an error event"))
+    openapi: bool = field(default=False, metadata=_help("serve the OpenAPI schema at /openapi.json"))
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -42,5 +48,9 @@ class ServerConfig:
             raise ConfigError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
         if self.speculation not in SPECULATION_MODES:
             raise ConfigError(f"speculation must be one of {', '.join(SPECULATION_MODES)}; got {self.speculation!r}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if not self.drain_timeout >= 0:
+            raise ConfigError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError(f"max_context must be >= 2, got {self.max_context}")

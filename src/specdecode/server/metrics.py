@@ -25,7 +25,10 @@ class ServerMetrics:
         self._sums = {"row_passes": 0, "generated": 0, "drafted": 0, "accepted": 0}
         self._max_positions = max_positions
         self._pos = [[0, 0] for _ in range(max_positions)]  # per draft position: [drafted, accepted]
-        self.requests = Counter("specdecode_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
+        self.requests = Counter("specdecode_requests", "Admitted requests that ended, by finish reason (including "
+                                "cancelled/timeout/shutdown while queued)", ["finish_reason"], registry=r)
+        self.refused = Counter("specdecode_refused_requests", "Valid requests refused at admission (429 queue_full, "
+                               "503 shutting_down)", ["code"], registry=r)
         self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generated_tokens = Counter("specdecode_generated_tokens", "Tokens generated (all requests)", registry=r)
         self.row_passes = Counter("specdecode_target_row_passes",
@@ -107,6 +110,14 @@ class ServerMetrics:
         self.requests.labels(finish_reason=reason).inc()
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.latency.observe(seconds)
+
+    def observe_dropped(self, reason: str, seconds: float) -> None:
+        """A queued request that ended before it got a row (cancelled, timed out, shut down, failed prefill)."""
+        self.requests.labels(finish_reason=reason).inc()
+        self.latency.observe(seconds)
+
+    def observe_refused(self, code: str) -> None:
+        self.refused.labels(code=code).inc()
 
     def set_occupancy(self, active: int, queued: int) -> None:
         self.active_rows.set(active)

@@ -1,10 +1,13 @@
 """OpenAI-compatible request and response shapes (the subset we honour), plus our extensions.
 
 Requests are validated strictly: a wrong type is a 400 that names the field,
-never a silent coercion. Parameters we cannot honour (n > 1, logprobs, echo,
-penalties) are refused with a clear message instead of being ignored.
+never a silent coercion, and an unknown field is refused (a typo such as
+``max_token`` must not be ignored silently). Parameters we do not honour are
+refused by name from two tables: ``NOT_SUPPORTED_YET`` (features the core may
+gain: delete an entry and add the field to the model once it is honoured) and
+``NOT_HONOURED`` (tools, penalties: never, they would break exact speculation).
 Extensions a stock OpenAI client never sends: ``drafter``, ``gamma``,
-``chain_rule``, ``top_k``, ``min_p``, ``ignore_eos`` in requests, and a top-level
+``chain_rule``, ``accept_rule``, ``top_k``, ``min_p``, ``ignore_eos`` in requests, and a top-level
 ``specdecode`` object in responses (per-token origin for the web page, α̂, τ).
 """
 
@@ -16,9 +19,52 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+INT32_MAX = 2**31 - 1
+
+# field -> (values that mean "off", why it is refused otherwise). A value is "off" only when it has
+# the same type as one listed (so n=true is not n=1).
+NOT_SUPPORTED_YET: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((None, 1), "only n=1 is supported yet; send separate requests for more choices"),
+    "logprobs": ((None, False), "logprobs are not supported yet"),
+    "top_logprobs": ((None, 0), "top_logprobs are not supported yet"),
+    "logit_bias": ((None, {}), "logit_bias is not supported yet"),
+    "response_format": ((None, {"type": "text"}), "response_format is not supported yet (only plain text)"),
+}
+NOT_HONOURED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "tools (function calling) are not supported by this server"),
+    "tool_choice": ((None, "none"), "tool_choice is not supported: this server does no function calling"),
+    "functions": ((None, []), "functions (function calling) are not supported by this server"),
+    "function_call": ((None, "none"), "function_call is not supported: this server does no function calling"),
+    "presence_penalty": ((None, 0, 0.0), "presence penalties are not supported (they would break exact speculation)"),
+    "frequency_penalty": ((None, 0, 0.0),
+                          "frequency penalties are not supported (they would break exact speculation)"),
+    "echo": ((None, False), "echo is not supported"),
+    "suffix": ((None, ""), "suffix (insertion) is not supported"),
+    "best_of": ((None, 1), "only best_of=1 is supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "modalities": ((None, ["text"]), "only the text modality is supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "reasoning_effort": ((None,), "reasoning_effort is not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+}
+
+
+def _is_off(value: Any, offs: tuple[Any, ...]) -> bool:
+    return any(value is None if o is None else (type(value) is type(o) and value == o) for o in offs)
+
+
+def refused_parameter(body: dict[str, Any]) -> Optional[tuple[str, str]]:
+    """The first parameter this server refuses, as (field, message); None if every one is honoured."""
+    for table in (NOT_SUPPORTED_YET, NOT_HONOURED):
+        for name, (offs, why) in table.items():
+            if name in body and not _is_off(body[name], offs):
+                return name, why
+    return None
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(_Strict):
@@ -26,46 +72,41 @@ class StreamOptions(_Strict):
 
 
 class _SamplingParams(_Strict):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions (neutral values of the refused ones pass)."""
 
     model: str
     max_tokens: Optional[int] = Field(default=None, ge=1)
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(default=None, ge=1)
+    top_k: Optional[int] = Field(default=None, ge=1, le=INT32_MAX)
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
-    n: Optional[int] = None
+    seed: Optional[int] = Field(default=None, ge=INT64_MIN, le=UINT64_MAX)
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
+    # accepted and ignored: they change nothing about the output
+    user: Optional[str] = None
+    metadata: Optional[dict[str, str]] = None
+    store: Optional[bool] = None
+    service_tier: Optional[str] = None
+    parallel_tool_calls: Optional[bool] = None
+    # refused unless neutral (NOT_SUPPORTED_YET / NOT_HONOURED); declared so the neutral value passes
+    n: Optional[int] = None
+    logit_bias: Optional[dict[str, Any]] = None
+    response_format: Optional[dict[str, Any]] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
-    user: Optional[str] = None
     # extensions
     drafter: Optional[str] = None  # a registered drafter's name (drafters/registry.py)
     gamma: Optional[int] = Field(default=None, ge=1, le=32)
     chain_rule: Optional[str] = None  # sampled chain verification: block (default) or token (config.VerifyConfig)
+    accept_rule: Optional[str] = None  # auto (coupled when seeded), coupled or rejection (config.VerifyConfig)
     ignore_eos: Optional[bool] = False
 
     @field_validator("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod
     def _int_is_a_float(cls, v: Any) -> Any:
-        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-
-    @field_validator("n")
-    @classmethod
-    def _only_one(cls, v: Optional[int]) -> Optional[int]:
-        if v is not None and v != 1:
-            raise ValueError(f"only n=1 is supported (got n={v}); send separate requests for more choices")
-        return v
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: Optional[float]) -> Optional[float]:
-        if v:
-            raise ValueError("presence/frequency penalties are not supported (they would break exact speculation)")
-        return v
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**53 else v
 
     @field_validator("drafter")
     @classmethod
@@ -83,6 +124,16 @@ class _SamplingParams(_Strict):
 
         if v is not None and v not in CHAIN_RULES:
             raise ValueError(f"unknown chain_rule {v!r}; use one of: {', '.join(CHAIN_RULES)} (default: block)")
+        return v
+
+    @field_validator("accept_rule")
+    @classmethod
+    def _known_accept_rule(cls, v: Optional[str]) -> Optional[str]:
+        from ..config import ACCEPT_RULES
+
+        if v is not None and v not in ACCEPT_RULES:
+            raise ValueError(f"unknown accept_rule {v!r}; use one of: {', '.join(ACCEPT_RULES)} (default: auto, "
+                             "the seed-reproducible coupled rule for seeded requests)")
         return v
 
     @field_validator("stop")
@@ -108,14 +159,6 @@ class CompletionRequest(_SamplingParams):
     def _supported(self) -> "CompletionRequest":
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
             raise ValueError("batched prompts are not supported: send one prompt string per request")
-        if self.echo:
-            raise ValueError("echo is not supported")
-        if self.logprobs is not None:
-            raise ValueError("logprobs are not supported")
-        if self.suffix:
-            raise ValueError("suffix (insertion) is not supported")
-        if self.best_of not in (None, 1):
-            raise ValueError("only best_of=1 is supported")
         return self
 
 
@@ -125,6 +168,10 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
+    # History from other clients carries fields such as "refusal": null or "tool_call_id"; they do
+    # not change the rendered prompt, so unknown keys inside a message are ignored.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
@@ -139,15 +186,12 @@ class ChatCompletionRequest(_SamplingParams):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
     tools: Optional[list[Any]] = None
-
-    @model_validator(mode="after")
-    def _supported(self) -> "ChatCompletionRequest":
-        if self.logprobs:
-            raise ValueError("logprobs are not supported")
-        if self.tools:
-            raise ValueError("tools are not supported")
-        return self
+    tool_choice: Optional[Any] = None
+    functions: Optional[list[Any]] = None
+    function_call: Optional[Any] = None
+    modalities: Optional[list[str]] = None
 
 
 # -- responses -------------------------------------------------------------------------------------

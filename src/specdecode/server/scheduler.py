@@ -90,6 +90,7 @@ class Scheduler:
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._drain_deadline = float("inf")
         self._abort = False
         self._thread: Optional[threading.Thread] = None
 
@@ -138,13 +139,24 @@ class Scheduler:
             self._pending.append(handle)
             self._cond.notify()
 
-    def stop(self, drain_s: float = 10.0) -> None:
-        """Refuse new requests, let running ones finish for up to ``drain_s``, then fail the rest."""
+    @property
+    def draining(self) -> bool:
+        return self._stopping
+
+    def begin_drain(self, timeout_s: float) -> None:
+        """Stop admitting (new requests: SchedulerClosedError; waiting ones fail with "shutdown" now);
+        running ones have ``timeout_s`` to finish, then fail with "shutdown". Returns at once."""
         with self._cond:
-            self._stopping = True
+            if not self._stopping:
+                self._stopping = True
+                self._drain_deadline = time.monotonic() + timeout_s
             self._cond.notify()
+
+    def stop(self, drain_s: float = 10.0) -> None:
+        """Drain (see ``begin_drain``; an earlier drain keeps its deadline) and wait for the engine thread."""
+        self.begin_drain(drain_s)
         if self._thread is not None:
-            self._thread.join(drain_s)
+            self._thread.join(max(0.0, self._drain_deadline - time.monotonic()) + 10.0)
             if self._thread.is_alive():
                 with self._cond:
                     self._abort = True
@@ -158,11 +170,18 @@ class Scheduler:
             with self._cond:
                 while not self._pending and not core.rows and not self._stopping:
                     self._cond.wait()
-                if self._abort or (self._stopping and not self._pending and not core.rows):
-                    break
+                refused: list[RequestHandle] = []
+                if self._stopping:  # draining: nothing waiting starts any more
+                    refused = list(self._pending)
+                    self._pending.clear()
                 admit: list[RequestHandle] = []
                 while self._pending and len(core.rows) + len(admit) < self.max_batch_size:
                     admit.append(self._pending.popleft())
+                stop = self._abort or (self._stopping and (not core.rows or time.monotonic() > self._drain_deadline))
+            for h in refused:
+                self._drop(h, "shutdown", "the server is shutting down and did not start this request; retry later")
+            if stop:
+                break
             for h in admit:
                 self._admit(h)
             try:
@@ -180,22 +199,36 @@ class Scheduler:
             leftovers = list(self._pending)
             self._pending.clear()
         for h in leftovers:
-            h.emit(Failure("shutdown", "the server shut down before this request started"))
+            self._drop(h, "shutdown", "the server shut down before this request started; retry later")
         for r in list(core.rows):
-            r.owner.emit(Failure("shutdown", "the server shut down during this request"))
+            if not r.owner.cancelled:
+                r.owner.emit(Failure("shutdown", f"the server shut down during this request (drain timeout) after "
+                                                 f"{len(r.generated)} tokens"))
+            self._finish_metrics("cancelled" if r.owner.cancelled else "shutdown", r)
             core.remove(r)
+        self._update_gauges()
+
+    def _drop(self, h: RequestHandle, reason: str, message: Optional[str] = None) -> None:
+        """End a request that never got a row; every request ends in the metrics exactly once."""
+        if h.cancelled:
+            reason = "cancelled"
+        elif message is not None:
+            h.emit(Failure("internal" if reason == "error" else reason, message))
+        if self.metrics is not None:
+            self.metrics.observe_dropped(reason, time.monotonic() - h.submitted)
 
     def _admit(self, h: RequestHandle) -> None:
         if h.cancelled:
+            self._drop(h, "cancelled")
             return
         if time.monotonic() > h.deadline:
-            h.emit(Failure("timeout", "the request timed out while waiting for a free slot"))
+            self._drop(h, "timeout", "the request timed out while waiting for a free slot")
             return
         try:
             self.core.add(h.spec, owner=h)
         except Exception as e:  # a request that cannot start fails alone
             log.exception("prefill failed: %s", e)
-            h.emit(Failure("internal", "internal error while reading the prompt; the request was stopped"))
+            self._drop(h, "error", "internal error while reading the prompt; the request was stopped")
 
     def _reap(self) -> None:
         """Free rows of cancelled or timed-out requests; fail waiting requests that timed out."""
@@ -214,8 +247,7 @@ class Scheduler:
             dropped = [h for h in self._pending if h not in keep]
             self._pending = keep
         for h in dropped:
-            if not h.cancelled:
-                h.emit(Failure("timeout", "the request timed out while waiting for a free slot"))
+            self._drop(h, "timeout", "the request timed out while waiting for a free slot")
 
     def _step(self) -> None:
         events = self.core.step()

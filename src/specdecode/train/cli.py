@@ -173,17 +173,30 @@ def _add_distill(sub) -> None:
     p.add_argument("--method", choices=DISTILL_METHODS, default="draft",
                    help="draft: a small draft model (the flags above); medusa: Medusa-1 heads on the frozen target "
                         "(drafters/medusa.py), trained on its cached hidden states and top-k laws; --out then "
-                        "defaults to models/code-medusa and the draft-shape flags do not apply (default: %(default)s)")
+                        "defaults to models/code-medusa and the draft-shape flags do not apply; eagle: an EAGLE-3 draft "
+                        "layer (drafters/eagle.py) on the target's low/mid/high features, trained with the training-"
+                        "time test; --out defaults to models/code-eagle (default: %(default)s)")
     p.add_argument("--medusa-heads", type=int, default=None,
                    help="medusa: number of heads K (head k predicts the token k+1 positions ahead; default: 4)")
     p.add_argument("--medusa-vocab", type=int, default=None,
                    help="medusa: proposal vocabulary cut recorded in the heads' draft_vocab.json, the N tokens the "
                         "target writes most often (--draft-vocab auto uses it; default: 2048)")
+    p.add_argument("--eagle-depth", type=int, default=None,
+                   help="eagle: training-time-test steps (the draft learns to continue from its own outputs this "
+                        "many times; default: 3)")
+    p.add_argument("--eagle-vocab", type=int, default=None,
+                   help="eagle: the draft vocabulary (EAGLE-3's d2t): the N tokens the target writes most often "
+                        "(default: 2048)")
+    p.add_argument("--eagle-ffn", type=int, default=None,
+                   help="eagle: MLP width of the draft layer (default: half the target's)")
+    p.add_argument("--budget-minutes", type=float, default=None,
+                   help="eagle: CPU-time budget of the whole command in minutes (rollouts, training, evaluation; "
+                        "a resumed run counts its earlier invocations); training gets what the data leaves")
     p.add_argument("--quick", action="store_true", help="tiny recipe that finishes in seconds (tests, smoke runs)")
     p.set_defaults(func=_run_distill, _parser=p)
 
 
-DISTILL_METHODS = ("draft", "medusa")
+DISTILL_METHODS = ("draft", "medusa", "eagle")
 # distill flags that shape a draft model, meaningless for Medusa heads (an error if typed with --method medusa)
 _DRAFT_ONLY = ("dim", "layers", "heads", "kv_heads", "ffn", "loss", "corpus_seqs", "corpus_mix", "target_dtype")
 _MEDUSA_SHARED = ("target", "out", "run_dir", "steps", "batch_size", "lr", "warmup", "onpolicy_seqs", "prompt_len",
@@ -220,11 +233,54 @@ def _run_distill_medusa(args: argparse.Namespace, argv: Optional[Sequence[str]])
     return 0
 
 
+_EAGLE_SHARED = _MEDUSA_SHARED + ("corpus_seqs",)
+
+
+def _run_distill_eagle(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
+    """``distill --method eagle``: like Medusa's, the typed flags override the EAGLE recipe's defaults."""
+    from ..config import ConfigError
+    from .eagle import QUICK, EagleTrainConfig, train_eagle
+
+    typed = _explicit(argv, args._parser)
+    wrong = sorted("--" + n.replace("_", "-") for n in _DRAFT_ONLY if n in typed and n != "corpus_seqs")
+    wrong += [f for f, v in (("--medusa-heads", args.medusa_heads), ("--medusa-vocab", args.medusa_vocab))
+              if v is not None]
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)} do not apply to --method eagle (the draft layer takes the target's "
+                          "hidden size; its own flags are --eagle-depth, --eagle-vocab, --eagle-ffn); drop them")
+    cfg = EagleTrainConfig(corpus=list(args.corpus))
+    for name in _EAGLE_SHARED:
+        if name in typed:
+            setattr(cfg, name, getattr(args, name))
+    quick = dict(QUICK)
+    for flag, name in (("eagle_depth", "depth"), ("eagle_vocab", "vocab_cut"), ("eagle_ffn", "ffn"),
+                       ("budget_minutes", "budget_minutes")):
+        if getattr(args, flag) is not None:
+            setattr(cfg, name, getattr(args, flag))
+            quick.pop(name, None)
+    if "out" not in typed:
+        cfg.out = EagleTrainConfig.out
+    r = _run_training(args, argv, cfg, quick, train_eagle)
+    if r is None:
+        return 130
+    print(r)
+    return 0
+
+
 def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
     from .distill import QUICK, DistillConfig, distill
 
     if getattr(args, "method", "draft") == "medusa":
         return _run_distill_medusa(args, argv)
+    if getattr(args, "method", "draft") == "eagle":
+        return _run_distill_eagle(args, argv)
+    eagle_only = [f for f, v in (("--eagle-depth", args.eagle_depth), ("--eagle-vocab", args.eagle_vocab),
+                                 ("--eagle-ffn", args.eagle_ffn), ("--budget-minutes", args.budget_minutes))
+                  if v is not None]
+    if eagle_only:
+        from ..config import ConfigError
+
+        raise ConfigError(f"{', '.join(eagle_only)} need --method eagle")
     from ..config import ConfigError
 
     medusa_only = [f for f, v in (("--medusa-heads", args.medusa_heads), ("--medusa-vocab", args.medusa_vocab))
@@ -314,11 +370,14 @@ def _run_draft_vocab(args: argparse.Namespace, argv: Optional[Sequence[str]] = N
 
 
 def add_subcommands(subparsers) -> None:
-    """Register ``train``, ``distill``, ``eval-draft`` and ``draft-vocab`` on the main CLI's subparsers."""
+    """Register ``train``, ``distill``, ``eval-draft``, ``draft-vocab`` and ``export`` on the main CLI's subparsers."""
     _add_train(subparsers)
     _add_distill(subparsers)
     _add_eval(subparsers)
     _add_draft_vocab(subparsers)
+    from .export_engines import add_export
+
+    add_export(subparsers)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

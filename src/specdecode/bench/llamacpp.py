@@ -1,0 +1,488 @@
+"""llama.cpp as a peer in ``specdecode bench --llama-cpp DIR``.
+
+On a CPU the program people actually pick is llama.cpp, so the bench runs it on
+the same pair, prompts, budgets and threads as ours, interleaved with our runs:
+
+* **Conversion.** The pair goes through that checkout's own ``convert_hf_to_gguf.py``
+  (``llamacpp_convert.py`` adds the GPT-2 pre-tokenizer mapping) to BF16, then
+  ``llama-quantize`` makes Q8_0 and Q4_0. GGUFs are cached under
+  ``$SPECDECODE_CACHE/llama.cpp`` keyed by checkpoint files and llama.cpp version.
+* **Plain decoding: ``llama-bench -pg P,N``.** One process per prompt and repetition
+  times a P-token prefill plus N generated tokens, which is exactly what our tok/s
+  counts (prefill included, load excluded), with P and N the prompt's token count
+  and budget. llama-bench feeds its own token ids, not our text, but plain decoding
+  costs the same whatever the tokens are, and llama-bench never stops at EOS, so
+  every run produces exactly the budget. Its JSON output is parsed.
+* **Speculative decoding: ``llama-speculative-simple --spec-type draft-simple``.**
+  Our prompt text (special tokens kept), greedy, EOS ignored, a fixed γ
+  (``--spec-draft-n-max γ --spec-draft-p-min 0``: no confidence cut-off, as our fixed-γ
+  runs). Time = its "encoded" + "decoded" wall times (prefill and generation, load
+  excluded); acceptance from its n_drafted / n_accept. Its last draft ignores the
+  remaining budget, so a run may emit up to γ tokens more than asked: tok/s counts the
+  tokens it actually emitted.
+
+llama.cpp's tokens are not compared with ours (llama-bench does not use our prompt,
+and its arithmetic differs), so its rows have no exact-match figure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..config import ConfigError, SamplingConfig
+from ..models import Model
+from .runners import Method, RunOutput, Skipped
+
+RUNTIME = "llama.cpp"
+FORMATS = ("bf16", "q8_0", "q4_0")  # GGUF weight formats; bf16 from the converter, the others via llama-quantize
+NOT_RUN = "not run: pass --llama-cpp DIR (a llama.cpp build; scripts/build_llama_cpp.sh makes one)"
+BENCH_BIN, SPEC_BIN, QUANT_BIN = "llama-bench", "llama-speculative-simple", "llama-quantize"
+RUN_TIMEOUT_S = 600
+SUMMARY_RETRIES = 2  # extra runs when llama-speculative-simple's summary is lost at exit (see run())
+
+
+class LlamaCppError(RuntimeError):
+    """llama.cpp failed or printed something we cannot read; the message carries its output's tail."""
+
+
+class LlamaCppSummaryLost(LlamaCppError):
+    """A run exited cleanly but its closing summary never reached the output."""
+
+
+# ---------------------------------------------------------------------------
+# Locating a build
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LlamaCppBuild:
+    checkout: Path  # holds convert_hf_to_gguf.py and gguf-py/
+    bin_dir: Path  # holds llama-bench etc.
+    version: str  # what the GGUF cache is keyed on
+
+    def binary(self, name: str) -> Optional[Path]:
+        p = self.bin_dir / name
+        return p if p.is_file() and os.access(p, os.X_OK) else None
+
+    def describe(self) -> dict[str, Any]:
+        return {"checkout": str(self.checkout), "bin_dir": str(self.bin_dir), "version": self.version,
+                "binaries": {b: self.binary(b) is not None for b in (BENCH_BIN, SPEC_BIN, QUANT_BIN)}}
+
+
+def locate(path: str) -> LlamaCppBuild:
+    """``--llama-cpp DIR``: a checkout with its build (DIR/build/bin), or the bin folder of one."""
+    d = Path(path).expanduser().resolve()
+    if not d.is_dir():
+        raise ConfigError(f"--llama-cpp: {path} is not a directory; build llama.cpp with scripts/build_llama_cpp.sh "
+                          f"and pass its folder")
+    bins = next((b for b in (d, d / "build" / "bin", d / "bin", d / "build" / "bin" / "Release")
+                 if (b / BENCH_BIN).is_file()), None)
+    if bins is None:
+        raise ConfigError(f"--llama-cpp: no {BENCH_BIN} in {d} or its build/bin; build it with "
+                          f"scripts/build_llama_cpp.sh {d}")
+    checkout = next((c for c in (d, *d.parents[:3]) if (c / "convert_hf_to_gguf.py").is_file()), None)
+    if checkout is None:
+        raise ConfigError(f"--llama-cpp: found {bins / BENCH_BIN} but no convert_hf_to_gguf.py in {d} or above it; "
+                          f"pass the llama.cpp checkout's folder")
+    return LlamaCppBuild(checkout, bins, build_version(checkout))
+
+
+def build_version(checkout: Path) -> str:
+    """The sdist it came from (written by scripts/build_llama_cpp.sh) plus a hash of the conversion code,
+    so a different converter never reuses another's GGUFs (sdist builds report 'unknown' commits)."""
+    stamp = checkout / "SPECDECODE_LLAMA_CPP_VERSION"
+    name = stamp.read_text().strip() if stamp.is_file() else "llama.cpp"
+    h = hashlib.sha1()
+    files = [checkout / "convert_hf_to_gguf.py", *sorted((checkout / "conversion").glob("*.py")),
+             *sorted((checkout / "gguf-py" / "gguf").glob("*.py"))]
+    for f in files:
+        if f.is_file():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return f"{name} (converter {h.hexdigest()[:10]})"
+
+
+# ---------------------------------------------------------------------------
+# Conversion (cached)
+# ---------------------------------------------------------------------------
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDECODE_CACHE", Path.home() / ".cache" / "specdecode")) / "llama.cpp"
+
+
+def checkpoint_key(model_dir: Path, version: str) -> str:
+    """Files that define the converted model (weights by size and mtime, configs by content) + version."""
+    h = hashlib.sha1(version.encode())
+    h.update(str(model_dir.resolve()).encode())
+    for f in sorted(model_dir.iterdir()):
+        if f.suffix == ".safetensors":
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+        elif f.suffix == ".json":
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _run_logged(what: str, cmd: Sequence[str], log: Path, env: Optional[dict[str, str]] = None) -> None:
+    with log.open("w") as fh:
+        rc = subprocess.run(list(cmd), stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=3600,
+                            check=False).returncode
+    if rc != 0:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise LlamaCppError(f"{what} failed (exit {rc}; log {log}):\n{tail}")
+
+
+def gguf_path(build: LlamaCppBuild, model_dir: Path, fmt: str) -> Path:
+    """The cached GGUF of ``model_dir`` in ``fmt`` (one of FORMATS), converting or quantizing on first use."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--llama-cpp-formats: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    model_dir = Path(model_dir)
+    folder = cache_root() / f"{model_dir.name}-{checkpoint_key(model_dir, build.version)}"
+    out = folder / f"{model_dir.name}-{fmt}.gguf"
+    if out.is_file():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.gguf")
+    if fmt == "bf16":
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])  # so the child finds this package even if not installed
+        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        cmd = [sys.executable, "-m", "specdecode.bench.llamacpp_convert", str(build.checkout), str(model_dir),
+               str(tmp), "bf16"]
+        _run_logged(f"converting {model_dir} to GGUF", cmd, folder / "convert-bf16.log", env)
+    else:
+        quant = build.binary(QUANT_BIN)
+        if quant is None:
+            raise LlamaCppError(f"no {QUANT_BIN} in {build.bin_dir}: build it (scripts/build_llama_cpp.sh)")
+        src_gguf = gguf_path(build, model_dir, "bf16")
+        _run_logged(f"{QUANT_BIN} {fmt.upper()}", [str(quant), str(src_gguf), str(tmp), fmt.upper()],
+                    folder / f"quantize-{fmt}.log")
+    (folder / "source.json").write_text(json.dumps({"checkpoint": str(model_dir.resolve()),
+                                                    "llama_cpp": build.version}, indent=1))
+    tmp.replace(out)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Output parsers
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BenchSample:
+    """One llama-bench test: a prefill of ``n_prompt`` tokens then ``n_gen`` generated, per repetition."""
+
+    n_prompt: int
+    n_gen: int
+    samples_ns: tuple[int, ...]
+    n_threads: int
+    model_type: str
+
+
+def _tail(text: str, n: int = 800) -> str:
+    return text[-n:].strip()
+
+
+def parse_llama_bench_json(text: str) -> list[BenchSample]:
+    """``llama-bench -o json`` stdout: a JSON array of tests (log lines before it are skipped)."""
+    start = text.find("[")
+    while start >= 0:
+        try:
+            tests, _ = json.JSONDecoder().raw_decode(text[start:])
+        except ValueError:
+            start = text.find("[", start + 1)
+            continue
+        if isinstance(tests, list) and all(isinstance(t, dict) for t in tests):
+            try:
+                return [BenchSample(int(t["n_prompt"]), int(t["n_gen"]), tuple(int(x) for x in t["samples_ns"]),
+                                    int(t.get("n_threads", 0)), str(t.get("model_type", ""))) for t in tests]
+            except (KeyError, TypeError, ValueError) as e:
+                raise LlamaCppError(f"llama-bench JSON lacks {e}: {_tail(text)}") from None
+        start = text.find("[", start + 1)
+    raise LlamaCppError(f"no llama-bench JSON results in its output: {_tail(text)}")
+
+
+@dataclass(frozen=True)
+class SpecResult:
+    """What llama-speculative-simple reports at the end of a run."""
+
+    n_input: int  # prompt tokens, as llama.cpp tokenised our text
+    encode_s: float
+    n_predict: int  # tokens generated
+    decode_s: float
+    n_drafted: int
+    n_accept: int
+
+    @property
+    def seconds(self) -> float:
+        return self.encode_s + self.decode_s
+
+    @property
+    def passes(self) -> int:
+        """Target passes: each emits its accepted draft tokens plus one of its own."""
+        return self.n_predict - self.n_accept
+
+
+_NUM = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
+_SPEC_PATTERNS = {
+    "encoded": re.compile(r"encoded\s+([0-9]+)\s+tokens\s+in\s+" + _NUM + r"\s+seconds"),
+    "decoded": re.compile(r"decoded\s+([0-9]+)\s+tokens\s+in\s+" + _NUM + r"\s+seconds"),
+    "n_drafted": re.compile(r"n_drafted\s*=\s*([0-9]+)"),
+    "n_accept": re.compile(r"n_accept\s*=\s*([0-9]+)"),
+}
+
+
+def parse_speculative(text: str) -> SpecResult:
+    """The summary block of ``llama-speculative-simple`` (stdout and stderr together); the last match of
+    each line wins, so generated text that happens to contain the same words cannot fool it."""
+    found: dict[str, tuple[str, ...]] = {}
+    for key, pat in _SPEC_PATTERNS.items():
+        matches = pat.findall(text)
+        if not matches:
+            raise LlamaCppSummaryLost(f"llama-speculative-simple printed no '{key}' line: {_tail(text)}")
+        last = matches[-1]
+        found[key] = last if isinstance(last, tuple) else (last,)
+    return SpecResult(n_input=int(found["encoded"][0]), encode_s=float(found["encoded"][1]),
+                      n_predict=int(found["decoded"][0]), decode_s=float(found["decoded"][1]),
+                      n_drafted=int(found["n_drafted"][0]), n_accept=int(found["n_accept"][0]))
+
+
+# ---------------------------------------------------------------------------
+# Methods
+# ---------------------------------------------------------------------------
+
+def _run(cmd: Sequence[str]) -> str:
+    try:
+        p = subprocess.run(list(cmd), capture_output=True, text=True, errors="replace", timeout=RUN_TIMEOUT_S,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        raise LlamaCppError(f"{Path(cmd[0]).name} ran past {RUN_TIMEOUT_S} s") from None
+    out = p.stdout + "\n" + p.stderr
+    if p.returncode != 0:
+        raise LlamaCppError(f"{Path(cmd[0]).name} exited {p.returncode}: {_tail(out)}")
+    return out
+
+
+class LlamaCppPlain:
+    """llama-bench: a prefill of our prompt's length, then our budget, timed by llama.cpp (see the module doc)."""
+
+    runtime = RUNTIME
+    family = "llama.cpp-plain"
+    setting: Optional[int] = None
+
+    def __init__(self, build: LlamaCppBuild, gguf: Path, fmt: str, threads: int) -> None:
+        self.name = f"llama.cpp/{fmt}"
+        self.fmt, self.threads = fmt, threads
+        self.bench = build.binary(BENCH_BIN)
+        self.gguf = gguf
+
+    def command(self, n_prompt: int, n_gen: int) -> list[str]:
+        return [str(self.bench), "-m", str(self.gguf), "-p", "0", "-n", "0", "-pg", f"{n_prompt},{n_gen}",
+                "-r", "1", "-t", str(self.threads), "-o", "json"]
+
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
+        samples = parse_llama_bench_json(_run(self.command(len(prompt), max_new_tokens)))
+        s = next((x for x in samples if x.n_gen == max_new_tokens and x.n_prompt == len(prompt)), None)
+        if s is None or not s.samples_ns:
+            raise LlamaCppError(f"llama-bench returned no pg{len(prompt)},{max_new_tokens} test: {samples}")
+        return RunOutput([-1] * max_new_tokens, s.samples_ns[0] / 1e9, None)
+
+
+@dataclass
+class SpecStats:
+    """Per-run acceptance figures of one llama.cpp speculative method (llama.cpp reports totals only)."""
+
+    runs: list[SpecResult] = field(default_factory=list)
+    prompt_token_mismatches: int = 0  # runs where llama.cpp's tokenisation of our text had another length
+    lost_summaries: int = 0  # runs repeated because their summary lines were lost at exit
+
+    def to_dict(self) -> dict[str, Any]:
+        drafted = sum(r.n_drafted for r in self.runs)
+        accepted = sum(r.n_accept for r in self.runs)
+        passes = sum(r.passes for r in self.runs)
+        return {"runs": len(self.runs), "n_drafted": drafted, "n_accept": accepted,
+                "accept_rate": accepted / drafted if drafted else None,
+                "tau": sum(r.n_predict for r in self.runs) / passes if passes else None,
+                "prompt_token_mismatches": self.prompt_token_mismatches, "lost_summaries": self.lost_summaries}
+
+
+class LlamaCppSpeculative:
+    """llama-speculative-simple with the draft model, greedy, fixed γ, EOS ignored (see the module doc)."""
+
+    runtime = RUNTIME
+    family = "llama.cpp-spec"
+
+    def __init__(self, build: LlamaCppBuild, target_gguf: Path, draft_gguf: Path, fmt: str, gamma: int,
+                 threads: int, target: Model) -> None:
+        self.name = f"llama.cpp-spec/{fmt}/g{gamma}"
+        self.setting = gamma
+        self.fmt, self.threads, self.target = fmt, threads, target
+        self.binary = build.binary(SPEC_BIN)
+        self.target_gguf, self.draft_gguf = target_gguf, draft_gguf
+        self.stats = SpecStats()
+
+    def prompt_text(self, prompt: list[int]) -> str:
+        """Our ids as text, special tokens spelled out (llama.cpp parses them back). The converted
+        tokenizer adds BOS itself, so a leading BOS/EOT of ours is left to it."""
+        ids = prompt[1:] if prompt and prompt[0] in self.target.eos_token_ids else prompt
+        return self.target.tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[union-attr]
+
+    def command(self, prompt_file: str, n_prompt: int, n_gen: int) -> list[str]:
+        t, g = str(self.threads), str(self.setting)
+        # -n n_gen - 1: the example stops once it has *more* than -n tokens (its last draft may add up to γ)
+        return [str(self.binary), "-m", str(self.target_gguf), "-md", str(self.draft_gguf),
+                "--spec-type", "draft-simple", "--spec-draft-n-max", g, "--spec-draft-n-min", "0",
+                "--spec-draft-p-min", "0", "-f", prompt_file, "-n", str(max(n_gen - 1, 0)),
+                "-c", str(n_prompt + n_gen + self.setting + 16), "--ignore-eos", "--temp", "0", "-s", "0",
+                "-t", t, "-tb", t, "-td", t, "-tbd", t]
+
+    def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as fh:
+            fh.write(self.prompt_text(prompt) + "\n")  # -f drops one trailing newline: this one, not the prompt's
+        try:
+            cmd = self.command(fh.name, len(prompt), max_new_tokens)
+            for attempt in range(1 + SUMMARY_RETRIES):
+                try:
+                    r = parse_speculative(_run(cmd))
+                    break
+                except LlamaCppSummaryLost:
+                    # llama.cpp's logger is asynchronous and deliberately never joined at exit
+                    # (ggml-org/llama.cpp#22142), so now and then a run's last lines are lost: run it again
+                    self.stats.lost_summaries += 1
+                    if attempt == SUMMARY_RETRIES:
+                        raise
+        finally:
+            os.unlink(fh.name)
+        if r.n_input != len(prompt):
+            self.stats.prompt_token_mismatches += 1
+        self.stats.runs.append(r)
+        return RunOutput([-1] * r.n_predict, r.seconds, None)
+
+
+def build_methods(build: LlamaCppBuild, target: Model, draft: Optional[Model], formats: Sequence[str],
+                  gammas: Sequence[int], threads: int, sampling: SamplingConfig,
+                  log: Any = None) -> tuple[list[Method], list[Skipped], dict[str, str]]:
+    """llama.cpp plain per format, and speculative per format and γ when there is a draft; converts on
+    first use. Returns methods, skipped entries with reasons, and the GGUF files used."""
+    methods: list[Method] = []
+    skipped: list[Skipped] = []
+    files: dict[str, str] = {}
+
+    def convert(model: Model, fmt: str) -> Path:
+        if log is not None:
+            print(f"llama.cpp: converting {model.name} to {fmt.upper()} (cached after the first time)", file=log)
+        p = gguf_path(build, Path(model.path), fmt)
+        files[f"{model.name}/{fmt}"] = str(p)
+        return p
+
+    for fmt in formats:
+        try:
+            tgt = convert(target, fmt)
+        except (LlamaCppError, subprocess.TimeoutExpired, OSError) as e:
+            skipped.append(Skipped(f"llama.cpp/{fmt}", "llama.cpp-plain", RUNTIME, str(e)))
+            continue
+        methods.append(LlamaCppPlain(build, tgt, fmt, threads))
+        for g in gammas:
+            label = f"llama.cpp-spec/{fmt}/g{g}"
+            reason = None
+            if draft is None:
+                reason = "no draft model (pass --draft DIR)"
+            elif build.binary(SPEC_BIN) is None:
+                reason = f"no {SPEC_BIN} in {build.bin_dir} (scripts/build_llama_cpp.sh builds it)"
+            elif not sampling.greedy:
+                reason = "greedy only (llama.cpp's sampled speculation is another algorithm than ours)"
+            elif target.tokenizer is None:
+                reason = f"{target.path} has no tokenizer.json to turn our prompts into text"
+            if reason is None:
+                try:
+                    methods.append(LlamaCppSpeculative(build, tgt, convert(draft, fmt), fmt, g, threads, target))
+                    continue
+                except (LlamaCppError, subprocess.TimeoutExpired, OSError) as e:
+                    reason = str(e)
+            skipped.append(Skipped(label, "llama.cpp-spec", RUNTIME, reason))
+    return methods, skipped, files
+
+
+def start_timed_runs(methods: Sequence[Method]) -> None:
+    """Forget what the untimed warm-up runs recorded, so acceptance figures cover the timed runs only."""
+    for m in methods:
+        if m.runtime == RUNTIME and isinstance(getattr(m, "stats", None), SpecStats):
+            m.stats = SpecStats()  # type: ignore[attr-defined]
+
+
+def parse_formats(text: str) -> list[str]:
+    fmts = [f.strip().lower() for f in text.split(",") if f.strip()]
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad or not fmts:
+        raise ConfigError(f"--llama-cpp-formats: unknown format(s) {bad or text!r}; choose from {', '.join(FORMATS)}")
+    return fmts
+
+
+# ---------------------------------------------------------------------------
+# Ours vs theirs
+# ---------------------------------------------------------------------------
+
+OUR_DTYPE_FOR = {"bf16": ("bfloat16", "bf16"), "q8_0": ("int8",), "q4_0": ("int4",)}
+
+
+def comparison(summary: dict[str, Any], weight_dtype: str, methods: Sequence[Method]) -> list[dict[str, Any]]:
+    """One row per llama.cpp method: its overall tok/s beside our counterpart's, ratio = ours / theirs.
+
+    Counterparts: our plain decoding for llama.cpp's plain runs; for speculative runs our draft model at
+    the same γ, and our best speculative method. ``same_format`` says whether our weights are the format
+    llama.cpp ran (our plain path runs ``weight_dtype``)."""
+    tps = {m["name"]: (m["categories"].get("overall", {}).get("tokens_per_s") or {}).get("mean")
+           for m in summary["methods"] if m["status"] == "ok"}
+    ours_spec = {m["name"]: tps.get(m["name"]) for m in summary["methods"]
+                 if m["status"] == "ok" and m["runtime"] == "specdecode" and m["name"] not in ("plain", "eager-plain")
+                 and not m["name"].startswith("eager-") and tps.get(m["name"])}
+    best = max(ours_spec, key=lambda n: ours_spec[n] or 0.0) if ours_spec else None
+    stats = {m.name: m.stats.to_dict() for m in methods if isinstance(getattr(m, "stats", None), SpecStats)}
+    rows = []
+    for m in summary["methods"]:
+        if m["runtime"] != RUNTIME or m["status"] != "ok":
+            continue
+        theirs = tps.get(m["name"])
+        fmt = m["name"].split("/")[1]
+        same = weight_dtype.replace("torch.", "") in OUR_DTYPE_FOR.get(fmt, ())
+        if m["family"] == "llama.cpp-plain":
+            pairs = [("plain", tps.get("plain"))]
+        else:
+            same_g = f"draft/g{m['setting']}"
+            pairs = [(same_g, tps.get(same_g))] + ([(best, ours_spec[best])] if best and best != same_g else [])
+        for ours_name, ours in pairs:
+            rows.append({"llama_cpp": m["name"], "llama_cpp_tokens_per_s": theirs, "ours": ours_name,
+                         "ours_tokens_per_s": ours, "ratio_ours_over_theirs": (ours / theirs) if ours and theirs
+                         else None, "same_weight_format": same, "spec": stats.get(m["name"])})
+    return rows
+
+
+def format_comparison(rows: Sequence[dict[str, Any]], weight_dtype: str) -> str:
+    if not rows:
+        return ""
+    head = ["llama.cpp", "tok/s", "accepted", "ours", "tok/s", "ours/theirs"]
+    body = []
+    for r in rows:
+        acc = (r["spec"] or {}).get("accept_rate")
+        body.append([r["llama_cpp"], _num(r["llama_cpp_tokens_per_s"]), "-" if acc is None else f"{acc:.0%}",
+                     r["ours"] + ("" if r["same_weight_format"] else f" ({weight_dtype})"),
+                     _num(r["ours_tokens_per_s"]),
+                     "-" if r["ratio_ours_over_theirs"] is None else f"{r['ratio_ours_over_theirs']:.2f}"])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    def line(r: list[str]) -> str:
+        return "  ".join(x.ljust(w) if i in (0, 3) else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))
+
+    return "\n".join(["ours vs llama.cpp (overall mean tok/s; same prompts, budgets and threads, interleaved)",
+                      line(head), "  ".join("-" * w for w in widths)] + [line(b) for b in body])
+
+
+def _num(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.1f}"

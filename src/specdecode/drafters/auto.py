@@ -1,0 +1,298 @@
+"""``--drafter auto``: one ``BatchDrafter`` that picks, per row and step, among the drafters available.
+
+No single drafter wins every workload: a draft model on open-ended code, prompt lookup and suffix
+drafting where text repeats, heads where they were trained. ``AutoDrafter`` holds the members
+(whatever this run can build: a draft model with ``--draft``, Medusa/EAGLE with ``--heads``,
+layer skip when calibrated, prompt lookup, suffix) and chooses per row and step by the cost model,
+in tokens per second over plain decoding:
+
+* cheap members (suffix, prompt lookup: deterministic drafts costing under ``CHEAP`` of a target
+  pass) propose for every row each step; a draft is worth E / (c + v(length)), E its drafter's own
+  prediction (``Draft.expected``: suffix's calibrated tree value) or E(α, length) from the member's
+  running acceptance. Choosing among deterministic drafts by their content keeps verification
+  exact (nothing sampled is selected by what it drew);
+* a member with offline costs (``costs_for``: the draft model, layer skip) is worth
+  max_γ E(α, γ) / (γ c + v(γ)), with α its running acceptance (``Acceptance``) and γ that argmax;
+* another self-sizing member (Medusa/EAGLE trees once measured dearer than ``CHEAP``) is worth its
+  realised rate: the running mean of (accepted + 1) / (c + v(width)) over the steps it drafted,
+  starting optimistic so it is tried, and drifting back there while unused (a probe now and then).
+
+The costly members are then called best first, each once per step for all the rows whose best so
+far it beats (so a draft model still batches); a deterministic draft whose own prediction is below
+the next member's rate leaves its row to that member (and is used if nothing better comes). A row
+with nothing above the policy's margin over plain decoding decodes plainly.
+
+Each draft carries its member's name (``Draft.source``); the decode core counts accepted tokens
+per source into the request's stats (``GenerationStats.accepted_by``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from ..config import ConfigError
+from ..costmodel import (
+    MAX_GAMMA,
+    Costs,
+    cost_clock,
+    expected_tokens,
+    load_or_measure_costs,
+)
+from ..policy import SPECULATION_MARGIN
+from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma
+
+if TYPE_CHECKING:
+    from ..models import Model
+
+CHEAP = 0.1  # a self-sizing member costing less than this share of a target pass per row proposes every step
+PRIOR_ALPHA, PRIOR_WEIGHT = 0.75, 6.0  # a member's α before evidence: optimistic, worth a few steps (exploration)
+COST_SAMPLES = 9  # a member's cost c is the median of its last this many proposals (one-offs do not move it)
+OPTIMISTIC = 3.0  # a self-sizing member's rate before it has drafted (so each is tried once)
+RATE_EMA = 0.1  # weight of one step in a member's realised rate
+DRIFT = 1.0 / 256  # per pass, an unused member's rate drifts this far back to OPTIMISTIC (a probe now and then)
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Member:
+    """One drafter inside ``AutoDrafter`` and what auto knows of it."""
+
+    name: str
+    drafter: BatchDrafter
+    costs: Costs | None = None  # offline c and v(γ) (chain drafters); None: it sizes its own drafts
+    rate: float = OPTIMISTIC  # realised speedup per step it drafted (self-sizing members)
+    sampled: bool = False  # it was seen proposing sampled drafts: never chosen by content
+    steps: int = 0  # steps it drafted (the first few weigh more: the optimistic start is one observation)
+    samples: deque = dataclasses.field(default_factory=lambda: deque(maxlen=COST_SAMPLES))  # recent costs
+
+    @property
+    def alpha(self) -> float:
+        """The member's running acceptance with an optimistic prior, so one unlucky step does not
+        rule out a member that is then never tried again."""
+        a = self.drafter.acceptance
+        return (a.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (a.evaluated + PRIOR_WEIGHT)
+    c: float = 0.0  # measured cost of one row's proposal, in one-token target passes
+    accepted: int = 0  # accepted draft tokens, all rows and requests (for /health and tests)
+
+    @property
+    def cheap(self) -> bool:
+        """Proposes for every row each step: self-sizing, deterministic, and cheaper than ``CHEAP``."""
+        return self.costs is None and not self.sampled and self.c < CHEAP
+
+    def worth(self, cap: int) -> tuple[float, int]:
+        """(predicted speedup over plain decoding, draft length to ask for) for one row."""
+        if self.costs is None:
+            g = self.drafter.gamma
+            return self.rate, min(cap, g if isinstance(g, int) else cap)
+        alpha = self.alpha
+        g = self.costs.best_gamma(alpha, min(cap, MAX_GAMMA))
+        return (self.costs.speedup(alpha, g) if g else 0.0), g
+
+
+class AutoDrafter:
+    """Chooses among ``members`` (name -> drafter, in order of preference on ties) per row and step."""
+
+    def __init__(self, members: Mapping[str, BatchDrafter], margin: float = SPECULATION_MARGIN,
+                 usable: Mapping[str, Callable[[BatchDrafter], bool]] | None = None) -> None:
+        """``usable``: per member name, a check run after ``prepare_rows`` (e.g. layer skip only when
+        calibrated for this target); a member failing it is dropped."""
+        if not members:
+            raise ConfigError("--drafter auto needs at least one drafter to choose from")
+        self.members = [Member(n, d) for n, d in members.items()]
+        self.margin = margin
+        self._usable = dict(usable or {})
+        caps = [d.gamma for d in members.values() if isinstance(d.gamma, int)]
+        self.gamma: Gamma = max(caps + [MAX_GAMMA])  # a cap: the members size their drafts
+        self.acceptance = Acceptance()  # the core's evidence for the composite (reported, not planned with)
+        self.wants_hidden = any(d.wants_hidden for d in members.values())
+        self._pending: dict[int, tuple[Member, int]] = {}  # row -> (member that drafted, draft width)
+        self._base: Costs | None = None
+        self._clock: Callable[[], float] = time.perf_counter
+        self._t1 = 0.0
+        self._target: Model | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.members]
+
+    def contributions(self) -> dict[str, int]:
+        """Accepted draft tokens per member since this drafter was built."""
+        return {m.name: m.accepted for m in self.members}
+
+    # -- setup -------------------------------------------------------------------------------------
+    def prepare_rows(self, target: Model, rows: int, max_len: int) -> None:
+        """Prepare every member; one that cannot run with this target (no calibration, wrong heads)
+        is dropped with a log line, as long as one remains."""
+        kept = []
+        for m in self.members:
+            try:
+                m.drafter.prepare_rows(target, rows, max_len)
+                check = self._usable.get(m.name)
+                if check is not None and not check(m.drafter):
+                    raise ConfigError("not calibrated or configured for this target")
+                m.costs = m.drafter.costs_for(target)
+            except ConfigError as e:
+                log.info("auto: %s is not available here (%s)", m.name, e)
+                continue
+            kept.append(m)
+        if not kept:
+            raise ConfigError("--drafter auto: none of its drafters can run with this target; "
+                              f"tried {', '.join(self.names)}")
+        self.members = kept
+        self.wants_hidden = self.wants_hidden or any(m.drafter.wants_hidden for m in kept)
+        if target is not self._target:
+            self._target = target
+            self._base = load_or_measure_costs(target, None)
+            self._clock = cost_clock(target)
+            self._t1 = self._base.target_s[0] if self._base.target_s else 0.0
+
+    def costs_for(self, target: Model) -> Costs | None:
+        """None: auto sizes its members' drafts itself; the core's γ policy only caps them."""
+        return None
+
+    def reset_row(self, row: int) -> None:
+        self._pending.pop(row, None)
+        for m in self.members:
+            m.drafter.reset_row(row)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self._pending.pop(dst, None)
+        if src in self._pending:
+            self._pending[dst] = self._pending.pop(src)
+        for m in self.members:
+            m.drafter.move_row(src, dst)
+
+    def forget(self) -> None:
+        """Drop what members remember across requests (a benchmark's next repetition)."""
+        for m in self.members:
+            forget = getattr(m.drafter, "forget", None)
+            if callable(forget):
+                forget()
+
+    # -- single-row protocol (row 0) -----------------------------------------------------------------
+    def prepare(self, target: Model) -> None:
+        self.prepare_rows(target, 1, target.max_seq_len)
+        self.reset_row(0)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        return self.propose_rows({0: ctx})[0]
+
+    def on_verified(self, n_accepted: int) -> None:
+        self.on_verified_row(0, n_accepted)
+
+    def reset(self) -> None:
+        self.reset_row(0)
+
+    # -- evidence ------------------------------------------------------------------------------------
+    def on_verified_row(self, row: int, n_accepted: int) -> None:
+        got = self._pending.pop(row, None)
+        if got is None:
+            return
+        m, width = got
+        m.drafter.on_verified_row(row, n_accepted)
+        m.drafter.acceptance.update(width, n_accepted)
+        m.accepted += n_accepted
+        if m.costs is None and self._base is not None:
+            sample = (n_accepted + 1) / (m.c + self._base.v_at(width))
+            m.steps += 1
+            m.rate += max(RATE_EMA, 1.0 / (m.steps + 1)) * (sample - m.rate)
+
+    # -- drafting ------------------------------------------------------------------------------------
+    def _call(self, m: Member, contexts: Mapping[int, DraftContext], g: int) -> dict[int, Draft]:
+        """``m``'s drafts of at most ``g`` tokens for these rows, its cost measured."""
+        asked = {r: dataclasses.replace(c, max_tokens=min(g, c.max_tokens)) for r, c in contexts.items()}
+        depth = max(c.max_tokens for c in asked.values())
+        if m.drafter.acceptance.mark(depth):
+            for c in asked.values():
+                c.probe = True
+        t0 = self._clock()
+        try:
+            got = m.drafter.propose_rows(asked)
+        except ConfigError as e:  # it cannot run here after all (found only when drafting): drop it
+            log.warning("auto: dropping %s (%s)", m.name, e)
+            self.members.remove(m)
+            return {}
+        if self._t1 > 0:
+            m.samples.append((self._clock() - t0) / (self._t1 * len(asked)))
+            m.c = statistics.median(m.samples)
+        for r, d in got.items():
+            if len(d.tokens) > asked[r].max_tokens:
+                raise RuntimeError(f"drafter {m.name!r} proposed {len(d.tokens)} tokens but at most "
+                                   f"{asked[r].max_tokens} were allowed")
+        return {r: d for r, d in got.items() if d.tokens}
+
+    def _value(self, m: Member, d: Draft) -> float:
+        """Predicted speedup of one deterministic draft: its own E when it gives one, else E(α, depth)
+        (a tree's longest path; α is path-shaped, the core's evidence for trees), over c + v(nodes)."""
+        assert self._base is not None
+        n = len(d.tokens)
+        e = d.expected
+        if e is None:
+            depth = n
+            if d.parents is not None:
+                level: list[int] = []
+                for p in d.parents:
+                    level.append(1 if p < 0 else level[p] + 1)
+                depth = max(level)
+            e = expected_tokens(m.alpha, depth)
+        return e / (m.c + self._base.v_at(n))
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        """Two phases. Cheap self-sizing members (suffix, lookup: measured cost under ``CHEAP`` of a
+        pass, deterministic drafts) propose for every row, and each row keeps its best draft by
+        ``_value``. Then the other members, best predicted first, draft (batched) for the rows whose
+        best so far they beat. A row with nothing above the margin decodes plainly."""
+        if self._base is None:
+            raise RuntimeError("AutoDrafter.prepare_rows(target, ...) must be called before proposing")
+        for m in self.members:
+            m.drafter.acceptance.fade()
+            if m.costs is None and m.rate < OPTIMISTIC:
+                m.rate += DRIFT * (OPTIMISTIC - m.rate)
+        for r in contexts:
+            self._pending.pop(r, None)
+        out = {r: Draft() for r in contexts}
+        if not contexts:
+            return out
+        best: dict[int, tuple[float, Member | None]] = {r: (self.margin, None) for r in contexts}
+        cap = max(c.max_tokens for c in contexts.values())
+        cheap = [m for m in self.members if m.cheap]  # decided once: a member is in one phase per step
+        for m in cheap:
+            g = m.drafter.gamma
+            got = self._call(m, contexts, min(cap, g if isinstance(g, int) else cap))
+            if any(d.probs is not None for d in got.values()):
+                # a sampled draft may not be chosen by its content: the member is judged like a model from now on
+                m.sampled = True
+                continue
+            for r, d in got.items():
+                v = self._value(m, d)
+                if v > best[r][0]:
+                    best[r], out[r] = (v, m), d
+        ranked = sorted(((m.worth(cap), i, m) for i, m in enumerate(self.members) if m not in cheap),
+                        key=lambda x: (-x[0][0], x[1]))
+        spare: dict[int, tuple[float, Member, Draft]] = {}  # weak deterministic drafts, kept in case none follows
+        for k, ((rate, g), _, m) in enumerate(ranked):
+            rows = {r: c for r, c in contexts.items() if rate > best[r][0]}
+            if not rows or g <= 0:
+                continue
+            after = max((x[0][0] for x in ranked[k + 1:] if x[0][1] > 0), default=0.0)
+            for r, d in self._call(m, rows, g).items():
+                if d.probs is None and d.expected is not None and self._value(m, d) < after:
+                    v = self._value(m, d)  # its own prediction says a later member does better: let it try
+                    if v > self.margin and v > spare.get(r, (0.0,))[0]:
+                        spare[r] = (v, m, d)
+                    continue
+                best[r], out[r] = (rate, m), d
+        for r, (v, m, d) in spare.items():
+            if best[r][1] is None:
+                best[r], out[r] = (v, m), d
+        for r, (_, m) in best.items():
+            if m is not None:
+                out[r].source = m.name
+                self._pending[r] = (m, len(out[r].tokens))
+        return out

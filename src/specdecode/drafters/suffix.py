@@ -1,0 +1,448 @@
+"""Suffix drafting across requests (SuffixDecoding, Oliaro et al., arXiv:2411.04975): no model, no training.
+
+Agents and editors repeat themselves: the same tool-call format, the same file with one line
+changed, the same answer skeleton. The drafter matches the sequence's current suffix against
+
+* the row's own sequence (prompt + output so far), and
+* every earlier output this drafter has seen (all rows of the instance: the server's requests),
+
+and proposes a TREE of the most frequent continuations of the longest match: a node's frequency
+is the share of matched occurrences that continue with its path. Candidates are deterministic
+(``probs=None``), so greedy verification follows the target's argmax down the tree and the sampled
+tree rule (``verify.rejection_sample_tree``) stays exact.
+
+**The structure** (``SuffixIndex``) is a hashed suffix index, not a suffix tree: documents of token
+ids and, for a few key lengths, key n-gram -> the most recent positions it ended at. A lookup
+takes the longest key that hits, extends each hit backwards to its full match length and keeps
+the hits of the longest match. Memory is bounded by ``max_tokens`` stored tokens (whole documents
+are evicted oldest first, with their index entries), and by ``MAX_OCCURRENCES`` per key.
+
+**The tree's size** follows the paper's adaptive rule (at most ``spec_factor`` x match length
+nodes, nodes below ``min_prob`` dropped) and the cost model: nodes are taken best-first by
+frequency, each worth frequency x conf(match length) expected accepted tokens, where conf is the
+running ratio of accepted to predicted tokens per match-length bucket; the drafter proposes the
+prefix maximising E(n) / (c + v(n) [+ tree overhead]) and nothing unless that beats plain
+decoding by the policy's margin. With no match it proposes nothing (a plain step) at the cost of
+one dictionary lookup, which is why it does not slow down non-repetitive text.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..config import ConfigError
+from ..costmodel import Costs, cost_clock, load_or_measure_costs
+from ..policy import SPECULATION_MARGIN
+from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+
+if TYPE_CHECKING:
+    from ..models import Model
+
+KEY_LENGTHS = (4, 2, 1)  # n-gram keys indexed, longest first
+MAX_OCCURRENCES = 64  # most recent positions kept per key
+MAX_MATCH = 32  # match lengths are counted up to this
+MAX_NODES = 15  # default most nodes per tree ("auto"): v(k) is measured up to 16 tokens a pass
+DEFAULT_MAX_TOKENS = 1 << 18  # tokens the shared index holds before evicting old outputs (~ 30 MB)
+TREE_EXTRA = 0.1  # a tree step's extra cost over a chain of the same width (mask, compaction), in passes (Medusa measures 0.07-0.12 on the bundled target)
+BUCKETS = (1, 2, 3, 4, 6, 10, 16)  # match-length buckets for the calibration
+CONF_PRIOR, CONF_WEIGHT, CONF_MEMORY = 0.5, 4.0, 200.0
+
+
+class SuffixIndex:
+    """Token documents and an n-gram -> positions index over them, bounded by ``max_tokens``.
+
+    A document grows by ``append``; ``lookup`` returns the hits of the longest match of a pattern's
+    suffix. When the stored tokens pass ``max_tokens`` the oldest documents go, index entries and all."""
+
+    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, key_lengths: Sequence[int] = KEY_LENGTHS,
+                 max_occurrences: int = MAX_OCCURRENCES) -> None:
+        if max_tokens < 1 or not key_lengths or min(key_lengths) < 1 or max_occurrences < 1:
+            raise ConfigError("the suffix index needs max_tokens >= 1, key lengths >= 1 and max_occurrences >= 1")
+        self.max_tokens = max_tokens
+        self.key_lengths = tuple(sorted(set(key_lengths), reverse=True))
+        self.max_occurrences = max_occurrences
+        self.docs: OrderedDict[int, list[int]] = OrderedDict()  # oldest first
+        self.index: dict[tuple[int, ...], deque[tuple[int, int]]] = {}  # key -> (doc, end position)s, oldest first
+        self.n_tokens = 0
+        self._next_id = 0
+
+    def new_doc(self) -> int:
+        d = self._next_id
+        self._next_id += 1
+        self.docs[d] = []
+        return d
+
+    def __contains__(self, doc: int) -> bool:
+        return doc in self.docs
+
+    def append(self, doc: int, tokens: Sequence[int]) -> None:
+        """Add tokens to the end of ``doc`` (ignored if it was evicted) and index the n-grams they end."""
+        seq = self.docs.get(doc)
+        if seq is None:
+            return
+        index, cap = self.index, self.max_occurrences
+        for t in tokens:
+            seq.append(int(t))
+            n = len(seq)
+            for k in self.key_lengths:
+                if n >= k:
+                    key = tuple(seq[n - k:])
+                    occ = index.get(key)
+                    if occ is None:
+                        occ = index[key] = deque(maxlen=cap)  # the oldest position drops out by itself
+                    occ.append((doc, n))
+        self.n_tokens += len(tokens)
+        while self.n_tokens > self.max_tokens and len(self.docs) > 1:
+            self.evict_oldest()
+        if self.n_tokens > self.max_tokens:  # one document alone is over the bound: drop it too
+            self.evict_oldest()
+
+    def evict_oldest(self) -> None:
+        doc, seq = self.docs.popitem(last=False)
+        self.n_tokens -= len(seq)
+        for k in self.key_lengths:
+            for n in range(k, len(seq) + 1):
+                key = tuple(seq[n - k:n])
+                occ = self.index.get(key)
+                if occ is not None:
+                    kept = [e for e in occ if e[0] != doc]
+                    if kept:
+                        self.index[key] = deque(kept, maxlen=self.max_occurrences)
+                    else:
+                        del self.index[key]
+
+    def clear(self) -> None:
+        self.docs.clear()
+        self.index.clear()
+        self.n_tokens = 0
+
+    def lookup(self, pattern: Sequence[int], exclude: int | None = None, limit: int = 32
+               ) -> tuple[int, list[tuple[int, int]]]:
+        """(match length, [(doc, position after the match)]) of the longest suffix of ``pattern``
+        found (most recent first, at most ``limit`` hits, only hits with a continuation); (0, [])
+        when nothing matches. ``exclude``: a document to ignore (the row's own output)."""
+        n = len(pattern)
+        for k in self.key_lengths:
+            if n < k:
+                continue
+            occ = self.index.get(tuple(pattern[n - k:]))
+            if not occ:
+                continue
+            best, hits = 0, []
+            for doc, end in reversed(occ):
+                seq = self.docs[doc]
+                if doc == exclude or end >= len(seq):
+                    continue
+                m = k
+                while m < MAX_MATCH and m < end and m < n and seq[end - 1 - m] == pattern[n - 1 - m]:
+                    m += 1
+                if m > best:
+                    best, hits = m, [(doc, end)]
+                elif m == best and len(hits) < limit:
+                    hits.append((doc, end))
+            if hits:
+                return best, hits
+        return 0, []
+
+    def continuation(self, doc: int, end: int, depth: int) -> list[int]:
+        return self.docs[doc][end:end + depth]
+
+
+# -- the tree ------------------------------------------------------------------------------------
+@dataclass
+class SuffixTree:
+    """A proposal: nodes best-first (parents before children) with their frequencies."""
+
+    tokens: list[int]
+    parents: list[int]
+    freqs: list[float]
+    match_len: int
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+
+def continuation_tree(continuations: Sequence[Sequence[int]], max_nodes: int, min_prob: float, match_len: int
+                      ) -> SuffixTree:
+    """The ``max_nodes`` most frequent nodes of the trie of ``continuations`` (frequency = share of
+    continuations through the node; below ``min_prob`` dropped), most frequent chain first."""
+    total = len(continuations)
+    root: dict[int, list] = {}  # token -> [count, children]
+    for cont in continuations:
+        node = root
+        for t in cont:
+            e = node.get(t)
+            if e is None:
+                e = node[t] = [0, {}]
+            e[0] += 1
+            node = e[1]
+    tie = itertools.count()
+    heap = [(-e[0], 1, next(tie), t, e, -1) for t, e in root.items()]
+    heapq.heapify(heap)
+    chosen: list[tuple[int, int, int]] = []  # (token, parent index, count), best-first
+    floor = min_prob * total
+    while heap and len(chosen) < max_nodes:
+        neg, depth, _, t, e, parent = heapq.heappop(heap)
+        if -neg < floor:
+            break
+        i = len(chosen)
+        chosen.append((t, parent, -neg))
+        for t2, e2 in e[1].items():
+            heapq.heappush(heap, (-e2[0], depth + 1, next(tie), t2, e2, i))
+    # the most frequent chain first: the path most often accepted is then a prefix of the pass
+    kids: dict[int, list[int]] = {}
+    for i, (_, parent, _) in enumerate(chosen):
+        kids.setdefault(parent, []).append(i)
+    chain: list[int] = []
+    node_i = -1
+    while node_i in kids:
+        node_i = max(kids[node_i], key=lambda k: (chosen[k][2], -k))
+        chain.append(node_i)
+    on_chain = set(chain)
+    order = chain + [i for i in range(len(chosen)) if i not in on_chain]
+    where = {old: new for new, old in enumerate(order)}
+    return SuffixTree([chosen[i][0] for i in order], [where[chosen[i][1]] if chosen[i][1] >= 0 else -1 for i in order],
+                      [chosen[i][2] / total for i in order], match_len)
+
+
+def _bucket(match_len: int) -> int:
+    b = 0
+    for i, lo in enumerate(BUCKETS):
+        if match_len >= lo:
+            b = i
+    return b
+
+
+# -- the drafter -----------------------------------------------------------------------------------
+@dataclass
+class _RowState:
+    local: SuffixIndex  # the row's own sequence (prompt + output)
+    doc: int  # the row's own document in the local index
+    out_doc: int  # the row's output in the shared index
+    synced: int  # tokens of the sequence already indexed
+    prompt_len: int
+    pending: tuple[int, float] | None = None  # (bucket, Σ frequency) of the proposal awaiting verification
+    chain: list[int] | None = None  # that proposal's tokens when it is a chain (accepted ones are known then)
+
+
+class SuffixDrafter:
+    """A ``BatchDrafter`` proposing frequency-ranked continuation trees from a suffix index shared by
+    all of its rows (the server's requests), plus each row's own sequence.
+
+    ``gamma``: most nodes per proposal ("auto": ``MAX_NODES``; the cost model picks fewer).
+    ``max_tokens``: the shared index's bound. ``tree=False``: chains only (the most frequent path).
+    ``costs``: v(k) of the target to plan with instead of measuring (tests)."""
+
+    wants_hidden = False
+
+    def __init__(self, gamma: Gamma = "auto", *, max_tokens: int = DEFAULT_MAX_TOKENS, tree: bool = True,
+                 spec_factor: float = 4.0, min_prob: float = 0.1, margin: float = SPECULATION_MARGIN,
+                 costs: Costs | None = None) -> None:
+        gamma = check_gamma(gamma, "gamma (most suffix tree nodes)")
+        if spec_factor <= 0 or not 0.0 <= min_prob <= 1.0:
+            raise ConfigError("suffix drafting needs spec_factor > 0 and min_prob in [0, 1]")
+        self.max_nodes = MAX_NODES if gamma == "auto" else int(gamma)
+        self.gamma: Gamma = self.max_nodes  # a cap: the drafter sizes its own trees
+        self.shared = SuffixIndex(max_tokens)
+        self.tree, self.spec_factor, self.min_prob, self.margin = tree, spec_factor, min_prob, margin
+        self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
+        self._costs = costs
+        self._rows: dict[int, _RowState] = {}
+        self._conf = [[CONF_PRIOR * CONF_WEIGHT, CONF_WEIGHT] for _ in BUCKETS]  # [accepted, predicted]
+        self._c = 0.0  # the drafter's own cost per row and step, in one-token target passes
+        self._clock: Callable[[], float] = time.perf_counter
+        self._t1 = 0.0
+        self._target: Model | None = None
+        self._pays: dict[tuple[int, int, int], tuple[float, float, bool]] = {}  # _may_pay's memo
+
+    # -- setup -------------------------------------------------------------------------------------
+    def prepare_rows(self, target: Model, rows: int, max_len: int) -> None:
+        """Costs once per target. The index is per model: another checkpoint's token ids mean other text,
+        so a new target (by path and vocabulary) starts it afresh."""
+        if target is self._target:
+            return
+        if self._target is not None and (str(self._target.path), self._target.vocab_size) != \
+                (str(target.path), target.vocab_size):
+            self.forget()
+        self._target = target
+        if self._costs is None:
+            self._costs = load_or_measure_costs(target, None)
+        self._clock = cost_clock(target)
+        self._t1 = self._costs.target_s[0] if self._costs.target_s else 0.0
+
+    def costs_for(self, target: Model) -> Costs | None:
+        """None: the chain γ policy does not describe these trees; the drafter plans its own."""
+        return None
+
+    def reset_row(self, row: int) -> None:
+        self._rows.pop(row, None)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.reset_row(dst)
+        if src in self._rows:
+            self._rows[dst] = self._rows.pop(src)
+
+    def forget(self) -> None:
+        """Drop every earlier output (a benchmark's next repetition must not see the previous one's)."""
+        self.shared.clear()
+        self._rows.clear()
+
+    # -- single-row protocol (row 0) -----------------------------------------------------------------
+    def prepare(self, target: Model) -> None:
+        self.prepare_rows(target, 1, target.max_seq_len)
+        self.reset_row(0)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        return self.propose_rows({0: ctx})[0]
+
+    def on_verified(self, n_accepted: int) -> None:
+        self.on_verified_row(0, n_accepted)
+
+    def reset(self) -> None:
+        self.reset_row(0)
+
+    # -- evidence ------------------------------------------------------------------------------------
+    def on_verified_row(self, row: int, n_accepted: int) -> None:
+        """Calibration: accepted against predicted tokens for the proposal's match-length bucket. The
+        verified tokens themselves are indexed at the row's next proposal (the context holds them)."""
+        st = self._rows.get(row)
+        if st is None or st.pending is None:
+            return
+        b, predicted = st.pending
+        st.pending = None
+        if st.chain is not None and n_accepted:  # index them now: a request's last step is seen nowhere else
+            self._index(st, st.chain[:n_accepted])
+            st.chain = None
+        acc = self._conf[b]
+        acc[0] += n_accepted
+        acc[1] += predicted
+        if acc[1] > CONF_MEMORY:
+            keep = CONF_MEMORY / acc[1]
+            acc[0] *= keep
+            acc[1] *= keep
+
+    def conf(self, match_len: int) -> float:
+        a, p = self._conf[_bucket(match_len)]
+        return min(1.0, max(0.02, a / p))
+
+    def _sync(self, row: int, tokens: list[int]) -> _RowState:
+        st = self._rows.get(row)
+        if st is None or len(tokens) < st.synced:  # a new sequence in this row
+            local = SuffixIndex(max_tokens=1 << 30)
+            st = self._rows[row] = _RowState(local, local.new_doc(), self.shared.new_doc(), 0, len(tokens))
+        if len(tokens) > st.synced:
+            self._index(st, tokens[st.synced:])
+        return st
+
+    def _index(self, st: _RowState, new: Sequence[int]) -> None:
+        """Append the row's next tokens to its own index and, past the prompt, to the shared one."""
+        st.local.append(st.doc, new)
+        skip = max(0, st.prompt_len - st.synced)
+        if len(new) > skip:
+            self.shared.append(st.out_doc, new[skip:])
+        st.synced += len(new)
+
+    # -- drafting ------------------------------------------------------------------------------------
+    def _may_pay(self, match_len: int, cap: int, rows: int) -> bool:
+        """Whether a tree of at most ``cap`` nodes at this match length's confidence could beat the margin."""
+        assert self._costs is not None
+        key = (_bucket(match_len), cap, rows)
+        got = self._pays.get(key)
+        conf = self.conf(match_len)
+        if got is None or abs(got[0] - conf) > 0.01 or abs(got[1] - self._c) > 0.01:
+            costs = self._costs
+            plain = costs.v_at(rows - 1)
+            pays = any((1.0 + conf * n) * plain / (rows * self._c + costs.v_at(rows * (n + 1) - 1)) > self.margin
+                       for n in range(1, cap + 1))
+            got = self._pays[key] = (conf, self._c, pays)
+        return got[2]
+
+    def candidates(self, row: int, tokens: list[int], max_nodes: int, rows: int = 1) -> SuffixTree | None:
+        """The continuation tree of the row's longest match (its own sequence or earlier outputs)."""
+        st = self._sync(row, tokens)
+        m_local, hits_local = st.local.lookup(tokens)
+        m_shared, hits_shared = self.shared.lookup(tokens, exclude=st.out_doc)
+        m = max(m_local, m_shared)
+        if m == 0:
+            return None
+        cap = min(max_nodes, max(1, int(self.spec_factor * m)))
+        if not self._may_pay(m, cap, rows):
+            return None  # even if every node were certain, this match's calibration could not pay
+        conts = []
+        if m_local == m:
+            conts += [st.local.continuation(d, e, cap) for d, e in hits_local]
+        if m_shared == m:
+            conts += [self.shared.continuation(d, e, cap) for d, e in hits_shared]
+        conts = [c for c in conts if c]
+        if not conts:
+            return None
+        if not self.tree:
+            return _top_chain(conts, cap, self.min_prob, m)
+        return continuation_tree(conts, cap, self.min_prob, m)
+
+    def plan(self, tree: SuffixTree, rows: int = 1) -> tuple[int, float]:
+        """(nodes, predicted tokens per pass) of the best-paying prefix of ``tree``; (0, 1.0) if none pays."""
+        assert self._costs is not None
+        costs, conf = self._costs, self.conf(tree.match_len)
+        plain = costs.v_at(rows - 1)
+        best_n, best_s, best_e, e = 0, self.margin, 1.0, 1.0
+        chain = True
+        for n, (f, p) in enumerate(zip(tree.freqs, tree.parents), start=1):
+            e += f * conf
+            chain = chain and p == n - 2
+            extra = 0.0 if chain else TREE_EXTRA
+            s = e * plain / (rows * (self._c + extra) + costs.v_at(rows * (n + 1) - 1))
+            if s > best_s:
+                best_n, best_s, best_e = n, s, e
+        return best_n, best_e
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        if self._costs is None:
+            raise RuntimeError("SuffixDrafter.prepare_rows(target, ...) must be called before proposing")
+        out: dict[int, Draft] = {}
+        rows = max(1, len(contexts))
+        for r, ctx in contexts.items():
+            st = self._rows.get(r)
+            steady = st is not None and len(ctx.tokens) - st.synced <= MAX_NODES + 1  # not a prompt's indexing
+            t0 = self._clock()
+            out[r] = self._propose_one(r, ctx, rows)
+            if self._t1 > 0 and steady:  # c is the per-step cost; indexing a prompt is once per request
+                self._c += 0.1 * ((self._clock() - t0) / self._t1 - self._c)
+        return out
+
+    def _propose_one(self, row: int, ctx: DraftContext, rows: int) -> Draft:
+        st = self._rows.get(row)
+        if st is not None:
+            st.pending = st.chain = None  # an earlier proposal nobody verified (auto chose another drafter)
+        k = min(self.max_nodes, ctx.max_tokens)
+        if k <= 0:
+            self._sync(row, ctx.tokens)
+            return Draft()
+        tree = self.candidates(row, ctx.tokens, k, rows)
+        if tree is None or not tree.tokens:
+            return Draft()
+        n, e = self.plan(tree, rows)
+        if n == 0:
+            return Draft()
+        parents = tree.parents[:n]
+        chain = all(p == i - 1 for i, p in enumerate(parents))
+        st = self._rows[row]
+        st.pending = (_bucket(tree.match_len), sum(tree.freqs[:n]))
+        st.chain = tree.tokens[:n] if chain else None
+        return Draft(tree.tokens[:n], None, None if chain else parents, expected=e)
+
+
+def _top_chain(conts: Sequence[Sequence[int]], cap: int, min_prob: float, match_len: int) -> SuffixTree:
+    """Chain mode: the most frequent path only."""
+    tree = continuation_tree(conts, cap * 8, min_prob, match_len)
+    n = 0
+    while n < len(tree.parents) and tree.parents[n] == n - 1 and n < cap:
+        n += 1
+    return SuffixTree(tree.tokens[:n], tree.parents[:n], tree.freqs[:n], match_len)

@@ -1,0 +1,173 @@
+"""Quantized weights for the CPU kernel: int8 (Q8_0) and int4 (Q4_0) blocks of 32 with fp16 scales.
+
+Formats (``quant_linear.cpp`` has the byte layout). Both are symmetric, llama.cpp's Q8_0 and Q4_0
+in arithmetic, so our figures compare with theirs at the same bits per weight (8.5 and 4.5):
+
+- int8: ``d = max|w| / 127`` per block (rounded to fp16), ``q = round(w / d)``. Zero points buy
+  nothing at 8 bits (the rounding error is already ~0.2% of the block's range).
+- int4: llama.cpp's Q4_0 rule: ``d = w* / -8`` with ``w*`` the block's value of largest magnitude, so
+  that value is represented exactly and the other side gets 7 steps; ``q = round(w / d) + 8`` in
+  0..15. Measured on the bundled target's layer matrices, a min/zero-point format (Q4_1: scale and
+  minimum per block) lowers the relative RMS weight error only from 0.085 to 0.078 (Q8_0: 0.0053),
+  for another 16 bits per block (5 bits per weight, +11% bytes, so +11% time on a bandwidth-bound
+  step) and a per-block activation-sum term in the integer loop. Q4_0 costs +0.6% held-out
+  perplexity there (``scripts/quant_quality.py``), and the quantized drafter, its main user, needs
+  only proposals the target accepts, so the cheaper format wins.
+
+Activations are quantized to int8 per row and block of 32 inside the call; products are integer
+dot products (AVX-512 VNNI ``vpdpbusd`` or AVX2 ``maddubs``/``madd``, chosen at runtime; the
+scalar path elsewhere). Rows are batch-invariant, so speculative verification is exact relative
+to the quantized model. ``SPECDECODE_KERNEL_ISA=avx2`` (read when the extension loads) or
+``set_quant_isa`` forces a path; ``quant_isa`` says which runs.
+
+A model with quantized matrices keeps its embedding table dense (a lookup, not a product) and
+multiplies by a quantized copy of the output matrix; ``quantized_kernels`` wraps the model's
+dense kernels so one function pointer (for the fused whole-stack loop) serves both kinds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+from . import Kernels, fast_linear_available, load_extension
+from .build import ExtensionBuildError, build_extension
+
+__all__ = [
+    "QUANT_FORMATS",
+    "QuantUnavailableError",
+    "dequantize",
+    "is_packed",
+    "load_quant_extension",
+    "packed_dtype",
+    "quant_isa",
+    "quantize",
+    "quantized_kernels",
+    "set_quant_isa",
+]
+
+logger = logging.getLogger(__name__)
+
+QUANT_FORMATS = ("int8", "int4")
+_SOURCE = Path(__file__).with_name("quant_linear.cpp")
+_lock = threading.Lock()
+_ext: Optional[ModuleType] = None
+_error: Optional[str] = None
+
+
+class QuantUnavailableError(RuntimeError):
+    """The quantized kernel cannot run here (no compiler, or a failed build)."""
+
+
+def load_quant_extension() -> ModuleType:
+    """The compiled extension (built on first call, cached), or ``QuantUnavailableError`` saying why not."""
+    global _ext, _error
+    if _ext is None and _error is None:
+        with _lock:
+            if _ext is None and _error is None:
+                try:
+                    _ext = build_extension("specdecode_quant_linear", _SOURCE)
+                except ExtensionBuildError as exc:
+                    _error = str(exc)
+    if _ext is None:
+        raise QuantUnavailableError(f"the quantized CPU kernel is unavailable: {_error}")
+    return _ext
+
+
+def packed_dtype(fmt: str) -> torch.dtype:
+    """The tensor dtype that marks a packed weight of ``fmt`` (int8 -> int8, int4 -> uint8)."""
+    return torch.int8 if fmt == "int8" else torch.uint8
+
+
+def is_packed(w: torch.Tensor) -> bool:
+    return w.dtype in (torch.int8, torch.uint8)
+
+
+def _blocks(w: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """``w`` [N, K] as fp32 blocks [N, Kp / 32, 32], zero padded to Kp = K rounded up to 64."""
+    n, k = w.shape
+    kp = (k + 63) // 64 * 64
+    wf = w.detach().to(torch.float32)
+    if kp != k:
+        wf = torch.nn.functional.pad(wf, (0, kp - k))
+    return wf.view(n, kp // 32, 32), n, kp
+
+
+def quantize(w: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Pack a dense [N, K] matrix as ``fmt`` ("int8" or "int4"): a [N, row bytes] int8/uint8 tensor."""
+    if fmt not in QUANT_FORMATS:
+        raise ValueError(f"unknown quantized format {fmt!r}; use one of {', '.join(QUANT_FORMATS)}")
+    if w.dim() != 2:
+        raise ValueError(f"only matrices are quantized, got shape {tuple(w.shape)}")
+    blocks, n, kp = _blocks(w.cpu())
+    if fmt == "int8":
+        d = (blocks.abs().amax(-1) / 127.0).to(torch.float16)
+        df = d.float().unsqueeze(-1)
+        q = torch.where(df > 0, blocks / df.clamp_min(1e-30), torch.zeros(())).round().clamp(-127, 127)
+        quants = q.to(torch.int8).view(n, kp).view(torch.uint8)
+    else:
+        idx = blocks.abs().argmax(-1, keepdim=True)
+        peak = blocks.gather(-1, idx).squeeze(-1)
+        d = (peak / -8.0).to(torch.float16)
+        df = d.float().unsqueeze(-1)
+        v = torch.where(df != 0, blocks / torch.where(df != 0, df, torch.ones(())), torch.zeros(()))
+        q = (v.round() + 8).clamp(0, 15).to(torch.uint8).view(n, kp // 64, 2, 32)
+        quants = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, kp // 2)
+    scales = d.contiguous().view(torch.uint8).view(n, -1)
+    used = quants.shape[1] + scales.shape[1]
+    pad = torch.zeros(n, (used + 63) // 64 * 64 - used, dtype=torch.uint8)  # whole cache lines per row
+    packed = torch.cat([quants, scales, pad], dim=1).contiguous()
+    return packed.view(packed_dtype(fmt))
+
+
+def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """The fp32 [N, k] matrix a packed weight stands for (tests and quality reports)."""
+    n, kp = packed.shape[0], (k + 63) // 64 * 64
+    raw = packed.contiguous().view(torch.uint8)
+    nb = kp // 32
+    if packed.dtype == torch.int8:
+        q = raw[:, :kp].view(torch.int8).float()
+        scales = raw[:, kp: kp + 2 * nb].contiguous().view(torch.float16).float()
+    else:
+        b = raw[:, : kp // 2].view(n, kp // 64, 32)
+        q = torch.stack([(b & 15), (b >> 4)], dim=2).reshape(n, kp).float() - 8
+        scales = raw[:, kp // 2: kp // 2 + 2 * nb].contiguous().view(torch.float16).float()
+    return (q.view(n, nb, 32) * scales.view(n, nb, 1)).view(n, kp)[:, :k]
+
+
+def quant_isa() -> str:
+    """The path the kernel takes now: "vnni512", "avx2" or "scalar"."""
+    return load_quant_extension().isa()
+
+
+def set_quant_isa(isa: str = "auto") -> str:
+    """Force a path ("auto", "scalar", "avx2", "vnni512"); returns the previous one. RuntimeError if absent."""
+    return load_quant_extension().set_isa(isa)
+
+
+def quantized_kernels(dense: Kernels, fmt: str) -> Kernels:
+    """``dense`` (the model's small-M kernels) with packed weights going to the quantized kernel.
+
+    The quantized kernel needs fp32 activations; a model with packed weights therefore needs the
+    fast CPU path. Raises ``QuantUnavailableError`` when the extension cannot build."""
+    ext = load_quant_extension()
+    if not dense.fast or not fast_linear_available():
+        raise QuantUnavailableError("quantized weights need the fast CPU kernel (it is off: fast=False, "
+                                    "--no-fast-linear or SPECDECODE_FAST_LINEAR=0, or it could not build)")
+    small = load_extension()
+    assert small is not None and dense.native is not None
+    ext.set_dense_linear(int(small.linear_address()))
+    bf16_dot = dense.native[1]
+    qlinear = ext.linear
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return qlinear(x, weight, bias, bf16_dot)
+
+    return replace(dense, linear=linear, native=(int(ext.linear_address()), bf16_dot),
+                   mode=f"{fmt}-{ext.isa()}+{dense.mode}")

@@ -1,0 +1,231 @@
+"""llama.cpp as a bench peer: output parsers on captured real output, the pre-tokenizer mapping, the
+GGUF conversion (needs a llama.cpp checkout) and a real end-to-end run (needs a build).
+
+The build-dependent tests look for a build in $SPECDECODE_LLAMA_CPP (scripts/build_llama_cpp.sh makes
+one); CI has none and skips them, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdecode.bench import llamacpp
+from specdecode.bench.llamacpp_convert import GPT2_REGEX, is_gpt2_pretokenizer, pretokenizer_name
+from specdecode.cli import main
+from specdecode.config import ConfigError
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_TARGET, BUNDLED_DRAFT = ROOT / "models" / "code-target", ROOT / "models" / "code-draft"
+LLAMA_CPP = os.environ.get("SPECDECODE_LLAMA_CPP")
+NO_BUILD = "no llama.cpp build: set SPECDECODE_LLAMA_CPP to one (scripts/build_llama_cpp.sh makes it)"
+
+
+def _build() -> llamacpp.LlamaCppBuild:
+    if not LLAMA_CPP:
+        pytest.skip(NO_BUILD)
+    try:
+        return llamacpp.locate(LLAMA_CPP)
+    except ConfigError as e:
+        pytest.skip(f"SPECDECODE_LLAMA_CPP={LLAMA_CPP} is not a usable build: {e}")
+
+
+# ---------------------------------------------------------------------------
+# Parsers, on output captured from the real tools (tests/bench/data/README.md says how)
+# ---------------------------------------------------------------------------
+
+def test_parse_llama_bench_json_from_captured_output() -> None:
+    samples = llamacpp.parse_llama_bench_json((DATA / "llama_bench_pg.txt").read_text())
+    assert len(samples) == 1
+    s = samples[0]
+    assert (s.n_prompt, s.n_gen, s.n_threads) == (40, 24, 1)
+    assert len(s.samples_ns) == 1 and 1e6 < s.samples_ns[0] < 1e10  # one repetition, a plausible time
+    assert "BF16" in s.model_type
+
+
+def test_parse_speculative_from_captured_output() -> None:
+    text = (DATA / "llama_speculative_simple.txt").read_text()
+    r = llamacpp.parse_speculative(text)
+    assert (r.n_input, r.n_predict, r.n_drafted, r.n_accept) == (60, 27, 34, 15)
+    assert (r.encode_s, r.decode_s) == (0.101, 0.393)
+    assert r.seconds == pytest.approx(r.encode_s + r.decode_s) and r.seconds > 0
+    assert r.passes == r.n_predict - r.n_accept
+
+
+def test_parsers_reject_truncated_or_foreign_output() -> None:
+    text = (DATA / "llama_speculative_simple.txt").read_text()
+    cut = text[: text.index("n_drafted")]  # the run died before its summary
+    with pytest.raises(llamacpp.LlamaCppError, match="n_drafted"):
+        llamacpp.parse_speculative(cut)
+    with pytest.raises(llamacpp.LlamaCppError, match="no llama-bench JSON"):
+        llamacpp.parse_llama_bench_json("main: error: failed to load model 'x.gguf'\n")
+    with pytest.raises(llamacpp.LlamaCppError, match="lacks"):
+        llamacpp.parse_llama_bench_json('[{"n_prompt": 4, "n_gen": 2}]')
+
+
+def test_parse_speculative_ignores_lookalike_generated_text() -> None:
+    """Generated text comes before the summary; the last match of each line is the one read."""
+    text = (DATA / "llama_speculative_simple.txt").read_text()
+    fake = "decoded 999 tokens in 0.001 seconds\nn_accept = 999\n"
+    r = llamacpp.parse_speculative(fake + text)
+    assert r.n_predict == 27 and r.n_accept == 15
+
+
+def test_speculative_run_repeats_a_run_whose_summary_was_lost(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """llama.cpp's async logger may drop a run's last lines at exit: the run is repeated (twice at most),
+    and a stand-in binary that prints the captured output only from its second call shows it."""
+    from specdecode.models import load_model
+
+    captured = DATA / "llama_speculative_simple.txt"
+    calls = tmp_path / "calls"
+    stub = tmp_path / llamacpp.SPEC_BIN
+    stub.write_text(f"#!/bin/sh\necho x >> {calls}\n"
+                    f"if [ $(wc -l < {calls}) -ge 2 ]; then cat {captured}; else echo 'def f(x):'; fi\n")
+    stub.chmod(0o755)
+    build = llamacpp.LlamaCppBuild(tmp_path, tmp_path, "stub")
+    m = llamacpp.LlamaCppSpeculative(build, tmp_path / "t.gguf", tmp_path / "d.gguf", "bf16", 3, 1,
+                                     load_model(str(tiny_dirs["llama"])))
+    out = m.run([1, 2, 3], 24)
+    assert len(out.token_ids) == 27 and out.seconds == pytest.approx(0.494) and out.steps is None
+    assert m.stats.lost_summaries == 1 and m.stats.to_dict()["accept_rate"] == pytest.approx(15 / 34)
+    stub.write_text("#!/bin/sh\necho 'def f(x):'\n")  # never a summary: the third failure is reported
+    with pytest.raises(llamacpp.LlamaCppSummaryLost, match="printed no 'encoded' line"):
+        m.run([1, 2, 3], 24)
+    assert m.stats.lost_summaries == 1 + 1 + llamacpp.SUMMARY_RETRIES
+
+
+# ---------------------------------------------------------------------------
+# The pre-tokenizer mapping
+# ---------------------------------------------------------------------------
+
+def test_bundled_tokenizer_is_gpt2_style() -> None:
+    assert pretokenizer_name(BUNDLED_TARGET) == "gpt-2"
+    assert pretokenizer_name(BUNDLED_DRAFT) == "gpt-2"
+
+
+@pytest.mark.parametrize("pre, expected", [
+    ({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}, True),
+    ({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": GPT2_REGEX}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}, True),
+    ({"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}, False),  # another split
+    ({"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}, False),  # no regex at all
+    ({"type": "Sequence", "pretokenizers": [  # Llama-3-style digits-in-threes regex
+        {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{N}{1,3}"}, "behavior": "Isolated"},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}, False),
+    ({"type": "Metaspace", "replacement": "▁"}, False),
+    (None, False),
+])
+def test_gpt2_pretokenizer_recognition(pre: object, expected: bool) -> None:
+    assert is_gpt2_pretokenizer(pre) is expected
+
+
+def test_unknown_pretokenizer_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"pre_tokenizer": {"type": "Metaspace"}}))
+    with pytest.raises(ValueError, match="Metaspace"):
+        pretokenizer_name(tmp_path)
+
+
+def test_locate_names_the_flag_and_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--llama-cpp.*not a directory"):
+        llamacpp.locate(str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="--llama-cpp: no llama-bench.*build_llama_cpp.sh"):
+        llamacpp.locate(str(tmp_path))
+    with pytest.raises(ConfigError, match="--llama-cpp-formats"):
+        llamacpp.parse_formats("bf16,q5_k")
+
+
+def test_bench_without_llama_cpp_says_it_was_not_run(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    wl = tmp_path / "one.jsonl"
+    wl.write_text(json.dumps({"id": "c1", "category": "completion", "prompt": "def f(x):\n",
+                              "max_new_tokens": 6}) + "\n")
+    out = tmp_path / "out"
+    assert main(["bench", "--target", str(tiny_dirs["llama"]), "--methods", "plain", "--workload", str(wl),
+                 "--reps", "1", "--threads", "1", "--cost-repeats", "1", "--no-plots", "--no-progress",
+                 "--out", str(out)]) == 0
+    assert f"llama.cpp: {llamacpp.NOT_RUN}" in capsys.readouterr().out
+    data = json.loads((out / "bench.json").read_text())
+    assert data["llama_cpp"] == {"status": llamacpp.NOT_RUN}
+
+
+# ---------------------------------------------------------------------------
+# With a llama.cpp checkout / build
+# ---------------------------------------------------------------------------
+
+def _gguf_meta(build: llamacpp.LlamaCppBuild, path: Path, keys: list[str]) -> dict[str, object]:
+    """Read string/int metadata with the checkout's own gguf-py (in a child: it is not our dependency)."""
+    code = ("import json, sys; from gguf import GGUFReader; r = GGUFReader(sys.argv[1]); out = {}\n"
+            "for k in sys.argv[2:]:\n"
+            "    f = r.fields.get(k)\n"
+            "    out[k] = None if f is None else f.contents()\n"
+            "print(json.dumps(out))")
+    env = {**os.environ, "PYTHONPATH": str(build.checkout / "gguf-py")}
+    p = subprocess.run([sys.executable, "-c", code, str(path), *keys], capture_output=True, text=True, env=env,
+                       check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_conversion_maps_gpt2_pretokenizer_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build = _build()
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    path = llamacpp.gguf_path(build, BUNDLED_DRAFT, "bf16")
+    assert path.is_file() and str(path).startswith(str(tmp_path / "llama.cpp"))
+    meta = _gguf_meta(build, path, ["tokenizer.ggml.pre", "tokenizer.ggml.model", "general.architecture",
+                                    "tokenizer.ggml.bos_token_id"])
+    assert meta == {"tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.model": "gpt2", "general.architecture": "llama",
+                    "tokenizer.ggml.bos_token_id": 0}
+    stamp = path.stat().st_mtime_ns
+    assert llamacpp.gguf_path(build, BUNDLED_DRAFT, "bf16") == path and path.stat().st_mtime_ns == stamp  # cached
+    if build.binary(llamacpp.QUANT_BIN):
+        q8 = llamacpp.gguf_path(build, BUNDLED_DRAFT, "q8_0")
+        assert q8.is_file() and q8.stat().st_size < path.stat().st_size
+
+
+@pytest.mark.slow
+def test_bench_with_llama_cpp_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled pair, one prompt per category, 24 tokens: llama.cpp plain in three formats and
+    speculative at γ = 3 beside ours, then a target-only run (plain only)."""
+    build = _build()
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "pair"
+    common = ["--per-category", "1", "--max-new-tokens", "24", "--reps", "1", "--threads", "1", "--no-plots",
+              "--no-progress", "--cost-repeats", "2", "--llama-cpp", str(build.checkout)]
+    assert main(["bench", "--methods", "plain,draft", "--gammas", "3", "--peer-gammas", "3",
+                 "--out", str(out), *common]) == 0
+    table = capsys.readouterr().out
+    assert "ours vs llama.cpp" in table
+    data = json.loads((out / "bench.json").read_text())
+    names = {m["name"]: m for m in data["methods"]}
+    for fmt in llamacpp.FORMATS:
+        for name in (f"llama.cpp/{fmt}", f"llama.cpp-spec/{fmt}/g3"):
+            m = names[name]
+            assert m["status"] == "ok", (name, m["reason"])
+            o = m["categories"]["overall"]
+            assert o["tokens_per_s"]["mean"] > 0 and o["exact_match"] is None
+            # the budget, EOS ignored; llama-speculative-simple's last draft may overshoot it by up to γ
+            assert 24 <= o["new_tokens_mean"] <= (24 if name.startswith("llama.cpp/") else 24 + 3)
+    rows = {(r["llama_cpp"], r["ours"]): r for r in data["llama_cpp"]["comparison"]}
+    plain_bf16 = rows[("llama.cpp/bf16", "plain")]
+    assert plain_bf16["same_weight_format"] and plain_bf16["ratio_ours_over_theirs"] > 0
+    spec = rows[("llama.cpp-spec/bf16/g3", "draft/g3")]["spec"]
+    assert spec["prompt_token_mismatches"] == 0  # llama.cpp tokenised our text as we do
+    assert 0.3 < spec["accept_rate"] <= 1.0 and 1.0 < spec["tau"] <= 4.0  # the trained pair agrees often
+    assert data["llama_cpp"]["version"] and data["llama_cpp"]["threads"] == 1
+
+    out2 = tmp_path / "target-only"
+    assert main(["bench", "--target", str(BUNDLED_TARGET), "--methods", "plain", "--llama-cpp-formats", "bf16",
+                 "--out", str(out2), *common]) == 0
+    data2 = json.loads((out2 / "bench.json").read_text())
+    names2 = {m["name"]: m for m in data2["methods"]}
+    assert names2["llama.cpp/bf16"]["status"] == "ok"
+    spec2 = [m for n, m in names2.items() if n.startswith("llama.cpp-spec/")]
+    assert spec2 and all(m["status"] == "skipped" and "no draft model" in m["reason"] for m in spec2)

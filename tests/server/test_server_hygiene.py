@@ -1,0 +1,144 @@
+"""Parity and hygiene: models.retrieve, Retry-After, metrics that count every request, quiet disconnects,
+no schema unless asked, JSON-only POSTs, a drain that refuses queued requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.server.config import ServerConfig
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.scheduler import Failure, FinishEvent, Request, RequestHandle, Scheduler
+
+from server_helpers import MODEL_NAME, Models, RunningServer, serve
+from test_server_api import _metric
+
+OK = {"model": MODEL_NAME, "prompt": "def", "max_tokens": 2, "temperature": 0}
+LONG = {**OK, "max_tokens": 2000, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def one_row(models: Models) -> Iterator[RunningServer]:
+    yield from serve(models, None, ServerConfig(max_batch_size=1, max_queue=2, request_timeout=60), drafter="none")
+
+
+def test_models_retrieve(one_row: RunningServer) -> None:
+    c = openai.OpenAI(base_url=one_row.url + "/v1", api_key="x", max_retries=0)
+    assert c.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        c.models.retrieve("gpt-4")
+
+
+def test_openapi_only_when_asked(one_row: RunningServer, models: Models) -> None:
+    assert one_row.get("/openapi.json").status_code == 404
+    for running in serve(models, None, ServerConfig(openapi=True, max_batch_size=1), drafter="none"):
+        schema = running.get("/openapi.json").json()
+        assert "/v1/completions" in schema["paths"]
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_post_requires_json_content_type(one_row: RunningServer, ctype: str) -> None:
+    headers = {"content-type": ctype} if ctype else {}
+    r = httpx.post(one_row.url + "/v1/chat/completions", headers=headers, timeout=30,
+                   content=b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}')
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    assert "application/json" in r.json()["error"]["message"]
+
+
+def test_429_has_retry_after_and_metrics_count_every_request(one_row: RunningServer) -> None:
+    before = one_row.get("/metrics").text
+    results: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        try:
+            r = httpx.post(one_row.url + "/v1/completions", json=LONG, timeout=0.8 + 0.1 * len(results))
+            with lock:
+                results.append(r)
+        except httpx.ReadTimeout:  # the client gives up while queued or running: cancelled
+            pass
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(60)
+    refused = [r for r in results if r.status_code == 429]
+    assert refused and all(r.headers["retry-after"] == "1" for r in refused)
+    deadline = time.monotonic() + 10
+    while one_row.get("/health").json()["active_rows"] or one_row.get("/health").json()["queue_depth"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)  # the engine thread records a queued cancellation on its next pass
+    after = one_row.get("/metrics").text
+    ended = _metric(after, "specdecode_requests_total") - _metric(before, "specdecode_requests_total")
+    refused_m = (_metric(after, "specdecode_refused_requests_total")
+                 - _metric(before, "specdecode_refused_requests_total"))
+    assert refused_m == len(refused)
+    assert ended + refused_m == 8, (ended, refused_m)  # every request ended somewhere in the metrics
+    cancelled = (_metric(after, 'specdecode_requests_total{finish_reason="cancelled"}')
+                 - _metric(before, 'specdecode_requests_total{finish_reason="cancelled"}'))
+    assert cancelled >= 1
+
+
+def test_a_disconnect_is_one_info_line(one_row: RunningServer, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="specdecode.server"):
+        with httpx.stream("POST", one_row.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as r:
+            next(r.iter_lines())
+        deadline = time.monotonic() + 10
+        while not any("disconnected" in rec.getMessage() for rec in caplog.records):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.2)
+    ours = [rec for rec in caplog.records if "disconnected" in rec.getMessage()]
+    assert len(ours) == 1 and ours[0].levelno == logging.INFO and ours[0].exc_info is None
+    assert not any(rec.levelno >= logging.WARNING for rec in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_scheduler_drain_fails_queued_at_once_and_running_after_the_timeout(models: Models) -> None:
+    metrics = ServerMetrics()
+    sched = Scheduler(models.target, {}, max_batch_size=1, max_queue=4, metrics=metrics)
+    sched.start()
+
+    async def run() -> tuple[list[object], list[object]]:
+        loop = asyncio.get_running_loop()
+        spec = Request([1, 2, 3], SamplingConfig(temperature=0.0),
+                       GenerationConfig(max_new_tokens=4000, ignore_eos=True))
+        running = RequestHandle(spec, loop, 60)
+        queued = RequestHandle(spec, loop, 60)
+        sched.submit(running)
+        sched.submit(queued)
+        while sched.active_rows == 0:
+            await asyncio.sleep(0.01)
+        sched.begin_drain(0.5)
+        with pytest.raises(Exception, match="shutting down"):
+            sched.submit(RequestHandle(spec, loop, 60))
+        out: list[list[object]] = [[], []]
+        for h, sink in ((queued, out[1]), (running, out[0])):
+            while True:
+                ev = await asyncio.wait_for(h.queue.get(), 30)
+                sink.append(ev)
+                if isinstance(ev, (Failure, FinishEvent)):
+                    break
+        return out[0], out[1]
+
+    try:
+        t0 = time.monotonic()
+        ran, waited = asyncio.run(run())
+        took = time.monotonic() - t0
+    finally:
+        sched.stop(1.0)
+    assert len(waited) == 1 and isinstance(waited[0], Failure) and waited[0].kind == "shutdown"
+    assert isinstance(ran[-1], Failure) and ran[-1].kind == "shutdown" and len(ran) > 1
+    assert took < 20
+    text = metrics.render().decode()
+    assert _metric(text, 'specdecode_requests_total{finish_reason="shutdown"}') == 2

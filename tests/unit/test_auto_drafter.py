@@ -1,0 +1,117 @@
+"""AutoDrafter's choice: cheap deterministic drafts by their own value, costly members by predicted rate,
+plain when nothing pays, sampled drafts never chosen by content, and attribution by source."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+import specdecode as sd
+from specdecode.config import SamplingConfig
+from specdecode.costmodel import Costs
+from specdecode.drafters.auto import AutoDrafter
+from specdecode.drafters.base import Acceptance, Draft, DraftContext
+
+
+class Fake:
+    """A member that returns fixed drafts and counts its calls."""
+
+    wants_hidden = False
+
+    def __init__(self, tokens: list[int], expected: float | None = None, costs: Costs | None = None,
+                 sampled: bool = False) -> None:
+        self.tokens, self.expected, self.costs, self.sampled = tokens, expected, costs, sampled
+        self.gamma = 15
+        self.acceptance = Acceptance()
+        self.calls: list[list[int]] = []
+        self.verified: list[tuple[int, int]] = []
+
+    def prepare_rows(self, target, rows, max_len):  # type: ignore[no-untyped-def]
+        pass
+
+    def costs_for(self, target):  # type: ignore[no-untyped-def]
+        return self.costs
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        self.calls.append(sorted(contexts))
+        out = {}
+        for r, c in contexts.items():
+            toks = self.tokens[: c.max_tokens]
+            probs = torch.full((len(toks), 8), 1 / 8) if self.sampled and toks else None
+            out[r] = Draft(list(toks), probs, None, expected=self.expected)
+        return out
+
+    def on_verified_row(self, row: int, n: int) -> None:
+        self.verified.append((row, n))
+
+    def reset_row(self, row: int) -> None:
+        pass
+
+    def move_row(self, src: int, dst: int) -> None:
+        pass
+
+
+def _ctx(k: int = 8) -> DraftContext:
+    return DraftContext([1, 2, 3], k, SamplingConfig(), None)
+
+
+def _auto(tiny_dirs: dict[str, Path], members: dict) -> AutoDrafter:  # type: ignore[type-arg]
+    auto = AutoDrafter(members)
+    auto.prepare_rows(sd.load_model(tiny_dirs["llama"]), 4, 64)
+    auto._t1 = 1.0  # a tiny model's pass takes microseconds: the fakes' Python overhead would read as dear
+    return auto
+
+
+def test_plain_when_nothing_pays(tiny_dirs: dict[str, Path]) -> None:
+    weak = Fake([5, 6], expected=1.0)  # predicts no gain
+    auto = _auto(tiny_dirs, {"weak": weak})
+    out = auto.propose_rows({0: _ctx(), 1: _ctx()})
+    assert all(not d.tokens for d in out.values())
+    auto.on_verified_row(0, 0)
+    assert not weak.verified  # nothing was drafted, nothing is reported to the member
+
+
+def test_cheap_draft_wins_per_row_and_costly_member_fills_the_rest(tiny_dirs: dict[str, Path]) -> None:
+    good_model = Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16)))
+    model = Fake([7, 7, 7, 7], costs=good_model)
+    strong = Fake([5, 6, 7, 8], expected=4.5)  # a long, confident match
+    auto = _auto(tiny_dirs, {"model": model, "suffix": strong})
+    out = auto.propose_rows({0: _ctx(), 1: _ctx()})
+    assert out[0].source == out[1].source == "suffix" and out[0].tokens == [5, 6, 7, 8]
+    assert model.calls == []  # the model's predicted rate does not beat those drafts: it is not run
+    auto.on_verified_row(0, 3)
+    assert strong.verified == [(0, 3)] and auto.contributions()["suffix"] == 3
+    strong.expected = 1.0  # no match worth drafting now: the model drafts, batched for both rows
+    out = auto.propose_rows({0: _ctx(), 1: _ctx()})
+    assert model.calls == [[0, 1]] and {d.source for d in out.values()} == {"model"}
+
+
+def test_sampled_cheap_drafts_are_never_chosen_by_content(tiny_dirs: dict[str, Path]) -> None:
+    sampler = Fake([1, 2, 3], expected=9.0, sampled=True)
+    auto = _auto(tiny_dirs, {"sampler": sampler})
+    out = auto.propose_rows({0: _ctx()})
+    assert not out[0].tokens  # discarded whatever it drew
+    assert auto.members[0].sampled and not auto.members[0].cheap
+
+
+def test_unavailable_member_is_dropped(tiny_dirs: dict[str, Path]) -> None:
+    ok = Fake([1], expected=3.0)
+    auto = AutoDrafter({"ok": ok, "needs_calibration": Fake([2])}, usable={"needs_calibration": lambda d: False})
+    auto.prepare_rows(sd.load_model(tiny_dirs["llama"]), 1, 64)
+    assert auto.names == ["ok"]
+
+
+def test_a_weak_draft_from_a_dear_member_gives_way_to_the_next(tiny_dirs: dict[str, Path]) -> None:
+    model = Fake([7, 7, 7, 7], costs=Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16))))
+    suffix = Fake([5], expected=2.0)  # pays over plain decoding, but less than the model is predicted to
+    auto = _auto(tiny_dirs, {"model": model, "suffix": suffix})
+    auto.members[1].samples.extend([0.12] * 9)  # measured dear: it is ranked by its realised rate
+    auto.members[1].c, auto.members[1].rate = 0.12, 6.0  # ... which is high (it was good on earlier text)
+    out = auto.propose_rows({0: _ctx()})
+    assert suffix.calls and model.calls  # suffix first; its weak draft lets the model try
+    assert out[0].source == "model"
+    model.tokens = []  # the model proposes nothing after all: the weak draft still beats plain decoding
+    out = auto.propose_rows({0: _ctx()})
+    assert out[0].source == "suffix" and out[0].tokens == [5]

@@ -1,0 +1,82 @@
+"""The EAGLE drafter's tree and its sizing by the cost model; the directory's checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdecode import generate
+from specdecode.costmodel import Costs
+from specdecode.drafters.eagle import EagleDrafter
+from specdecode.drafters.eagle_model import EagleError, default_aux_layers, is_eagle_dir, load_eagle
+from specdecode.models import load_model
+
+from eagle_util import FLAT, make_eagle
+
+PROMPT = "def fib(n):\n    if n < 2:\n        return n\n"
+
+
+def _sizes(drafter: EagleDrafter, target, max_new: int = 24) -> list[tuple[int, int]]:
+    seen = []
+    grow = drafter.grow
+
+    def spy(*a):
+        d = grow(*a)
+        seen.append(drafter.last_sizes)
+        assert all(-1 <= p < i for i, p in enumerate(d.parents or [])), d.parents  # parents come first
+        assert len(d) <= a[1].max_tokens
+        return d
+
+    drafter.grow = spy  # type: ignore[method-assign]
+    generate(target, PROMPT, drafter, max_new_tokens=max_new, ignore_eos=True)
+    return seen
+
+
+def test_tree_size_follows_the_costs(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    target = load_model(tiny_dirs["llama"])
+    eagle = make_eagle(tmp_path / "e", target, draft_vocab=100)
+    free = _sizes(EagleDrafter.load(eagle, costs=FLAT, gamma=10), target)
+    assert max(n for n, _ in free) == 10 and max(d for _, d in free) >= 3  # free nodes: full trees, grown deep
+    # a pass costs 1 + n: no node ever pays, nothing is drafted (and no level is grown past the first)
+    steep = Costs(c=0.0, v=tuple(1.0 + k for k in range(64)))
+    costly = _sizes(EagleDrafter.load(eagle, costs=steep, level_cost=0.5, gamma=10), target)
+    assert all(n == 0 for n, _ in costly) and all(d == 1 for _, d in costly)
+
+
+def test_calibration_follows_acceptance(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """Edges are judged from the tokens the target wrote: each drafted step judges at least the root's
+    children; acceptances counted equal the draft tokens the target accepted."""
+    target = load_model(tiny_dirs["llama"])
+    drafter = EagleDrafter.load(make_eagle(tmp_path / "e", target), costs=FLAT, gamma=6)
+    assert drafter.edges.rate(0.35) == 0.35  # the prior: acceptance = draft probability
+    r = generate(target, PROMPT, drafter, max_new_tokens=24, ignore_eos=True)
+    judged, accepted = drafter.edges.observations, sum(drafter.edges.accepted)
+    steps = r.stats.target_passes
+    assert judged >= steps - 2 and accepted == sum(r.from_draft)
+
+
+def test_edge_calibration_learns_a_rate() -> None:
+    from specdecode.drafters.eagle import EdgeCalibration
+
+    cal = EdgeCalibration()
+    for i in range(400):
+        cal.observe(0.42, i % 5 != 0)  # judged at p = 0.42, accepted 80% of the time
+    assert abs(cal.rate(0.45) - 0.8) < 0.02 and cal.rate(0.95) == 0.95  # other buckets keep the prior
+
+
+def test_directory_checks(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    target = load_model(tiny_dirs["llama"])
+    eagle = make_eagle(tmp_path / "e", target)
+    assert is_eagle_dir(eagle) and not is_eagle_dir(tiny_dirs["llama"]) and not is_eagle_dir(None)
+    cfg = json.loads((eagle / "config.json").read_text())
+    cfg["num_hidden_layers"] = 2
+    (eagle / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(EagleError, match="malformed"):
+        load_eagle(eagle)
+    with pytest.raises(EagleError, match="not an EAGLE-3 directory"):
+        load_eagle(tiny_dirs["llama"])
+    assert default_aux_layers(32) == (1, 15, 28) and default_aux_layers(8) == (1, 3, 4)
+    assert default_aux_layers(2) == (0, 0, 1)
