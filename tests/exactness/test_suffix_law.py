@@ -99,7 +99,7 @@ def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg:
     target, other = models
     model = _CheapModel(sd.DraftModelDrafter(other, gamma="auto"))
     auto = AutoDrafter({"model": model,
-                        "suffix": SuffixDrafter(costs=FREE, min_prob=0.0, spec_factor=8.0)})
+                        "suffix": SuffixDrafter(costs=FREE, min_prob=0.0, spec_factor=8.0, margin=1.0)}, margin=1.0)
     auto.prepare_rows(target, 1, 64)
     auto._t1 = 1.0  # the toy's pass takes microseconds: Python drafting would read as dear and suffix never run
     samples: list[tuple[int, ...]] = []
@@ -111,6 +111,6 @@ def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg:
         samples.append(tuple(r.token_ids[:3]))
         for k, v in r.stats.accepted_by.items():
             by[k] = by.get(k, 0) + v
-    assert by.get("model", 0) > N // 10 and by.get("suffix", 0) > N // 10, by  # both members really drafted
+    assert by.get("model", 0) > N // 10 and by.get("suffix", 0) > N // 20, by  # both members really drafted
     assert gof_pvalue(samples, exact_law(target, cfg)) > 1e-3
     assert gof_pvalue(samples, exact_law(other, cfg)) < 1e-6

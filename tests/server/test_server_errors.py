@@ -40,13 +40,13 @@ BAD_REQUESTS = [
     ("/v1/completions", _with(OK, prompt=[10**6]), 400, "prompt", "outside the vocabulary"),
     ("/v1/completions", _with(OK, model="gpt-4"), 400, "model", "not served here"),
     ("/v1/completions", _with(OK, model=...), 400, "model", "Field required"),
-    ("/v1/completions", _with(OK, n=2), 400, "n", "only n=1"),
+    ("/v1/completions", _with(OK, n=9), 400, "n", "less than or equal to 8"),
     ("/v1/completions", _with(OK, temperature=5), 400, "temperature", "less than or equal to 2"),
     ("/v1/completions", _with(OK, temperature="hot"), 400, "temperature", ""),
     ("/v1/completions", _with(OK, top_p=0), 400, "top_p", "greater than 0"),
     ("/v1/completions", _with(OK, stop=[""]), 400, "stop", "non-empty"),
     ("/v1/completions", _with(OK, stream="yes"), 400, "stream", "boolean"),
-    ("/v1/completions", _with(OK, logprobs=3), 400, "logprobs", "logprobs are not supported"),
+    ("/v1/completions", _with(OK, logprobs=21), 400, "logprobs", "less than or equal to 20"),
     ("/v1/completions", _with(OK, drafter="magic"), 400, "drafter", ""),
     ("/v1/completions", _with(OK, gamma=0), 400, "gamma", "greater than or equal to 1"),
     ("/v1/completions", _with(OK, chain_rule="greedy"), 400, "chain_rule", "use one of: block, token"),
@@ -55,7 +55,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", _with(CHAT, messages=[]), 400, "messages", "at least 1"),
     ("/v1/chat/completions", _with(CHAT, messages="hi"), 400, "messages", ""),
     ("/v1/chat/completions", _with(CHAT, messages=[{"role": "wizard", "content": "x"}]), 400, "messages.0.role", ""),
-    ("/v1/chat/completions", _with(CHAT, n=3), 400, "n", "only n=1"),
+    ("/v1/chat/completions", _with(CHAT, n=0), 400, "n", "greater than or equal to 1"),
 ]
 
 
@@ -79,8 +79,8 @@ def test_malformed_json(server: RunningServer, raw: bytes) -> None:
 
 def test_openai_client_raises_bad_request_with_our_message(server: RunningServer) -> None:
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="only n=1"):
-        c.completions.create(model=MODEL_NAME, prompt="def", n=2)
+    with pytest.raises(openai.BadRequestError, match="less than or equal to 8"):
+        c.completions.create(model=MODEL_NAME, prompt="def", n=9)
     with pytest.raises(openai.BadRequestError, match="not served here"):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 

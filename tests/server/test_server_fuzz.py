@@ -45,6 +45,16 @@ field_value = {
     "max_tokens": st.one_of(st.integers(-2, 4), values),
     "max_completion_tokens": st.one_of(st.integers(-2, 4), values),
     "stream": st.one_of(st.booleans(), values),
+    # honoured fields: near-valid shapes reach the schema compiler, the bias parser and the row bound
+    "response_format": st.one_of(values, st.fixed_dictionaries({"type": st.sampled_from(["json_schema", "json_object",
+                                                                                         "text"])},
+                                                               optional={"json_schema": st.fixed_dictionaries(
+                                                                   {"name": text}, optional={"schema": values})})),
+    "logit_bias": st.one_of(values, st.dictionaries(st.one_of(text, st.integers(-5, 400).map(str)), numbers,
+                                                    max_size=4)),
+    "n": st.one_of(st.integers(-1, 10), values),
+    "logprobs": st.one_of(st.booleans(), st.integers(-1, 25), values),
+    "top_logprobs": st.one_of(st.integers(-1, 25), values),
 }
 
 

@@ -174,8 +174,9 @@ def corpus() -> list[Case]:
     # -- parameters the server does not honour --------------------------------------------------
     refused = [
         ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-        ("functions", [{"name": "f"}]), ("function_call", "auto"), ("response_format", {"type": "json_object"}),
-        ("logit_bias", {"50": 100}), ("logprobs", True), ("top_logprobs", 5), ("n", 2), ("n", 0), ("n", True),
+        ("functions", [{"name": "f"}]), ("function_call", "auto"), ("response_format", {"type": "xml"}),
+        ("logit_bias", {"50": 1000}), ("logit_bias", {"x": 1}), ("top_logprobs", 5), ("top_logprobs", 21),
+        ("n", 9), ("n", 0), ("n", True),
         ("presence_penalty", 1.0), ("frequency_penalty", -0.5), ("audio", {"voice": "x"}),
         ("modalities", ["text", "audio"]), ("prediction", {"type": "content"}), ("reasoning_effort", "high"),
         ("web_search_options", {}),
@@ -183,13 +184,21 @@ def corpus() -> list[Case]:
     for name, v in refused:
         cases.append(Case(f"refused-chat-{name}-{v!r}"[:60], _with(CHAT, **{name: v}), path="/v1/chat/completions",
                           param=name))
-    for name, v in [("echo", True), ("suffix", "x"), ("best_of", 3), ("logprobs", 2), ("n", 4), ("tools", [{}])]:
+    for name, v in [("echo", True), ("suffix", "x"), ("best_of", 3), ("logprobs", 21), ("n", 9), ("tools", [{}]),
+                    ("top_logprobs", 2)]:
         cases.append(Case(f"refused-completion-{name}", _with(OK, **{name: v}), param=name))
     # neutral values of refused parameters are fine
     for name, v in [("n", 1), ("logprobs", False), ("presence_penalty", 0), ("response_format", {"type": "text"}),
                     ("tools", []), ("logit_bias", {})]:
         cases.append(Case(f"neutral-chat-{name}", _with(CHAT, **{name: v}), status=200,
                           path="/v1/chat/completions"))
+    # honoured now (test_server_openai_parity.py checks their values)
+    for name, v in [("n", 2), ("logprobs", True), ("logit_bias", {"50": 100}),
+                    ("response_format", {"type": "json_object"})]:
+        cases.append(Case(f"honoured-chat-{name}", _with(CHAT, **{name: v}), status=200,
+                          path="/v1/chat/completions"))
+    for name, v in [("n", 2), ("logprobs", 2), ("logit_bias", {"50": -100})]:
+        cases.append(Case(f"honoured-completion-{name}", _with(OK, **{name: v}), status=200))
     # -- semantic mistakes ----------------------------------------------------------------------
     cases += [
         Case("model-unknown", _with(OK, model="gpt-4"), param="model"),

@@ -62,15 +62,32 @@ def test_rows_are_batch_invariant(fmt: str, isa: str) -> None:
             assert torch.equal(y[i], ext.quant_linear(x[i:i + 1].contiguous(), p, b, isa)[0]), (m, i)
 
 
-def test_isa_paths_agree_within_rounding() -> None:
+def test_isa_paths_agree_bit_for_bit() -> None:
+    # every path computes acc = fma(float(exact block dot), d_w * d_x, acc) block by block per column
     if len(ISAS) < 2:
         pytest.skip("only the scalar path on this CPU")
-    w, x, b = _case(1408, n=64, m=5)
     for fmt in ("int8", "int4"):
-        p = Q.quantize(w, fmt)
-        ys = [ext.quant_linear(x, p, b, isa) for isa in ISAS]
-        for y in ys[1:]:
-            assert (y - ys[0]).abs().max().item() < 1e-4 * ys[0].abs().max().item()
+        for n, m in ((64, 5), (37, 9)):  # whole groups of 16 rows, and groups plus a plain tail
+            w, x, b = _case(1408, n=n, m=m)
+            p = Q.quantize(w, fmt)
+            ys = [ext.quant_linear(x, p, b, isa) for isa in ISAS]
+            for isa, y in zip(ISAS[1:], ys[1:]):
+                assert torch.equal(y, ys[0]), (fmt, n, isa)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("n,k", [(48, 96), (37, 144), (5, 16)])
+def test_kernel_reads_the_packed_layout(fmt: str, n: int, k: int) -> None:
+    # one-hot activations quantize to 127 * (1 / 127): the products read back each weight, so the
+    # kernel's view of the interleaved groups and the plain tail rows must match dequantize's
+    w, _, _ = _case(k, n=n)
+    p = Q.quantize(w, fmt)
+    deq = Q.dequantize(p, k).double()
+    eye = torch.eye(k)
+    assert torch.allclose(ext.reference(eye, p).T, deq, rtol=1e-6, atol=1e-9)
+    for isa in ISAS:
+        assert torch.allclose(ext.quant_linear(eye, p, None, isa).T.double(), deq, rtol=1e-6, atol=1e-9), isa
+    assert p.shape == (n, ext.row_bytes(k, fmt == "int4"))
 
 
 def test_env_forces_the_avx2_path() -> None:

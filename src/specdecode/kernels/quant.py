@@ -89,56 +89,116 @@ def is_packed(w: torch.Tensor) -> bool:
     return w.dtype in (torch.int8, torch.uint8)
 
 
+GROUP = 16  # weight rows interleaved per group (quant_linear.cpp has the layout)
+
+
 def _blocks(w: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """``w`` [N, K] as fp32 blocks [N, Kp / 32, 32], zero padded to Kp = K rounded up to 64."""
+    """``w`` [N, K] as fp32 blocks [N, Kp / 32, 32], zero padded to Kp = K rounded up to 32."""
     n, k = w.shape
-    kp = (k + 63) // 64 * 64
+    kp = (k + 31) // 32 * 32
     wf = w.detach().to(torch.float32)
     if kp != k:
         wf = torch.nn.functional.pad(wf, (0, kp - k))
     return wf.view(n, kp // 32, 32), n, kp
 
 
+def _row_bytes(fmt: str, kp: int) -> int:
+    qb = kp if fmt == "int8" else kp // 2
+    return (qb + 2 * (kp // 32) + 3) // 4 * 4
+
+
 def quantize(w: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Pack a dense [N, K] matrix as ``fmt`` ("int8" or "int4"): a [N, row bytes] int8/uint8 tensor."""
+    """Pack a dense [N, K] matrix as ``fmt`` ("int8" or "int4"): a [N, row bytes] int8/uint8 tensor.
+
+    Rows go in groups of 16, interleaved 4 inputs at a time, so the kernel's vector lanes are 16
+    output columns (one float multiply-add per block for all of them, no horizontal sums); the
+    last N % 16 rows stay plain. ``dequantize`` reads both back."""
     if fmt not in QUANT_FORMATS:
         raise ValueError(f"unknown quantized format {fmt!r}; use one of {', '.join(QUANT_FORMATS)}")
     if w.dim() != 2:
         raise ValueError(f"only matrices are quantized, got shape {tuple(w.shape)}")
     blocks, n, kp = _blocks(w.cpu())
+    nb = kp // 32
     if fmt == "int8":
         d = (blocks.abs().amax(-1) / 127.0).to(torch.float16)
         df = d.float().unsqueeze(-1)
         q = torch.where(df > 0, blocks / df.clamp_min(1e-30), torch.zeros(())).round().clamp(-127, 127)
-        quants = q.to(torch.int8).view(n, kp).view(torch.uint8)
+        q = q.to(torch.int8).view(torch.uint8)  # [n, nb, 32]
     else:
         idx = blocks.abs().argmax(-1, keepdim=True)
         peak = blocks.gather(-1, idx).squeeze(-1)
         d = (peak / -8.0).to(torch.float16)
         df = d.float().unsqueeze(-1)
         v = torch.where(df != 0, blocks / torch.where(df != 0, df, torch.ones(())), torch.zeros(()))
-        q = (v.round() + 8).clamp(0, 15).to(torch.uint8).view(n, kp // 64, 2, 32)
-        quants = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, kp // 2)
-    scales = d.contiguous().view(torch.uint8).view(n, -1)
-    used = quants.shape[1] + scales.shape[1]
-    pad = torch.zeros(n, (used + 63) // 64 * 64 - used, dtype=torch.uint8)  # whole cache lines per row
-    packed = torch.cat([quants, scales, pad], dim=1).contiguous()
-    return packed.view(packed_dtype(fmt))
+        q = (v.round() + 8).clamp(0, 15).to(torch.uint8)  # [n, nb, 32], v in 0..15
+    scales = d.contiguous().view(torch.uint8).view(n, nb, 2)
+    rb = _row_bytes(fmt, kp)
+    full = n // GROUP * GROUP
+    out = torch.zeros(n, rb, dtype=torch.uint8)
+    if full:
+        ng = full // GROUP
+        g = q[:full].view(ng, GROUP, nb, 32)
+        if fmt == "int8":  # [group, block, step of 4 inputs, row, 4]
+            quants = g.view(ng, GROUP, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(ng, -1)
+        else:  # low nibble: inputs 4s + i, high nibble: 16 + 4s + i
+            g = g.view(ng, GROUP, nb, 2, 4, 4)
+            quants = (g[:, :, :, 0] | (g[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(ng, -1)
+        sc = scales[:full].view(ng, GROUP, nb, 2).permute(0, 2, 1, 3).reshape(ng, -1)
+        body = torch.cat([quants, sc], dim=1)
+        grouped = torch.zeros(ng, GROUP * rb, dtype=torch.uint8)
+        grouped[:, : body.shape[1]] = body
+        out[:full] = grouped.view(full, rb)
+    if full < n:
+        t = q[full:]
+        if fmt == "int8":
+            tq = t.reshape(n - full, kp)
+        else:
+            t = t.view(n - full, nb, 2, 16)
+            tq = (t[:, :, 0] | (t[:, :, 1] << 4)).reshape(n - full, kp // 2)
+        out[full:, : tq.shape[1]] = tq
+        out[full:, tq.shape[1]: tq.shape[1] + 2 * nb] = scales[full:].reshape(n - full, 2 * nb)
+    return out.view(packed_dtype(fmt))
+
+
+def _unpack(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer weights [N, Kp] (int8: q; int4: v - 8) and fp32 scales [N, nb] of a packed matrix."""
+    fmt = "int8" if packed.dtype == torch.int8 else "int4"
+    n, kp = packed.shape[0], (k + 31) // 32 * 32
+    nb = kp // 32
+    qb = kp if fmt == "int8" else kp // 2
+    raw = packed.contiguous().view(torch.uint8)
+    full = n // GROUP * GROUP
+    q = torch.empty(n, nb, 32, dtype=torch.float32)
+    scales = torch.empty(n, nb, dtype=torch.float32)
+    if full:
+        ng = full // GROUP
+        grp = raw[:full].reshape(ng, GROUP * raw.shape[1])
+        qz = grp[:, : GROUP * qb]
+        if fmt == "int8":
+            g = qz.view(ng, nb, 8, GROUP, 4).permute(0, 3, 1, 2, 4).reshape(ng * GROUP, nb, 32)
+            q[:full] = g.view(torch.int8).float()
+        else:
+            g = qz.view(ng, nb, 4, GROUP, 4).permute(0, 3, 1, 2, 4)  # [group, row, block, s, i]
+            lo, hi = (g & 15).reshape(full, nb, 16), (g >> 4).reshape(full, nb, 16)
+            q[:full] = torch.cat([lo, hi], dim=2).float() - 8
+        sc = grp[:, GROUP * qb: GROUP * qb + GROUP * nb * 2].contiguous().view(ng, nb, GROUP, 2)
+        scales[:full] = sc.permute(0, 2, 1, 3).contiguous().view(torch.float16).view(full, nb).float()
+    if full < n:
+        t = raw[full:]
+        if fmt == "int8":
+            q[full:] = t[:, :kp].contiguous().view(torch.int8).float().view(n - full, nb, 32)
+        else:
+            b = t[:, : kp // 2].reshape(n - full, nb, 16)
+            q[full:] = torch.cat([b & 15, b >> 4], dim=2).float() - 8
+        scales[full:] = t[:, qb: qb + 2 * nb].contiguous().view(torch.float16).float()
+    return q.view(n, kp), scales
 
 
 def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
     """The fp32 [N, k] matrix a packed weight stands for (tests and quality reports)."""
-    n, kp = packed.shape[0], (k + 63) // 64 * 64
-    raw = packed.contiguous().view(torch.uint8)
-    nb = kp // 32
-    if packed.dtype == torch.int8:
-        q = raw[:, :kp].view(torch.int8).float()
-        scales = raw[:, kp: kp + 2 * nb].contiguous().view(torch.float16).float()
-    else:
-        b = raw[:, : kp // 2].view(n, kp // 64, 32)
-        q = torch.stack([(b & 15), (b >> 4)], dim=2).reshape(n, kp).float() - 8
-        scales = raw[:, kp // 2: kp // 2 + 2 * nb].contiguous().view(torch.float16).float()
-    return (q.view(n, nb, 32) * scales.view(n, nb, 1)).view(n, kp)[:, :k]
+    q, scales = _unpack(packed, k)
+    n, kp = q.shape
+    return (q.view(n, kp // 32, 32) * scales.view(n, -1, 1)).view(n, kp)[:, :k]
 
 
 def quant_isa() -> str:

@@ -3,48 +3,44 @@
 // Why: a decode step of a real-sized model streams every weight byte from DRAM, so bytes per
 // weight set the speed. These are llama.cpp's Q8_0 and Q4_0 formats in arithmetic (blocks of 32
 // weights sharing one fp16 scale; 8.5 and 4.5 bits per weight), with the activations quantized
-// to int8 per row and block of 32 at call time and the block dot products done in integers, as
-// llama.cpp does: the multiply-adds run 4x (int8) wider than fp32 ones and the weights are never
-// widened to floats.
+// to int8 per row and block of 32 once per call and the block dot products done in integers.
 //
-// Packed weight (made by kernels/quant.py at load time; one row per output feature):
-//   Kp = K rounded up to 64 (two blocks: a "pair"), nb = Kp / 32 blocks, zero padded;
-//   row = [quants][nb fp16 scales][zero padding to a multiple of 64 bytes]
-//   int8 (tensor dtype int8):  quants = Kp signed bytes q in [-127, 127], w ~= d * q
-//   int4 (tensor dtype uint8): quants = Kp / 2 bytes; a pair of blocks (64 values v0..v63) is 32
-//       bytes, byte j = v_j | v_{j+32} << 4, v in 0..15, w ~= d * (v - 8) (llama.cpp's Q4_0 math;
-//       this pair layout unpacks to two blocks with one shift and one mask)
-// The dtype says the format, and the row length is checked against K (from x).
+// Packed weight (made by kernels/quant.py at load time), a [N, rb] int8 (Q8) or uint8 (Q4) tensor:
+//   Kp = K rounded up to 32, nb = Kp / 32 blocks (zero padded), qb = Kp (int8) or Kp / 2 (int4),
+//   rb = qb + 2 * nb rounded up to 4 bytes.
+//   Rows come in groups of G = 16 (rows 16g .. 16g + 15 fill bytes [16g * rb, (16g + 16) * rb)),
+//   interleaved so that one 64-byte vector holds 4 consecutive inputs of all 16 rows (one int32
+//   lane per output column, as llama.cpp's repacked "8x8" Q4_0 kernels do):
+//     quants: per block b, int8: 8 steps s of [row c: q[c, 32b + 4s + i], i < 4] (512 bytes);
+//             int4: 4 steps s of [row c: v[c, 32b + 4s + i] | v[c, 32b + 16 + 4s + i] << 4] (256 bytes)
+//     then the scales: per block b, the 16 rows' fp16 d (32 bytes); then zero padding.
+//   The last N % 16 rows are plain: [quants in input order (int4: byte j of block b =
+//   v[32b + j] | v[32b + 16 + j] << 4)][nb fp16 scales][padding].
+//   int8: w ~= d * q, q in [-127, 127]; int4: w ~= d * (v - 8), v in 0..15 (Q4_0's math).
 //
-// Activations (every path, scalar code, so every ISA sees the same int8 values): per row m and
-// block b, d_x = max|x| / 127, q_x = round-half-even(x * 127 / max|x|) in [-127, 127].
-// y[m, n] = sum_b d_w[n, b] * d_x[m, b] * (integer dot of block b) (+ b[n]), accumulated in fp32
-// lanes in block order, then one fixed horizontal sum.
+// Arithmetic (every path, bit for bit): activations per row m and block b: d_x = max|x| / 127,
+// q_x = round-half-even(x / d_x) (scalar code); then per (m, n)
+//   acc = 0; for b in order: acc = fma(float(I_b), d_w[n, b] * d_x[m, b], acc); y = acc + bias[n]
+// with I_b the exact integer block dot. A group's 16 output columns are 16 vector lanes, so a
+// block costs per token row one int->float, one multiply and one FMA for 16 columns (512 weights)
+// and no horizontal sums; the integer work per token row is one vpdpbusd per 64 weights.
 //
 // Paths, chosen at runtime (SPECDECODE_KERNEL_ISA read at load: scalar | avx2 | avx512* -> the
 // best of these the CPU has; set_isa() later; quant_linear(isa=) per call):
 //   scalar   portable C++
-//   avx2     AVX2: _mm256_maddubs_epi16 on |w| and sign(x, w), then _mm256_madd_epi16 (llama.cpp's
-//            sign trick: maddubs wants one unsigned operand)
-//   vnni512  AVX-512F/BW/VL + AVX512_VNNI: vpdpbusd on unsigned activations (q_x ^ 0x80 = q_x + 128,
-//            made once per call) and signed weights, two blocks per zmm; the accumulator starts at
-//            -128 * (sum of the weights in each lane), one vpdpbusd per weight pair shared by all
-//            token rows, so each block's integer dot is exact and a token row costs one 64-byte
-//            activation load, one scale load and four ALU ops per 64 weights
-// AVX-VNNI without AVX-512 (Alder Lake) takes the avx2 path. Paths agree to fp32 rounding
-// (their lanes group the same exact integer block sums differently), not bit for bit.
+//   avx2     AVX2, 8 columns per ymm: int8 |w| * sign(x, w) with maddubs + madd (maddubs wants one
+//            unsigned operand); int4 maddubs(v, x) summed in int16 over a block, -8 * sum(x) once
+//   vnni512  AVX-512F/BW/VL + AVX512_VNNI: vpdpbusd(unsigned weights, broadcast signed activation
+//            bytes) with the block sum starting at -128 * sum(x) (int8, weights q ^ 0x80 = q + 128)
+//            or -8 * sum(x) (int4 nibbles), so it is the exact signed dot
+// AVX-VNNI without AVX-512 (Alder Lake) takes the avx2 path.
 //
-// Batch invariance (every path): y[m, n] depends only on x[m, :], W[n, :], b[n] and the path: the
-// activation quantization is per row, each (row, weight row) accumulator walks the blocks in the
-// same order whatever the register block of rows it lands in, and threads split output columns
-// only. So verifying gamma+1 tokens gives bit-identical logits to decoding them one at a time,
-// and speculative decoding is exact relative to the quantized model it runs.
-//
-// Cost (measured on Zen 4, 1 thread): a token row costs 4 vector ops per 64 weights (vpdpbusd, scale
-// multiply, int->float, FMA) against 2 for the bf16 kernel's vdpbf16ps, so the gain is bytes: at
-// M = 1 with weights streaming from DRAM, int8 / int4 steps of the 0.5B shape take ~0.7 / ~0.55 of
-// bf16's; with several rows (verification) the per-block float work dominates and v(k) grows
-// faster than bf16's on AVX512_BF16 CPUs (on AVX2-only CPUs bf16 pays widening + fp32 FMAs too).
+// Batch invariance (every path): y[m, n] depends only on x[m, :], W[n, :], b[n]: activation
+// quantization is per row, each (row, column) lane runs the same operations whatever register
+// block of token rows it lands in, and threads split column groups only. So verifying gamma + 1
+// tokens gives bit-identical logits to decoding them one at a time, and speculative decoding is
+// exact relative to the quantized model it runs. Token rows are register-blocked (8 on vnni512,
+// 4 on avx2) so each weight vector is loaded and unpacked once for all of them.
 //
 // Dense (fp32/bf16) weights in the same model (embeddings kept dense, a bf16 head) go to the
 // small-M kernel through its address (set_dense_linear), so one function pointer serves the
@@ -78,9 +74,7 @@ namespace {
 
 enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1 };
 enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_VNNI512 = 2 };
-constexpr int64_t TILE_N = 16;  // output columns per task unit
-constexpr int64_t kPrefetchRows = 16;  // weight rows ahead that the SIMD paths prefetch
-constexpr int64_t kMaxBlocks = 4096;  // K <= 131072 on the vnni512 path (larger K: the avx2 path)
+constexpr int64_t G = 16;  // weight rows (output columns) interleaved per group: one zmm lane each
 
 const char* isa_name(int isa) {
   switch (isa) {
@@ -114,27 +108,64 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
-inline int64_t padded_k(int64_t K) { return (K + 63) & ~int64_t(63); }
+inline int64_t padded_k(int64_t K) { return (K + 31) & ~int64_t(31); }
 inline int64_t quant_bytes(int fmt, int64_t Kp) { return fmt == FMT_Q8 ? Kp : Kp / 2; }
-// rows padded to whole cache lines: a 64-byte load of an unaligned row splits across two lines
+// a multiple of 4, so a group of G rows is a whole number of 64-byte lines
 inline int64_t row_bytes(int fmt, int64_t K) {
   const int64_t Kp = padded_k(K);
-  return (quant_bytes(fmt, Kp) + 2 * (Kp / 32) + 63) & ~int64_t(63);
+  return (quant_bytes(fmt, Kp) + 2 * (Kp / 32) + 3) & ~int64_t(3);
 }
 
-// Quantized activations: per row, Kp int8 values and nb float scales.
+// The layout, in one place: where weight (n, k)'s quant and block scale live.
+struct Layout {
+  int fmt;
+  int64_t N, Kp, nb, qb, rb, ng;  // ng full groups; rows n >= ng * G are plain tail rows
+  Layout(int f, int64_t n, int64_t K)
+      : fmt(f), N(n), Kp(padded_k(K)), nb(Kp / 32), qb(quant_bytes(f, Kp)), rb(row_bytes(f, K)), ng(n / G) {}
+  const uint8_t* group(const uint8_t* w, int64_t g) const { return w + g * G * rb; }
+  // the integer weight (int8: q; int4: v - 8)
+  int wq(const uint8_t* w, int64_t n, int64_t k) const {
+    const int64_t b = k / 32, j = k % 32;
+    if (n < ng * G) {
+      const uint8_t* grp = group(w, n / G);
+      const int64_t c = n % G;
+      if (fmt == FMT_Q8) return static_cast<int8_t>(grp[b * 512 + (j / 4) * 64 + c * 4 + j % 4]);
+      const int64_t s = (j % 16) / 4;
+      const uint8_t byte = grp[b * 256 + s * 64 + c * 4 + j % 4];
+      return (j < 16 ? (byte & 0xf) : (byte >> 4)) - 8;
+    }
+    const uint8_t* row = w + n * rb;
+    if (fmt == FMT_Q8) return static_cast<int8_t>(row[k]);
+    const uint8_t byte = row[b * 16 + j % 16];
+    return (j < 16 ? (byte & 0xf) : (byte >> 4)) - 8;
+  }
+  uint16_t scale(const uint8_t* w, int64_t n, int64_t b) const {
+    uint16_t h;
+    if (n < ng * G)
+      std::memcpy(&h, group(w, n / G) + G * qb + (b * G + n % G) * 2, 2);
+    else
+      std::memcpy(&h, w + n * rb + qb + 2 * b, 2);
+    return h;
+  }
+};
+
+// Quantized activations: per row, Kp int8 values, nb float scales and nb integer corrections
+// (-128 * block sum for int8, -8 * block sum for int4: the SIMD paths multiply unsigned weights).
 struct QX {
   int64_t M = 0, Kp = 0, nb = 0;
   std::vector<int8_t> q;
   std::vector<float> d;
+  std::vector<int32_t> corr;
 };
 
-void quantize_x(const float* x, int64_t M, int64_t K, QX& out) {
+void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out) {
   out.M = M;
   out.Kp = padded_k(K);
   out.nb = out.Kp / 32;
   out.q.assign(M * out.Kp, 0);
   out.d.assign(M * out.nb, 0.f);
+  out.corr.assign(M * out.nb, 0);
+  const int32_t off = fmt == FMT_Q8 ? 128 : 8;
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
     for (int64_t b = 0; b < out.nb; ++b) {
@@ -142,251 +173,243 @@ void quantize_x(const float* x, int64_t M, int64_t K, QX& out) {
       float amax = 0.f;
       for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(xr[k]));
       int8_t* q = out.q.data() + m * out.Kp + k0;
+      int32_t sum = 0;
       if (amax > 0.f) {
         const float id = 127.f / amax;
         for (int64_t k = k0; k < k1; ++k) {
           const int v = static_cast<int>(std::nearbyint(xr[k] * id));
           q[k - k0] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+          sum += q[k - k0];
         }
       }
       out.d[m * out.nb + b] = amax / 127.f;
+      out.corr[m * out.nb + b] = -off * sum;
     }
   }
 }
 
+// Every path computes, per (token row m, weight row n), exactly
+//   acc = 0; for b in blocks: acc = fma(float(I_b), d_w[n, b] * d_x[m, b], acc);  y = acc + bias[n]
+// with I_b the exact integer dot of block b, so the paths agree bit for bit and a row's result
+// never depends on the other rows of the batch.
+
 // ------------------------------------------------------------------ scalar
-void rows_scalar(int fmt, const QX& qx, const uint8_t* w, int64_t rb, const float* bias, float* y, int64_t N,
-                 int64_t nb_, int64_t ne_) {
-  const int64_t Kp = qx.Kp, nb = qx.nb, qb = quant_bytes(fmt, Kp);
-  int8_t wv[64];
-  for (int64_t n = nb_; n < ne_; ++n) {
-    const uint8_t* row = w + n * rb;
-    const uint16_t* ws = reinterpret_cast<const uint16_t*>(row + qb);
+void cols_scalar(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t n0,
+                 int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < qx.M; ++m) {
-      const int8_t* xq = qx.q.data() + m * Kp;
-      const float* xd = qx.d.data() + m * nb;
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t p = 0; p < nb / 2; ++p) {
-        if (fmt == FMT_Q8) {
-          std::memcpy(wv, row + p * 64, 64);
-        } else {
-          for (int j = 0; j < 32; ++j) {
-            const uint8_t byte = row[p * 32 + j];
-            wv[j] = static_cast<int8_t>((byte & 0xf) - 8);
-            wv[j + 32] = static_cast<int8_t>((byte >> 4) - 8);
-          }
-        }
-        for (int h = 0; h < 2; ++h) {
-          const int64_t b = 2 * p + h;
-          const float s = half_to_float(ws[b]) * xd[b];
-          for (int l = 0; l < 8; ++l) {  // 8 lanes of 4, as the SIMD paths group them
-            int32_t isum = 0;
-            for (int j = 0; j < 4; ++j) isum += int32_t(wv[h * 32 + 4 * l + j]) * int32_t(xq[b * 32 + 4 * l + j]);
-            acc[l] += float(isum) * s;
-          }
-        }
+      const int8_t* xq = qx.q.data() + m * qx.Kp;
+      float acc = 0.f;
+      for (int64_t b = 0; b < qx.nb; ++b) {
+        int32_t isum = 0;
+        for (int64_t k = b * 32; k < b * 32 + 32; ++k) isum += L.wq(w, n, k) * int32_t(xq[k]);
+        const float s = half_to_float(L.scale(w, n, b)) * qx.d[m * qx.nb + b];
+        acc = std::fmaf(static_cast<float>(isum), s, acc);
       }
-      float t = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-      y[m * N + n] = t + (bias ? bias[n] : 0.f);
+      y[m * L.N + n] = acc + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+// one full group, all token rows (scalar; the layout walk of the SIMD paths)
+void group_scalar(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g) {
+  const uint8_t* grp = L.group(w, g);
+  const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
+  for (int64_t m = 0; m < qx.M; ++m) {
+    const int8_t* xq = qx.q.data() + m * qx.Kp;
+    float acc[G] = {};
+    for (int64_t b = 0; b < qx.nb; ++b) {
+      int32_t isum[G] = {};
+      const int8_t* xb = xq + b * 32;
+      if (L.fmt == FMT_Q8) {
+        const int8_t* wb = reinterpret_cast<const int8_t*>(grp + b * 512);
+        for (int s = 0; s < 8; ++s)
+          for (int c = 0; c < G; ++c)
+            for (int i = 0; i < 4; ++i) isum[c] += int32_t(wb[s * 64 + c * 4 + i]) * xb[4 * s + i];
+      } else {
+        const uint8_t* wb = grp + b * 256;
+        for (int s = 0; s < 4; ++s)
+          for (int c = 0; c < G; ++c)
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t byte = wb[s * 64 + c * 4 + i];
+              isum[c] += (int32_t(byte & 0xf) - 8) * xb[4 * s + i] + (int32_t(byte >> 4) - 8) * xb[16 + 4 * s + i];
+            }
+      }
+      const float dx = qx.d[m * qx.nb + b];
+      for (int c = 0; c < G; ++c)
+        acc[c] = std::fmaf(static_cast<float>(isum[c]), half_to_float(ws[b * G + c]) * dx, acc[c]);
+    }
+    for (int c = 0; c < G; ++c) {
+      const int64_t n = g * G + c;
+      y[m * L.N + n] = acc[c] + (bias ? bias[n] : 0.f);
     }
   }
 }
 
 #if QL_X86
 // ------------------------------------------------------------------ AVX2
-__attribute__((target("avx2,fma,f16c"))) inline float hsum256(__m256 v) {
-  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);                     // lanes l + l+4
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));            // (0+4)+(2+6), (1+5)+(3+7)
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
-
+// Half a group (8 weight rows, one ymm lane each) for MB token rows. int8: |w| times sign(x, w)
+// (maddubs wants one unsigned operand; |w| <= 127 keeps its pair sums in int16), then madd to
+// int32. int4: the nibbles are unsigned already: maddubs(v, x), summed in int16 over the block
+// (8 steps * 2 * 15 * 127 < 32768), and the -8 * sum(x) correction added once per block.
 template <int MB>
-__attribute__((target("avx2,fma,f16c"))) void block_avx2(int fmt, const QX& qx, int64_t m0, const uint8_t* row,
-                                                        int64_t rb, int64_t qb, float* out) {
+__attribute__((target("avx2,fma,f16c"))) void half_avx2(const Layout& L, const QX& qx, int64_t m0,
+                                                       const uint8_t* grp, int h, float* out) {
   const int64_t Kp = qx.Kp, nb = qx.nb;
-  const uint16_t* ws = reinterpret_cast<const uint16_t*>(row + qb);
-  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
-  for (int64_t b = 0; b < 2 * nb; b += 64)  // a later row's scales (see block_vnni)
-    _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * rb + qb + b), _MM_HINT_T0);
+  const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
+  const int64_t kPrefetch = G * L.rb;  // the next group's same bytes: DRAM latency wants many lines in flight
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
   __m256 acc[MB];
   for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < nb / 2; ++p) {
-    __m256i wb[2];
-    _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * rb + p * (fmt == FMT_Q8 ? 64 : 32)), _MM_HINT_T0);
-    if (fmt == FMT_Q8) {
-      wb[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 64));
-      wb[1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 64 + 32));
-    } else {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32));
-      wb[0] = _mm256_sub_epi8(_mm256_and_si256(v, low4), eight);
-      wb[1] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), eight);
-    }
-    for (int h = 0; h < 2; ++h) {
-      const int64_t b = 2 * p + h;
-      const __m256i aw = _mm256_sign_epi8(wb[h], wb[h]);
-      const float dw = _cvtsh_ss(ws[b]);
-      for (int j = 0; j < MB; ++j) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx.q.data() + (m0 + j) * Kp + b * 32));
-        const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wb[h])), ones);
-        const __m256 s = _mm256_set1_ps(dw * qx.d[(m0 + j) * nb + b]);
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), s, acc[j]);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i isum[MB];
+    if (L.fmt == FMT_Q8) {
+      const uint8_t* wb = grp + b * 512 + h * 32;
+      for (int j = 0; j < MB; ++j) isum[j] = _mm256_setzero_si256();
+      for (int s = 0; s < 8; ++s) {
+        if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T0);
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+        const __m256i aw = _mm256_sign_epi8(wv, wv);
+        for (int j = 0; j < MB; ++j) {
+          int32_t x4;
+          std::memcpy(&x4, qx.q.data() + (m0 + j) * Kp + b * 32 + 4 * s, 4);
+          const __m256i xv = _mm256_set1_epi32(x4);
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+          isum[j] = _mm256_add_epi32(isum[j], p);
+        }
       }
+    } else {
+      const uint8_t* wb = grp + b * 256 + h * 32;
+      __m256i p16[MB];
+      for (int j = 0; j < MB; ++j) p16[j] = _mm256_setzero_si256();
+      for (int s = 0; s < 4; ++s) {
+        if (h == 0) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T0);
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+        const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        for (int j = 0; j < MB; ++j) {
+          const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+          int32_t xl, xh;
+          std::memcpy(&xl, xb + 4 * s, 4);
+          std::memcpy(&xh, xb + 16 + 4 * s, 4);
+          p16[j] = _mm256_add_epi16(p16[j], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+          p16[j] = _mm256_add_epi16(p16[j], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+        }
+      }
+      for (int j = 0; j < MB; ++j)
+        isum[j] = _mm256_add_epi32(_mm256_madd_epi16(p16[j], ones), _mm256_set1_epi32(qx.corr[(m0 + j) * nb + b]));
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G + h * 8)));
+    for (int j = 0; j < MB; ++j) {
+      const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(qx.d[(m0 + j) * nb + b]));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), s, acc[j]);
     }
   }
-  for (int j = 0; j < MB; ++j) out[j] = hsum256(acc[j]);
+  for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out + j * G + h * 8, acc[j]);
 }
 
-void rows_avx2(int fmt, const QX& qx, const uint8_t* w, int64_t rb, const float* bias, float* y, int64_t N,
-               int64_t nb_, int64_t ne_) {
-  const int64_t qb = quant_bytes(fmt, qx.Kp);
-  float out[6];
-  for (int64_t n = nb_; n < ne_; ++n) {
-    const uint8_t* row = w + n * rb;
-    for (int64_t m0 = 0; m0 < qx.M; m0 += 6) {
-      const int64_t mb = std::min<int64_t>(6, qx.M - m0);
+__attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const QX& qx, const uint8_t* w,
+                                                        const float* bias, float* y, int64_t g) {
+  const uint8_t* grp = L.group(w, g);
+  alignas(32) float out[4 * G];
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+    for (int h = 0; h < 2; ++h) {
       switch (mb) {
-        case 1: block_avx2<1>(fmt, qx, m0, row, rb, qb, out); break;
-        case 2: block_avx2<2>(fmt, qx, m0, row, rb, qb, out); break;
-        case 3: block_avx2<3>(fmt, qx, m0, row, rb, qb, out); break;
-        case 4: block_avx2<4>(fmt, qx, m0, row, rb, qb, out); break;
-        case 5: block_avx2<5>(fmt, qx, m0, row, rb, qb, out); break;
-        default: block_avx2<6>(fmt, qx, m0, row, rb, qb, out); break;
+        case 1: half_avx2<1>(L, qx, m0, grp, h, out); break;
+        case 2: half_avx2<2>(L, qx, m0, grp, h, out); break;
+        case 3: half_avx2<3>(L, qx, m0, grp, h, out); break;
+        default: half_avx2<4>(L, qx, m0, grp, h, out); break;
       }
-      for (int64_t j = 0; j < mb; ++j) y[(m0 + j) * N + n] = out[j] + (bias ? bias[n] : 0.f);
     }
+    for (int64_t j = 0; j < mb; ++j)
+      for (int c = 0; c < G; ++c) {
+        const int64_t n = g * G + c;
+        y[(m0 + j) * L.N + n] = out[j * G + c] + (bias ? bias[n] : 0.f);
+      }
   }
 }
 
 // ------------------------------------------------------------------ AVX-512 VNNI
-// Per activation row: the quants made unsigned (q + 128) and, per pair of blocks, the x scales
-// spread over the pair's lanes (8 + 8).
-struct QXPairs {
-  std::vector<uint8_t> xu;  // [M, Kp]
-  std::vector<float> scale;   // [M, nb/2, 16]
-};
-
-void pairs_for(const QX& qx, QXPairs& out) {
-  const int64_t np = qx.nb / 2;
-  out.xu.resize(qx.q.size());
-  for (size_t i = 0; i < qx.q.size(); ++i) out.xu[i] = static_cast<uint8_t>(qx.q[i]) ^ 0x80u;
-  out.scale.assign(qx.M * np * 16, 0.f);
-  for (int64_t m = 0; m < qx.M; ++m)
-    for (int64_t p = 0; p < np; ++p) {
-      float* sp = out.scale.data() + (m * np + p) * 16;
-      for (int l = 0; l < 8; ++l) {
-        sp[l] = qx.d[m * qx.nb + 2 * p];
-        sp[8 + l] = qx.d[m * qx.nb + 2 * p + 1];
-      }
-    }
-}
-
 #define QL_512 "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma,avx2"
 
-__attribute__((target(QL_512))) inline float hsum512(__m512 v) {
-  // fixed tree: 16 -> 8 -> (the avx2 tree)
-  const __m256 lo = _mm512_castps512_ps256(v);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 a = _mm256_castps256_ps128(s8), b = _mm256_extractf128_ps(s8, 1);
-  __m128 s = _mm_add_ps(a, b);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
-
-// R weight rows x MB token rows per call (rows_vnni uses R = 1, see there): each weight pair is
-// unpacked once for MB token rows and each activation load serves R weight rows. Every (token
-// row, weight row) accumulator runs the same instruction sequence whatever R and MB are (the same
-// pairs in the same order, one fixed horizontal sum), so results do not depend on the batch.
-template <int R, int MB>
-__attribute__((target(QL_512))) void block_vnni(int fmt, const QX& qx, const QXPairs& px, int64_t m0,
-                                               const uint8_t* w, int64_t rb, int64_t qb, float* out) {
-  const int64_t Kp = qx.Kp, np = qx.nb / 2;
-  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
-  const __m256i low4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
-  const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  // the rows' fp16 scales as floats, 16 at a time (a row has at most kMaxBlocks blocks)
-  alignas(64) float wsf[R][kMaxBlocks + 16];
-  for (int r = 0; r < R; ++r) {
-    const uint16_t* ws = reinterpret_cast<const uint16_t*>(w + r * rb + qb);
-    // the scales a later call reads first: a demand miss per row otherwise (the loop below
-    // prefetches only the quants)
-    for (int64_t b = 0; b < 2 * qx.nb; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + kPrefetchRows) * rb + qb + b), _MM_HINT_T0);
-    for (int64_t b = 0; b < qx.nb; b += 16) {  // masked: never read past the row's last scale
-      const __mmask16 live = qx.nb - b >= 16 ? __mmask16(0xffff) : __mmask16((1u << (qx.nb - b)) - 1);
-      _mm512_store_ps(wsf[r] + b, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, ws + b)));
-    }
-  }
-  const uint8_t* xu = px.xu.data() + m0 * Kp;
-  const float* xs = px.scale.data() + m0 * np * 16;
-  __m512 acc[R][MB];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < MB; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < np; ++p) {
-    __m512i ws8[R], init[R];
-    __m512 dw[R];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + r * rb;
-      // DRAM latency, not bandwidth, limits a single stream of rows: fetch the same bytes of the
-      // row kPrefetchRows further on while this one computes (prefetches never fault)
-      _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * rb + p * (fmt == FMT_Q8 ? 64 : 32)),
-                   _MM_HINT_T0);
-      if (fmt == FMT_Q8) {
-        ws8[r] = _mm512_loadu_si512(row + p * 64);
-      } else {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32));
-        ws8[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_sub_epi8(_mm256_and_si256(v, low4), eight)),
-                                    _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), eight), 1);
+// A whole group (16 weight rows, one zmm lane each) for MB token rows: per 4 inputs, one weight
+// vector (made unsigned: int8 q ^ 0x80 = q + 128, int4 nibbles v as they are) and, per token row,
+// one broadcast of its 4 signed activation bytes and one vpdpbusd. The block's integer sums start
+// at the row's correction (-128 or -8 times the block's activation sum), so they are exact dots.
+template <int MB>
+__attribute__((target(QL_512))) void group_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* grp,
+                                                  float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
+  const int64_t kPrefetch = G * L.rb;  // the next group's same bytes: DRAM latency wants many lines in flight
+  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80)), low4 = _mm512_set1_epi8(0x0f);
+  const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * Kp);
+  const int64_t xstride = Kp / 4;
+  __m512 acc[MB];
+  for (int j = 0; j < MB; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i isum[MB];
+    for (int j = 0; j < MB; ++j) isum[j] = _mm512_set1_epi32(qx.corr[(m0 + j) * nb + b]);
+    if (L.fmt == FMT_Q8) {
+      const uint8_t* wb = grp + b * 512;
+      __m512i isum2[MB];  // a second chain per row: integer sums, so the split changes nothing
+      for (int j = 0; j < MB; ++j) isum2[j] = _mm512_setzero_si512();
+      for (int s = 0; s < 8; s += 2) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + 64 + kPrefetch), _MM_HINT_T0);
+        const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64), c128);
+        const __m512i wv2 = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64 + 64), c128);
+        for (int j = 0; j < MB; ++j) {
+          isum[j] = _mm512_dpbusd_epi32(isum[j], wv, _mm512_set1_epi32(xq32[j * xstride + b * 8 + s]));
+          isum2[j] = _mm512_dpbusd_epi32(isum2[j], wv2, _mm512_set1_epi32(xq32[j * xstride + b * 8 + s + 1]));
+        }
       }
-      // (x + 128) . w - 128 * sum(w) = x . w, per lane of four
-      init[r] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c128, ws8[r]));
-      dw[r] = _mm512_permutexvar_ps(
-          spread, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(wsf[r] + 2 * p)))));
+      for (int j = 0; j < MB; ++j) isum[j] = _mm512_add_epi32(isum[j], isum2[j]);
+    } else {
+      const uint8_t* wb = grp + b * 256;
+      __m512i isum2[MB];  // a second chain per row: integer sums, so the split changes nothing
+      for (int j = 0; j < MB; ++j) isum2[j] = _mm512_setzero_si512();
+      for (int s = 0; s < 4; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T0);
+        const __m512i raw = _mm512_loadu_si512(wb + s * 64);
+        const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        for (int j = 0; j < MB; ++j) {
+          isum[j] = _mm512_dpbusd_epi32(isum[j], lo, _mm512_set1_epi32(xq32[j * xstride + b * 8 + s]));
+          isum2[j] = _mm512_dpbusd_epi32(isum2[j], hi, _mm512_set1_epi32(xq32[j * xstride + b * 8 + 4 + s]));
+        }
+      }
+      for (int j = 0; j < MB; ++j) isum[j] = _mm512_add_epi32(isum[j], isum2[j]);
     }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + b * G)));
     for (int j = 0; j < MB; ++j) {
-      const __m512i xv = _mm512_loadu_si512(xu + j * Kp + p * 64);
-      const __m512 sx = _mm512_loadu_ps(xs + (j * np + p) * 16);
-      for (int r = 0; r < R; ++r) {
-        const __m512i isum = _mm512_dpbusd_epi32(init[r], xv, ws8[r]);
-        acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[r], sx), acc[r][j]);
-      }
+      const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[(m0 + j) * nb + b]));
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), s, acc[j]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < MB; ++j) out[r * 8 + j] = hsum512(acc[r][j]);
+  for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + j * G, acc[j]);
 }
 
-template <int R>
-void vnni_rows(int fmt, const QX& qx, const QXPairs& px, int64_t m0, int64_t mb, const uint8_t* w, int64_t rb,
-               int64_t qb, float* out) {
-  switch (mb) {
-    case 1: return block_vnni<R, 1>(fmt, qx, px, m0, w, rb, qb, out);
-    case 2: return block_vnni<R, 2>(fmt, qx, px, m0, w, rb, qb, out);
-    case 3: return block_vnni<R, 3>(fmt, qx, px, m0, w, rb, qb, out);
-    case 4: return block_vnni<R, 4>(fmt, qx, px, m0, w, rb, qb, out);
-    case 5: return block_vnni<R, 5>(fmt, qx, px, m0, w, rb, qb, out);
-    case 6: return block_vnni<R, 6>(fmt, qx, px, m0, w, rb, qb, out);
-    case 7: return block_vnni<R, 7>(fmt, qx, px, m0, w, rb, qb, out);
-    default: return block_vnni<R, 8>(fmt, qx, px, m0, w, rb, qb, out);
-  }
-}
-
-void rows_vnni(int fmt, const QX& qx, const QXPairs& px, const uint8_t* w, int64_t rb, const float* bias, float* y,
-               int64_t N, int64_t nb_, int64_t ne_) {
-  // One weight row per call (R = 1): with weights streaming from DRAM, R = 2 or 4 interleaved rows
-  // measured 20-70% slower on Zen 4 (9728 x 896, M = 1 and 5) than one row with prefetching, and
-  // the activations of up to 8 token rows stay in L1 anyway.
-  const int64_t qb = quant_bytes(fmt, qx.Kp);
-  float out[8];
+__attribute__((target(QL_512))) void group_vnni(const Layout& L, const QX& qx, const uint8_t* w,
+                                               const float* bias, float* y, int64_t g) {
+  const uint8_t* grp = L.group(w, g);
+  alignas(64) float out[8 * G];
   for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
     const int64_t mb = std::min<int64_t>(8, qx.M - m0);
-    for (int64_t n = nb_; n < ne_; ++n) {
-      vnni_rows<1>(fmt, qx, px, m0, mb, w + n * rb, rb, qb, out);
-      for (int64_t j = 0; j < mb; ++j) y[(m0 + j) * N + n] = out[j] + (bias ? bias[n] : 0.f);
+    switch (mb) {
+      case 1: group_vnni_mb<1>(L, qx, m0, grp, out); break;
+      case 2: group_vnni_mb<2>(L, qx, m0, grp, out); break;
+      case 3: group_vnni_mb<3>(L, qx, m0, grp, out); break;
+      case 4: group_vnni_mb<4>(L, qx, m0, grp, out); break;
+      case 5: group_vnni_mb<5>(L, qx, m0, grp, out); break;
+      case 6: group_vnni_mb<6>(L, qx, m0, grp, out); break;
+      case 7: group_vnni_mb<7>(L, qx, m0, grp, out); break;
+      default: group_vnni_mb<8>(L, qx, m0, grp, out); break;
     }
+    for (int64_t j = 0; j < mb; ++j)
+      for (int c = 0; c < G; ++c) {
+        const int64_t n = g * G + c;
+        y[(m0 + j) * L.N + n] = out[j * G + c] + (bias ? bias[n] : 0.f);
+      }
   }
 }
 #endif  // QL_X86
@@ -477,25 +500,33 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   }
   at::Tensor y = at::empty({M, N}, x.options());
   if (M * N == 0) return y;
+  const Layout L(fmt, N, K);
   QX qx;
-  quantize_x(x.data_ptr<float>(), M, K, qx);
+  quantize_x(fmt, x.data_ptr<float>(), M, K, qx);
   const uint8_t* wp = reinterpret_cast<const uint8_t*>(w.data_ptr());
   float* yp = y.data_ptr<float>();
-  const int64_t ntiles = (N + TILE_N - 1) / TILE_N;
+  // work units: the full groups, then the tail rows (fewer than G) as one unit
+  const int64_t units = L.ng + (N > L.ng * G ? 1 : 0);
   // ~64k integer multiply-adds per task, so small layers do not wake threads for nothing
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, TILE_N * qx.Kp * M));
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, G * qx.Kp * M));
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      if (u == L.ng) {
+        cols_scalar(L, qx, wp, bp, yp, L.ng * G, N);
+        continue;
+      }
 #if QL_X86
-  QXPairs px;
-  if (isa == ISA_VNNI512 && qx.nb > kMaxBlocks) isa = ISA_AVX2;
-  if (isa == ISA_VNNI512) pairs_for(qx, px);
+      if (isa == ISA_VNNI512) {
+        group_vnni(L, qx, wp, bp, yp, u);
+        continue;
+      }
+      if (isa == ISA_AVX2) {
+        group_avx2(L, qx, wp, bp, yp, u);
+        continue;
+      }
 #endif
-  at::parallel_for(0, ntiles, grain, [&](int64_t tb, int64_t te) {
-    const int64_t nb_ = tb * TILE_N, ne_ = std::min(N, te * TILE_N);
-#if QL_X86
-    if (isa == ISA_VNNI512) return rows_vnni(fmt, qx, px, wp, rb, bp, yp, N, nb_, ne_);
-    if (isa == ISA_AVX2) return rows_avx2(fmt, qx, wp, rb, bp, yp, N, nb_, ne_);
-#endif
-    rows_scalar(fmt, qx, wp, rb, bp, yp, N, nb_, ne_);
+      group_scalar(L, qx, wp, bp, yp, u);
+    }
   });
   return y;
 }
@@ -530,31 +561,20 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(fmt >= 0 && w.is_contiguous(), "reference: packed weight");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0), rb = row_bytes(fmt, K);
   TORCH_CHECK(w.size(1) == rb, "reference: row bytes");
+  const Layout L(fmt, N, K);
   QX qx;
-  quantize_x(x.data_ptr<float>(), M, K, qx);
+  quantize_x(fmt, x.data_ptr<float>(), M, K, qx);
   at::Tensor y = at::zeros({M, N}, x.options().dtype(at::kDouble));
   double* yp = y.data_ptr<double>();
   const uint8_t* wp = reinterpret_cast<const uint8_t*>(w.data_ptr());
-  const int64_t qb = quant_bytes(fmt, qx.Kp);
-  for (int64_t n = 0; n < N; ++n) {
-    const uint8_t* row = wp + n * rb;
-    const uint16_t* ws = reinterpret_cast<const uint16_t*>(row + qb);
+  for (int64_t n = 0; n < N; ++n)
     for (int64_t m = 0; m < M; ++m) {
       double acc = 0;
-      for (int64_t k = 0; k < qx.Kp; ++k) {
-        int wv;
-        if (fmt == FMT_Q8) {
-          wv = static_cast<int8_t>(row[k]);
-        } else {
-          const int64_t p = k / 64, j = k % 64;
-          const uint8_t byte = row[p * 32 + (j % 32)];
-          wv = (j < 32 ? (byte & 0xf) : (byte >> 4)) - 8;
-        }
-        acc += double(half_to_float(ws[k / 32])) * wv * double(qx.d[m * qx.nb + k / 32]) * qx.q[m * qx.Kp + k];
-      }
+      for (int64_t k = 0; k < qx.Kp; ++k)
+        acc += double(half_to_float(L.scale(wp, n, k / 32))) * L.wq(wp, n, k) * double(qx.d[m * qx.nb + k / 32]) *
+               qx.q[m * qx.Kp + k];
       yp[m * N + n] = acc;
     }
-  }
   return y;
 }
 

@@ -9,6 +9,7 @@ relay events; decoding happens on the scheduler's thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -28,7 +29,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..cache import ContextLengthError
 from ..config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from ..engine import FinishEvent, StepEvent, prompt_ids
+from ..constraints import Constraint, constraint_from_response_format, parse_logit_bias
 from .chat import PLAIN_TEMPLATE, ChatFormatter, ChatTemplateError
+from .choices import ChoiceGroup, chat_logprobs, choice_seed, completion_logprobs, merge_completion_logprobs
 from .config import ServerConfig
 from .guard import BadBody, BodyLimit, check_content_type, parse_json_object
 from .metrics import ServerMetrics
@@ -176,20 +179,36 @@ def create_app(state: ServerState) -> FastAPI:
         prompt = req.prompt[0] if req.prompt and isinstance(req.prompt, list) and isinstance(req.prompt[0], str) \
             else req.prompt  # type: ignore[assignment]
         ids = await asyncio.to_thread(_tokenize, state, prompt, "prompt", True)
-        spec = _build_spec(state, req, ids, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt")
-        handle = _submit(state, spec)
+        constraint = await asyncio.to_thread(_constraint, state, req)
+        specs = _build_specs(state, req, ids, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", constraint,
+                             req.logprobs)
+        group = _submit(state, specs)
         rid, created = new_id("cmpl"), now()
+        text_of = lambda t: _token_text(state, t)  # noqa: E731
+        offsets = [0] * len(specs)
 
-        def chunk(text: str, reason: Optional[str], extra: Optional[dict[str, Any]]) -> dict[str, Any]:
-            return completion_chunk(rid, created, state.model_name, text, reason, extra)
+        def lp(i: int, ev: StepEvent) -> Optional[dict[str, Any]]:
+            if ev.logprobs is None:
+                return None
+            out = completion_logprobs(ev.logprobs, ev.pieces, offsets[i], text_of)
+            offsets[i] += len(ev.text)
+            return out
+
+        def chunk(i: int, text: str, reason: Optional[str], extra: Optional[dict[str, Any]],
+                  logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+            return completion_chunk(rid, created, state.model_name, text, reason, extra, i, logprobs)
 
         if req.stream:
             opts = req.stream_options
-            return _sse(handle, chunk, None, bool(opts and opts.include_usage), rid, created, state.model_name,
-                        "text_completion", lambda t: _token_text(state, t))
-        fin, flags = await _collect(handle, request)
-        body = chunk(fin.text, fin.reason, _summary(fin, flags))
-        body["usage"] = _usage(fin)
+            return _sse(group, chunk, lp, None, bool(opts and opts.include_usage), rid, created, state.model_name,
+                        "text_completion", text_of)
+        results = await _collect(group, request, lp)
+        body = chunk(0, "", None, None)
+        body["choices"] = [chunk(i, r.fin.text, r.fin.reason, None,
+                                 merge_completion_logprobs(r.logprobs) if req.logprobs is not None else None
+                                 )["choices"][0] for i, r in enumerate(results)]
+        body["usage"] = _usage_all([r.fin for r in results])
+        body["specdecode"] = _summaries(results)
         return JSONResponse(body)
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -199,26 +218,40 @@ def create_app(state: ServerState) -> FastAPI:
         _check_model(state, req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         ids = await asyncio.to_thread(_render_and_tokenize, state, messages)
+        if req.top_logprobs and not req.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs: true (top_logprobs counts the alternatives reported "
+                                "beside each token's logprob)", param="top_logprobs", code="invalid_value")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        spec = _build_spec(state, req, ids, max_tokens, None, "messages")
-        handle = _submit(state, spec)
+        constraint = await asyncio.to_thread(_constraint, state, req)
+        specs = _build_specs(state, req, ids, max_tokens, None, "messages", constraint,
+                             (req.top_logprobs or 0) if req.logprobs else None)
+        group = _submit(state, specs)
         rid, created = new_id("chatcmpl"), now()
+        text_of = lambda t: _token_text(state, t)  # noqa: E731
+        bytes_of = await asyncio.to_thread(_token_bytes_fn, state) if req.logprobs else (lambda t: None)
 
-        def chunk(text: str, reason: Optional[str], extra: Optional[dict[str, Any]]) -> dict[str, Any]:
+        def lp(i: int, ev: StepEvent) -> Optional[dict[str, Any]]:
+            return None if ev.logprobs is None else {"content": chat_logprobs(ev.logprobs, text_of, bytes_of)}
+
+        def chunk(i: int, text: str, reason: Optional[str], extra: Optional[dict[str, Any]],
+                  logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
             return chat_chunk(rid, created, state.model_name, {"content": text} if text or reason is None else {},
-                              reason, extra)
+                              reason, extra, i, logprobs)
 
         if req.stream:
             opts = req.stream_options
-            first = chat_chunk(rid, created, state.model_name, {"role": "assistant", "content": ""}, None, None)
-            return _sse(handle, chunk, first, bool(opts and opts.include_usage), rid, created, state.model_name,
-                        "chat.completion.chunk", lambda t: _token_text(state, t))
-        fin, flags = await _collect(handle, request)
+            first = [chat_chunk(rid, created, state.model_name, {"role": "assistant", "content": ""}, None, None, i)
+                     for i in range(len(specs))]
+            return _sse(group, chunk, lp, first, bool(opts and opts.include_usage), rid, created, state.model_name,
+                        "chat.completion.chunk", text_of)
+        results = await _collect(group, request, lp)
         body = {
             "id": rid, "object": "chat.completion", "created": created, "model": state.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": fin.text}, "logprobs": None,
-                         "finish_reason": fin.reason}],
-            "usage": _usage(fin), "specdecode": _summary(fin, flags),
+            "choices": [{"index": i, "message": {"role": "assistant", "content": r.fin.text},
+                         "logprobs": ({"content": [c for p in r.logprobs for c in p["content"]]} if req.logprobs
+                                      else None),
+                         "finish_reason": r.fin.reason} for i, r in enumerate(results)],
+            "usage": _usage_all([r.fin for r in results]), "specdecode": _summaries(results),
         }
         return JSONResponse(body)
 
@@ -334,8 +367,39 @@ def _tokenize(state: ServerState, prompt: Union[str, list[int]], param: str, add
     return ids
 
 
-def _build_spec(state: ServerState, req: Any, ids: list[int], max_tokens: Optional[int],
-                default_max: Optional[int], prompt_param: str) -> DecodeRequest:
+def _constraint(state: ServerState, req: Any) -> Optional[Constraint]:
+    """``response_format`` compiled for the target (runs in a worker thread: a schema can take a while)."""
+    try:
+        constraint = constraint_from_response_format(state.scheduler.target, req.response_format)
+    except ConfigError as e:
+        raise ApiError(400, str(e) if str(e).startswith("response_format") else f"response_format: {e}",
+                       param="response_format", code="invalid_value") from e
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:  # the compiler's own words stay in the log
+        log.info("response_format refused by the grammar compiler: %s", e)
+        raise ApiError(400, "response_format: the JSON schema could not be compiled; send a valid JSON schema "
+                            "object of plain Unicode text", param="response_format", code="invalid_value") from e
+    if constraint is not None and req.ignore_eos:
+        raise ApiError(400, "ignore_eos cannot be combined with response_format: the format ends the output with "
+                            "the end-of-sequence token; drop ignore_eos", param="ignore_eos", code="invalid_value")
+    return constraint
+
+
+def _build_specs(state: ServerState, req: Any, ids: list[int], max_tokens: Optional[int],
+                 default_max: Optional[int], prompt_param: str, constraint: Optional[Constraint],
+                 logprobs: Optional[int]) -> list[DecodeRequest]:
+    """The core requests for ``req``: one per choice (``n``); choice i's seed is seed + i (choices.py)."""
+    n = req.n or 1
+    if n > state.scheduler.max_batch_size:
+        raise ApiError(400, f"n={n} choices need {n} batch rows but this server runs at most "
+                            f"{state.scheduler.max_batch_size}; ask for fewer", param="n", code="invalid_value")
+    try:
+        bias = parse_logit_bias(req.logit_bias, state.scheduler.target.vocab_size)
+    except ConfigError as e:
+        raise ApiError(400, f"logit_bias: {e}" if not str(e).startswith("logit_bias") else str(e),
+                       param="logit_bias", code="invalid_value") from e
+    except (ValueError, TypeError, OverflowError) as e:  # e.g. an integer too large for a float
+        raise ApiError(400, "logit_bias values must be numbers in [-100, 100]", param="logit_bias",
+                       code="invalid_value") from e
     ctx = state.scheduler.context_len
     room = ctx - len(ids)
     if max_tokens is None:
@@ -359,35 +423,65 @@ def _build_spec(state: ServerState, req: Any, ids: list[int], max_tokens: Option
                               accept_rule=req.accept_rule or VerifyConfig.accept_rule)
     except ConfigError as e:
         raise ApiError(400, str(e), code="invalid_value") from e
-    return DecodeRequest(ids, sampling, generation, None if drafter == "none" else drafter,
-                   gamma=req.gamma or state.default_gamma, adaptive=state.config.speculation == "auto",
-                   verify=verify)
+    return [DecodeRequest(ids, dataclasses.replace(sampling, seed=choice_seed(req.seed, i)), generation,
+                          None if drafter == "none" else drafter, gamma=req.gamma or state.default_gamma,
+                          adaptive=state.config.speculation == "auto", verify=verify, constraint=constraint,
+                          logit_bias=bias, logprobs=logprobs) for i in range(n)]
 
 
-def _submit(state: ServerState, spec: DecodeRequest) -> RequestHandle:
-    handle = RequestHandle(spec, asyncio.get_running_loop(), state.config.request_timeout)
+def _submit(state: ServerState, specs: list[DecodeRequest]) -> ChoiceGroup:
+    """Queue every choice's row, or none of them (a refusal cancels the ones already queued)."""
+    loop = asyncio.get_running_loop()
+    group = ChoiceGroup([RequestHandle(spec, loop, state.config.request_timeout) for spec in specs])
     try:
-        state.scheduler.submit(handle)
+        for h in group.handles:
+            state.scheduler.submit(h)
     except QueueFullError as e:
+        group.cancel()
         state.metrics.observe_refused("queue_full")
         raise ApiError(429, str(e), "rate_limit_error", code="queue_full", retry_after=RETRY_AFTER_BUSY_S) from e
     except SchedulerClosedError as e:
+        group.cancel()
         state.metrics.observe_refused("shutting_down")
         raise ApiError(503, str(e), "server_error", code="shutting_down", retry_after=RETRY_AFTER_DRAIN_S) from e
     except ValueError as e:
+        group.cancel()
         raise ApiError(400, str(e), param="drafter", code="invalid_value") from e
-    return handle
+    return group
 
 
 def _usage(fin: FinishEvent) -> dict[str, Any]:
-    s = fin.stats
-    return usage(s.prompt_tokens, len(fin.token_ids), s.target_passes, s.drafted, s.accepted)
+    return _usage_all([fin])
+
+
+def _usage_all(fins: list[FinishEvent]) -> dict[str, Any]:
+    """One prompt (counted once, as OpenAI does), the choices' completions and passes summed."""
+    st = [f.stats for f in fins]
+
+    def per_drafter(field: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in st:
+            for name, n in getattr(s, field).items():
+                out[name] = out.get(name, 0) + n
+        return out
+
+    return usage(st[0].prompt_tokens, sum(len(f.token_ids) for f in fins), sum(s.target_passes for s in st),
+                 sum(s.drafted for s in st), sum(s.accepted for s in st), per_drafter("drafted_by"),
+                 per_drafter("accepted_by"))
 
 
 def _summary(fin: FinishEvent, from_draft: list[bool]) -> dict[str, Any]:
     s = fin.stats
     return {"from_draft": from_draft, "alpha": s.alpha, "tau": s.tau, "tokens_per_s": s.tokens_per_s,
             "decode_tokens_per_s": s.decode_tokens_per_s}
+
+
+def _summaries(results: list["_Choice"]) -> dict[str, Any]:
+    """Choice 0's summary at the top level (the web page reads it); with n > 1 every choice's in ``choices``."""
+    out = _summary(results[0].fin, results[0].flags)
+    if len(results) > 1:
+        out["choices"] = [_summary(r.fin, r.flags) for r in results]
+    return out
 
 
 def _failure_error(f: Failure) -> ApiError:
@@ -398,90 +492,108 @@ def _failure_error(f: Failure) -> ApiError:
     return ApiError(500, f.message, "server_error", code="internal_error")
 
 
-async def _next_event(handle: RequestHandle, wait: float) -> Optional[Event]:
-    try:
-        return await asyncio.wait_for(handle.queue.get(), timeout=wait)
-    except asyncio.TimeoutError:
-        if time.monotonic() > handle.deadline + 5.0:  # the engine missed the deadline itself: give up here
-            handle.cancel()
-            return Failure("timeout", "the request timed out")
-        return None
+@dataclass
+class _Choice:
+    fin: FinishEvent
+    flags: list[bool]
+    logprobs: list[dict[str, Any]]  # formatted per step event
 
 
-async def _collect(handle: RequestHandle, request: Request) -> tuple[FinishEvent, list[bool]]:
-    """Wait for a non-streaming request to finish, cancelling it if the client goes away."""
-    flags: list[bool] = []
+LogprobFormat = Callable[[int, StepEvent], Optional[dict[str, Any]]]
+
+
+async def _collect(group: ChoiceGroup, request: Request, lp: LogprobFormat) -> list[_Choice]:
+    """Wait for every choice of a non-streaming request, cancelling them all if the client goes away."""
+    n = len(group.handles)
+    flags: list[list[bool]] = [[] for _ in range(n)]
+    lps: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    fins: dict[int, FinishEvent] = {}
     tokens = 0
     next_check = time.monotonic() + 0.25
     try:
-        while True:
-            ev = await _next_event(handle, 0.25)
+        while len(fins) < n:
+            got = await group.next_event(0.25)
             if time.monotonic() >= next_check:  # events may never pause, so check on a clock
                 next_check = time.monotonic() + 0.25
                 if await request.is_disconnected():
-                    raise ClientGone(f"request {handle.id} cancelled after {tokens} tokens")
-            if ev is None:
+                    raise ClientGone(f"request {group.handles[0].id} cancelled after {tokens} tokens")
+            if got is None:
                 continue
+            i, ev = got
             if isinstance(ev, StepEvent):
-                flags.extend(ev.from_draft)
+                flags[i].extend(ev.from_draft)
                 tokens += len(ev.token_ids)
+                formatted = lp(i, ev)
+                if formatted is not None:
+                    lps[i].append(formatted)
             elif isinstance(ev, FinishEvent):
-                return ev, flags
+                fins[i] = ev
+                group.close(i)
             else:
                 raise _failure_error(ev)
+        return [_Choice(fins[i], flags[i], lps[i]) for i in range(n)]
     except BaseException:
-        handle.cancel()
+        group.cancel()
         raise
 
 
-def _sse(handle: RequestHandle, chunk: Callable[[str, Optional[str], Optional[dict[str, Any]]], dict[str, Any]],
-         first: Optional[dict[str, Any]], include_usage: bool, rid: str, created: int, model: str,
-         obj: str, token_text: Callable[[int], str]) -> StreamingResponse:
-    """Server-sent events: one chunk per target pass, carrying per-token origin in ``specdecode``
-    (and, for a drafted chain, the first proposal the target rejected: the page's per-pass card)."""
+ChunkFn = Callable[[int, str, Optional[str], Optional[dict[str, Any]], Optional[dict[str, Any]]], dict[str, Any]]
+
+
+def _sse(group: ChoiceGroup, chunk: ChunkFn, lp: LogprobFormat, first: Optional[list[dict[str, Any]]],
+         include_usage: bool, rid: str, created: int, model: str, obj: str,
+         token_text: Callable[[int], str]) -> StreamingResponse:
+    """Server-sent events: one chunk per target pass and choice (``index``), carrying per-token origin in
+    ``specdecode`` (and, for a drafted chain, the first proposal the target rejected: the page's per-pass card)."""
 
     def line(payload: Any) -> bytes:
         return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
     async def events() -> AsyncIterator[bytes]:
         done = False
-        flags: list[bool] = []
+        n = len(group.handles)
+        fins: dict[int, FinishEvent] = {}
         sent = 0
         try:
-            if first is not None:
-                yield line(first)
+            for c in first or []:
+                yield line(c)
             while True:
-                ev = await _next_event(handle, 1.0)
-                if ev is None:
+                got = await group.next_event(1.0)
+                if got is None:
                     continue
+                i, ev = got
                 if isinstance(ev, StepEvent):
                     from_draft = ev.from_draft + [False] * (len(ev.pieces) - len(ev.from_draft))
-                    flags.extend(ev.from_draft)
                     sent += len(ev.token_ids)
                     n_acc = sum(ev.from_draft)
                     rejected = (token_text(ev.proposed[n_acc]) if ev.proposed is not None and n_acc < len(ev.proposed)
                                 and len(ev.token_ids) == n_acc + 1 else None)
-                    yield line(chunk(ev.text, None, {"pieces": ev.pieces, "from_draft": from_draft,
-                                                     "token_ids": ev.token_ids,
-                                                     "drafted": ev.drafted, "rejected": rejected}))
+                    yield line(chunk(i, ev.text, None, {"pieces": ev.pieces, "from_draft": from_draft,
+                                                        "token_ids": ev.token_ids,
+                                                        "drafted": ev.drafted, "rejected": rejected}, lp(i, ev)))
                 elif isinstance(ev, FinishEvent):
-                    yield line(chunk("", ev.reason, {**_summary(ev, []), "usage": _usage(ev)}))
+                    fins[i] = ev
+                    group.close(i)
+                    yield line(chunk(i, "", ev.reason, {**_summary(ev, []), "usage": _usage(ev)}, None))
+                    if len(fins) < n:
+                        continue
                     if include_usage:
                         yield line({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                                    "usage": _usage(ev)})
+                                    "usage": _usage_all([fins[k] for k in range(n)])})
                     done = True
                     yield b"data: [DONE]\n\n"
                     return
                 else:
                     e = _failure_error(ev)
                     done = True
+                    group.cancel()
                     yield line(error_body(e.message, e.type, e.param, e.code))
                     yield b"data: [DONE]\n\n"
                     return
         finally:
-            if not done:  # the client went away: free the row now
-                handle.cancel()
-                log.info("client disconnected from stream %d after %d tokens; cancelled", handle.id, sent)
+            if not done:  # the client went away: free the rows now
+                group.cancel()
+                log.info("client disconnected from stream %d after %d tokens; cancelled", group.handles[0].id, sent)
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -529,6 +641,25 @@ def _token_text(state: ServerState, token: int) -> str:
         return state.scheduler.target.decode([token])
     except (ValueError, TypeError, OverflowError):
         return ""
+
+
+def _token_bytes_fn(state: ServerState) -> Callable[[int], Optional[bytes]]:
+    """A token's raw bytes from llguidance's view of the tokenizer (built once per model; runs in a
+    worker thread); a function giving None when that is not available (no tokenizer.json or extra)."""
+    from ..constraints import grammar_tokenizer
+
+    try:
+        tok = grammar_tokenizer(state.scheduler.target)
+    except (ConfigError, ImportError, ValueError):
+        return lambda t: None
+
+    def raw(t: int) -> Optional[bytes]:
+        try:
+            return bytes(tok.decode_bytes([t]))
+        except (ValueError, TypeError, OverflowError):
+            return None
+
+    return raw
 
 
 def _max_token_chars(target: "Model") -> int:

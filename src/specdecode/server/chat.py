@@ -1,6 +1,7 @@
 """Chat messages -> one prompt string: the checkpoint's own template when it has one.
 
-The template is ``chat_template`` from the model directory's
+The template is the model directory's ``chat_template.jinja`` (the current
+Hugging Face layout, which wins), else ``chat_template`` from its
 ``tokenizer_config.json`` (a string, or a list of named templates where the one
 named "default" wins), rendered with jinja2 the way transformers renders it
 (``messages``, ``add_generation_prompt=True``, ``bos_token``/``eos_token``,
@@ -51,7 +52,9 @@ class ChatFormatter:
     def for_model(cls, model_dir: str) -> "ChatFormatter":
         cfg_file = Path(model_dir) / "tokenizer_config.json"
         cfg: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-        template = _pick_template(cfg.get("chat_template"))
+        jinja_file = Path(model_dir) / "chat_template.jinja"
+        template = (_pick_template(jinja_file.read_text(encoding="utf-8")) if jinja_file.is_file() else None) \
+            or _pick_template(cfg.get("chat_template"))
         if template is None:
             return cls(PLAIN_TEMPLATE)
         return cls(template, _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")))

@@ -39,7 +39,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load = model_loader(from_args(ModelLoadConfig, args))
     with _phase("loading the target (and building its kernels on first use)"):
         target = load(resolve_target(args))
-    draft_path = resolve_draft_path(args, get_spec(args.drafter or "model").needs_draft_model)
+    spec = get_spec(args.drafter or "model")
+    draft_path = resolve_draft_path(args, spec.needs_draft_model or (spec.uses_draft_model and not args.target))
     draft = None
     if draft_path:
         with _phase(f"loading the draft {draft_path}"):

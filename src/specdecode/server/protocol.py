@@ -4,7 +4,9 @@ Requests are validated strictly: a wrong type is a 400 that names the field,
 never a silent coercion, and an unknown field is refused (a typo such as
 ``max_token`` must not be ignored silently). Parameters we do not honour are
 refused by name from two tables: ``NOT_SUPPORTED_YET`` (features the core may
-gain: delete an entry and add the field to the model once it is honoured) and
+gain: delete an entry and add the field to the model once it is honoured; empty
+now that ``n``, ``logprobs``/``top_logprobs``, ``logit_bias`` and
+``response_format`` are honoured, see choices.py and app.py) and
 ``NOT_HONOURED`` (tools, penalties: never, they would break exact speculation).
 Extensions a stock OpenAI client never sends: ``drafter``, ``gamma``,
 ``chain_rule``, ``accept_rule``, ``top_k``, ``min_p``, ``ignore_eos`` in requests, and a top-level
@@ -19,18 +21,15 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..logprobs import MAX_TOP_LOGPROBS
+
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 INT32_MAX = 2**31 - 1
+MAX_N = 8  # choices per request (each one a batch row); more would crowd out other clients
 
 # field -> (values that mean "off", why it is refused otherwise). A value is "off" only when it has
 # the same type as one listed (so n=true is not n=1).
-NOT_SUPPORTED_YET: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((None, 1), "only n=1 is supported yet; send separate requests for more choices"),
-    "logprobs": ((None, False), "logprobs are not supported yet"),
-    "top_logprobs": ((None, 0), "top_logprobs are not supported yet"),
-    "logit_bias": ((None, {}), "logit_bias is not supported yet"),
-    "response_format": ((None, {"type": "text"}), "response_format is not supported yet (only plain text)"),
-}
+NOT_SUPPORTED_YET: dict[str, tuple[tuple[Any, ...], str]] = {}  # n, logprobs, logit_bias, response_format: honoured
 NOT_HONOURED: dict[str, tuple[tuple[Any, ...], str]] = {
     "tools": ((None, []), "tools (function calling) are not supported by this server"),
     "tool_choice": ((None, "none"), "tool_choice is not supported: this server does no function calling"),
@@ -90,10 +89,12 @@ class _SamplingParams(_Strict):
     store: Optional[bool] = None
     service_tier: Optional[str] = None
     parallel_tool_calls: Optional[bool] = None
-    # refused unless neutral (NOT_SUPPORTED_YET / NOT_HONOURED); declared so the neutral value passes
-    n: Optional[int] = None
+    # honoured: n choices as batch rows (choice i's seed is seed + i), a logit bias and a response
+    # format (checked against the vocabulary / compiled in app.py, which names the field on a 400)
+    n: Optional[int] = Field(default=None, ge=1, le=MAX_N)
     logit_bias: Optional[dict[str, Any]] = None
     response_format: Optional[dict[str, Any]] = None
+    # refused unless neutral (NOT_HONOURED); declared so the neutral value passes
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     # extensions
@@ -151,7 +152,7 @@ class _SamplingParams(_Strict):
 class CompletionRequest(_SamplingParams):
     prompt: Union[str, list[str], list[int]]
     echo: Optional[bool] = False
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # top alternatives per token
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
@@ -186,7 +187,7 @@ class ChatCompletionRequest(_SamplingParams):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
     functions: Optional[list[Any]] = None
@@ -210,20 +211,25 @@ def error_body(message: str, type_: str = "invalid_request_error", param: Option
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, target_passes: int, drafted: int, accepted: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, target_passes: int, drafted: int, accepted: int,
+          drafted_by: Optional[dict[str, int]] = None, accepted_by: Optional[dict[str, int]] = None) -> dict[str, Any]:
+    """OpenAI's usage plus ``speculative``: passes, drafted and accepted tokens, and per drafter (``auto``
+    says which of its members made them)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "speculative": {"target_passes": target_passes, "drafted": drafted, "accepted": accepted},
+        "speculative": {"target_passes": target_passes, "drafted": drafted, "accepted": accepted,
+                        "drafted_by": dict(drafted_by or {}), "accepted_by": dict(accepted_by or {})},
     }
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish_reason: Optional[str],
-                     extra: Optional[dict[str, Any]]) -> dict[str, Any]:
+                     extra: Optional[dict[str, Any]], index: int = 0,
+                     logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": rid, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if extra is not None:
         body["specdecode"] = extra
@@ -231,10 +237,11 @@ def completion_chunk(rid: str, created: int, model: str, text: str, finish_reaso
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict[str, str], finish_reason: Optional[str],
-               extra: Optional[dict[str, Any]]) -> dict[str, Any]:
+               extra: Optional[dict[str, Any]], index: int = 0,
+               logprobs: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if extra is not None:
         body["specdecode"] = extra
