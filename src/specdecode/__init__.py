@@ -9,8 +9,9 @@
 
 from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
-from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DraftModelDrafter, EagleDrafter, LayerSkipDrafter,
-                       MedusaDrafter, PromptLookupDrafter, VocabularyMismatchError, drafter_names)
+from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter,
+                       LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter, SuffixDrafter,
+                       VocabularyMismatchError, build_drafter, drafter_names)
 from .core import DecodeCore, Request
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
 from .metrics import GenerationStats
@@ -19,9 +20,10 @@ from .models import Model, ModelNotFoundError, UnsupportedModelError, load_model
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "EagleDrafter", "FinishEvent",
-    "GenerationConfig", "GenerationResult", "GenerationStats", "KVCache", "LayerSkipDrafter", "MedusaDrafter", "Model",
-    "ModelNotFoundError",
-    "PromptLookupDrafter", "SamplingConfig", "StepEvent", "UnsupportedModelError", "VocabularyMismatchError",
-    "Request", "VerifyConfig", "drafter_names", "generate", "load_model", "stream",
+    "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter",
+    "Drafter", "DrafterOptions", "EagleDrafter", "FinishEvent", "GenerationConfig", "GenerationResult",
+    "GenerationStats", "KVCache", "LayerSkipDrafter", "MedusaDrafter", "Model", "ModelNotFoundError",
+    "PromptLookupDrafter", "QuantDrafter", "Request", "SamplingConfig", "StepEvent", "SuffixDrafter",
+    "UnsupportedModelError", "VerifyConfig", "VocabularyMismatchError", "build_drafter", "drafter_names", "generate",
+    "load_model", "stream",
 ]

@@ -82,6 +82,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                    "print a table and write JSON + plots.")
     b.add_argument("--target", help="target model directory (default: bundled models/code-target)")
     b.add_argument("--draft", help="draft model directory (default: bundled models/code-draft)")
+    b.add_argument("--crosstok-draft", help="draft with its own tokenizer for the crosstok method (default: --draft, "
+                                            "re-tokenized through text)")
     b.add_argument("--heads", help="Medusa heads directory for the medusa methods (default with the bundled target: "
                                    "bundled models/code-medusa), or an EAGLE-3 directory for the eagle method "
                                    "(default: bundled models/code-eagle)")
@@ -339,7 +341,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
                        ignore_eos=not args.stop_at_eos, lookup_max_ngram=args.lookup_max_ngram,
                        lookup_min_ngram=args.lookup_min_ngram, draft_vocab=args.draft_vocab,
-                       heads=resolve_heads_path(args), eagle=resolve_eagle_path(args), sampling=sampling)
+                       heads=resolve_heads_path(args), eagle=resolve_eagle_path(args), sampling=sampling,
+                       crosstok_draft=load(args.crosstok_draft) if args.crosstok_draft else None)
     methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
                                                      "peer_gammas": peer_gammas})
     peer_files: dict[str, str] = {}

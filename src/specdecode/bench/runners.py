@@ -67,6 +67,7 @@ class BenchContext:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # every method's (greedy by default)
     heads: Optional[str] = None  # Medusa heads directory (the medusa methods)
     eagle: Optional[str] = None  # EAGLE-3 draft directory (the eagle method)
+    crosstok_draft: Optional[Model] = None  # the crosstok method's draft, own tokenizer (default: the draft)
     _hf: dict[str, object] = field(default_factory=dict)
     _eager: dict[str, Model] = field(default_factory=dict)
 
@@ -255,6 +256,14 @@ def _quant_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
                       ctx.ignore_eos, ctx.sampling)
 
 
+def _crosstok(ctx: BenchContext, setting: Optional[int]) -> Method:
+    """A draft with its own tokenizer (--crosstok-draft; else --draft, through text), γ target tokens per step."""
+    assert setting is not None
+    draft = ctx.crosstok_draft or ctx.require_draft()
+    return OursMethod(f"crosstok/g{setting}", "crosstok", setting, ctx.target, _ours(ctx, "crosstok", setting, draft=draft),
+                      ctx.ignore_eos, ctx.sampling)
+
+
 def _lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
     return OursMethod(f"lookup/k{setting}", "lookup", setting, ctx.target, _ours(ctx, "ngram", setting),
@@ -420,6 +429,9 @@ for _spec in (
     MethodSpec("draft-fullvocab", "specdecode", "gammas", _draft_fullvocab,
                "draft model over its full output vocabulary (the ablation of draft_vocab.json), γ from --gammas"),
     MethodSpec("lookup", "specdecode", "lookup_tokens", _lookup, "prompt lookup, k from --lookup-tokens"),
+    MethodSpec("crosstok", "specdecode", "gammas", _crosstok,
+               "a draft with its own tokenizer (--crosstok-draft DIR, else --draft), re-tokenized as text (SLEM), "
+               "γ from --gammas"),
     MethodSpec("layerskip", "specdecode", "gammas", _layerskip,
                "layer-skip self-speculation (the target's calibrated layers, `specdecode calibrate`), γ from --gammas"),
     MethodSpec("layerskip-auto", "specdecode", "none", _layerskip_auto,

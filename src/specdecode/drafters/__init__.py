@@ -7,8 +7,11 @@ from .layerskip import DraftLayers, LayerSkipDrafter
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .ngram import PromptLookupDrafter
+from .quant import QuantDrafter
+from .suffix import SuffixDrafter
 from .registry import DrafterOptions, DrafterSpec, build_drafter, drafter_names, register
 
 __all__ = ["Acceptance", "BatchDrafter", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DrafterOptions",
-           "DrafterSpec", "DraftLayers", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter", "PerRowDrafters", "PromptLookupDrafter", "VocabularyMismatchError", "as_batch_drafter",
+           "DrafterSpec", "DraftLayers", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter", "PerRowDrafters", "PromptLookupDrafter", "QuantDrafter", "SuffixDrafter",
+           "VocabularyMismatchError", "as_batch_drafter",
            "build_drafter", "check_vocab_compatible", "drafter_names", "register"]

@@ -40,13 +40,15 @@ def check_vocab_compatible(draft: "Model", target: "Model") -> None:
             diff = len(set(dv.items()) ^ set(tv.items()))
             raise VocabularyMismatchError(
                 f"vocab mismatch between draft ({draft.path}, {len(dv)} tokens) and target ({target.path}, "
-                f"{len(tv)} tokens): {diff} entries differ. The draft must use the target's tokenizer; "
-                "train one with `specdecode distill --target <target>` or use `--drafter ngram`."
+                f"{len(tv)} tokens): {diff} entries differ. --drafter model needs the target's tokenizer; "
+                "use `--drafter crosstok` for a draft with its own tokenizer (exact, re-tokenized as text), "
+                "train one with `specdecode distill --target <target>`, or use `--drafter ngram`."
             )
     elif draft.vocab_size != target.vocab_size:
         raise VocabularyMismatchError(
             f"vocab mismatch: draft ({draft.path}) has {draft.vocab_size} tokens, target ({target.path}) has "
-            f"{target.vocab_size}; the draft must share the target's tokenizer"
+            f"{target.vocab_size}; the draft must share the target's tokenizer (`--drafter crosstok` takes a draft "
+            "with its own tokenizer.json)"
         )
 
 

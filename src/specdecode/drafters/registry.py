@@ -15,6 +15,7 @@ from ..config import ConfigError
 from .base import BatchDrafter, Gamma, PerRowDrafters
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
+from .crosstok import CrossTokenizerDrafter
 from .layerskip import LayerSkipDrafter
 from .model import DraftModelDrafter
 from .ngram import PromptLookupDrafter
@@ -52,6 +53,7 @@ class DrafterSpec:
     needs_heads: bool = False  # Medusa: a heads directory (--heads DIR)
     uses_draft_model: bool = False  # takes a draft model when there is one (auto): the CLI loads the bundled one
     needs_eagle: bool = False  # EAGLE: an EAGLE-3 draft directory (--heads DIR)
+    own_tokenizer: bool = False  # takes a draft model whose tokenizer differs from the target's (crosstok)
 
 
 REGISTRY: dict[str, DrafterSpec] = {}
@@ -113,6 +115,10 @@ def _medusa(tree: bool) -> Callable[[DrafterOptions], Optional[BatchDrafter]]:
 
 
 register(DrafterSpec("model", "a separate small draft model (--draft DIR)", True, _model))
+register(DrafterSpec("crosstok", "a draft model with its OWN tokenizer (--draft DIR): its text is re-tokenized for "
+                     "the target (SLEM, arXiv:2502.05202), exact as a deterministic draft", True,
+                     lambda o: CrossTokenizerDrafter(o.draft, gamma=o.gamma) if o.draft is not None else None,
+                     own_tokenizer=True))
 register(DrafterSpec("ngram", "prompt lookup: copy what followed the last match of the recent tokens", False, _ngram))
 register(DrafterSpec("layerskip", "self-speculation: the target's own first layers (or all but a skip set) draft; "
                      "`specdecode calibrate` picks them", False, _layerskip))

@@ -606,6 +606,9 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
                heads: Optional[str] = None, eagle: Optional[str] = None) -> ServerState:
     """Everything the app needs, from loaded models and the serving flags: every registered drafter
     that can run with what is loaded (a draft model's only when one is given)."""
+    from dataclasses import replace
+
+    from ..drafters.crosstok import shares_vocabulary
     from ..drafters.registry import REGISTRY, DrafterOptions, get_spec
 
     options = DrafterOptions(draft=draft_model, gamma="auto", vocab=draft_vocab, ngram_max=ngram_max,
@@ -620,11 +623,17 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
     if get_spec(default_drafter).needs_heads and heads is None:
         raise ConfigError(f"default drafter {default_drafter!r} needs Medusa heads (--heads DIR); train them with "
                           "`specdecode distill --method medusa --target TARGET --out DIR`")
+    # a draft with another tokenizer serves only the drafters that re-tokenize (crosstok); the rest run without it
+    other_vocab = draft_model is not None and not shares_vocabulary(draft_model, target)
+    if other_vocab and get_spec(default_drafter).needs_draft_model and not get_spec(default_drafter).own_tokenizer:
+        raise ConfigError(f"the draft {draft_model.path} has another tokenizer than the target, so default drafter "
+                          f"{default_drafter!r} cannot use it; serve it with --drafter crosstok")
     drafters = {}
     for name, spec in REGISTRY.items():
-        if spec.needs_draft_model and draft_model is None:
+        opts = replace(options, draft=None) if other_vocab and not spec.own_tokenizer else options
+        if spec.needs_draft_model and opts.draft is None:
             continue
-        built = spec.build(options)
+        built = spec.build(opts)
         if built is not None:
             drafters[name] = built
     metrics = ServerMetrics()

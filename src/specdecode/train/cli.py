@@ -192,6 +192,9 @@ def _add_distill(sub) -> None:
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="eagle: CPU-time budget of the whole command in minutes (rollouts, training, evaluation; "
                         "a resumed run counts its earlier invocations); training gets what the data leaves")
+    p.add_argument("--tokenizer-vocab", type=int, default=None,
+                   help="draft: train the draft its OWN byte-level BPE of N tokens on the same corpus and distill it "
+                        "on the target's rollouts as text (cross-entropy); use it with --drafter crosstok")
     p.add_argument("--quick", action="store_true", help="tiny recipe that finishes in seconds (tests, smoke runs)")
     p.set_defaults(func=_run_distill, _parser=p)
 
@@ -290,7 +293,7 @@ def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None)
     names = ["target", "out", "run_dir", "steps", "batch_size", "dim", "layers", "heads", "kv_heads", "ffn", "lr",
              "warmup", "loss", "onpolicy_seqs", "prompt_len", "gen_len", "greedy_frac", "corpus_seqs", "corpus_mix",
              "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype",
-             "max_minutes", "stop_after", "resume", "quick"]
+             "max_minutes", "stop_after", "resume", "quick", "tokenizer_vocab"]
     cfg = DistillConfig(corpus=list(args.corpus), **{n: getattr(args, n) for n in names})
     r = _run_training(args, argv, cfg, QUICK, distill)
     if r is None:

@@ -88,6 +88,7 @@ class DistillConfig:
     eval_prompt_len: int = 64
     eval_new_tokens: int = 128
     quick: bool = False
+    tokenizer_vocab: Optional[int] = None  # set: the draft gets its own BPE (train/distill_xtok.py)
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
@@ -207,6 +208,10 @@ def distill(cfg: DistillConfig) -> DistillResult:
     governor = ThreadGovernor(cfg.threads) if device.type == "cpu" else None
     seed_everything(cfg.seed)
     target = load_model(cfg.target, device=str(device), dtype=cfg.target_dtype)
+    if cfg.tokenizer_vocab is not None:
+        from .distill_xtok import distill_new_tokenizer
+
+        return distill_new_tokenizer(cfg, target, run_dir, device, governor)
     ds = build_dataset(target, cfg, run_dir)
     tc = target.config
     eos = min(target.eos_token_ids) if target.eos_token_ids else doc_separator(target)
