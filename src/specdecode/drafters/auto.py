@@ -45,7 +45,7 @@ from ..costmodel import (
     load_or_measure_costs,
 )
 from ..policy import SPECULATION_MARGIN
-from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma
+from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -95,7 +95,7 @@ class Member:
         return (self.costs.speedup(alpha, g) if g else 0.0), g
 
 
-class AutoDrafter:
+class AutoDrafter(RowZeroAdapter):
     """Chooses among ``members`` (name -> drafter, in order of preference on ties) per row and step."""
 
     def __init__(self, members: Mapping[str, BatchDrafter], margin: float = SPECULATION_MARGIN,
@@ -174,20 +174,6 @@ class AutoDrafter:
             forget = getattr(m.drafter, "forget", None)
             if callable(forget):
                 forget()
-
-    # -- single-row protocol (row 0) -----------------------------------------------------------------
-    def prepare(self, target: Model) -> None:
-        self.prepare_rows(target, 1, target.max_seq_len)
-        self.reset_row(0)
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        return self.propose_rows({0: ctx})[0]
-
-    def on_verified(self, n_accepted: int) -> None:
-        self.on_verified_row(0, n_accepted)
-
-    def reset(self) -> None:
-        self.reset_row(0)
 
     # -- evidence ------------------------------------------------------------------------------------
     def on_verified_row(self, row: int, n_accepted: int) -> None:

@@ -208,6 +208,26 @@ class BatchDrafter(Protocol):
     def costs_for(self, target: "Model") -> Optional[object]: ...
 
 
+class RowZeroAdapter:
+    """The single-row ``Drafter`` protocol for a ``BatchDrafter``: every call goes to row 0.
+
+    Mixed into the batching drafters so ``prepare``/``propose``/``on_verified``/``reset`` keep
+    one meaning everywhere instead of four copies drifting apart."""
+
+    def prepare(self, target: "Model") -> None:
+        self.prepare_rows(target, 1, target.max_seq_len)  # type: ignore[attr-defined]
+        self.reset_row(0)  # type: ignore[attr-defined]
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        return self.propose_rows({0: ctx})[0]  # type: ignore[attr-defined]
+
+    def on_verified(self, n_accepted: int) -> None:
+        self.on_verified_row(0, n_accepted)  # type: ignore[attr-defined]
+
+    def reset(self) -> None:
+        self.reset_row(0)  # type: ignore[attr-defined]
+
+
 class PerRowDrafters:
     """A ``BatchDrafter`` made of one single-row ``Drafter`` per row (from ``factory``).
 

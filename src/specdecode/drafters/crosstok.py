@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 
 from ..config import ConfigError
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma, draft_rows
+from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma, draft_rows
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -83,7 +83,7 @@ def stable_prefix(tok: "Tokenizer", text: str) -> tuple[list[int], int]:
     return ids[:n], len(ids)
 
 
-class CrossTokenizerDrafter:
+class CrossTokenizerDrafter(RowZeroAdapter):
     """SLEM drafting (arXiv:2502.05202) for every row at once with a draft that has its own tokenizer.
 
     ``gamma``: target tokens proposed per step at most ("auto": ``DEFAULT_GAMMA``). The draft
@@ -145,19 +145,6 @@ class CrossTokenizerDrafter:
     def costs_for(self, target: "Model") -> Optional[object]:
         return None
 
-    # -- single-row protocol (row 0) ----------------------------------------------------------------
-    def prepare(self, target: "Model") -> None:
-        self.prepare_rows(target, 1, target.max_seq_len)
-        self.reset_row(0)
-
-    def reset(self) -> None:
-        self.reset_row(0)
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        return self.propose_rows({0: ctx})[0]
-
-    def on_verified(self, n_accepted: int) -> None:
-        self.on_verified_row(0, n_accepted)
 
     # -- drafting ---------------------------------------------------------------------------------
     def _encode(self, row: int, text: str) -> list[int]:

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from ..costmodel import WARMUP_ROUNDS, Costs, _fingerprint, cache_dir, cost_clock
 from ..policy import SPECULATION_MARGIN
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, load_eagle
 from .medusa import _COST_SIZES, PAIRS, _tree_mask
 
@@ -113,7 +113,7 @@ class _Tree:
     ancestors: list[list[int]]  # scratch slots of the node's expanded ancestors (itself once expanded)
 
 
-class EagleDrafter:
+class EagleDrafter(RowZeroAdapter):
     """An EAGLE-3 draft as a ``BatchDrafter`` drafting EAGLE-2 dynamic trees.
 
     ``gamma``: the most nodes per draft ("auto": up to ``MAX_NODES``; the cost model picks fewer).
@@ -228,20 +228,6 @@ class EagleDrafter:
             if nxt < 0:
                 break
             node = nxt
-
-    # -- single-row protocol (row 0) -----------------------------------------------------------------
-    def prepare(self, target: "Model") -> None:
-        self.prepare_rows(target, 1, target.max_seq_len)
-        self.reset_row(0)
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        return self.propose_rows({0: ctx})[0]
-
-    def on_verified(self, n_accepted: int) -> None:
-        self.on_verified_row(0, n_accepted)
-
-    def reset(self) -> None:
-        self.reset_row(0)
 
     # -- the draft layer at run time -----------------------------------------------------------------
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from ..config import ConfigError
 from ..costmodel import WARMUP_ROUNDS, Costs, _fingerprint, cache_dir, cost_clock
 from ..policy import SPECULATION_MARGIN
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 
@@ -316,7 +316,7 @@ class _Record:
     candidates: list[list[int]]  # [K][RANKS] token ids, best first
 
 
-class MedusaDrafter:
+class MedusaDrafter(RowZeroAdapter):
     """Medusa heads as a ``BatchDrafter``: tree (default) or chain drafts from one hidden state per row.
 
     ``gamma``: the most nodes per draft ("auto": up to ``MAX_NODES``; the cost model picks fewer).
@@ -426,20 +426,6 @@ class MedusaDrafter:
 
     def on_verified_row(self, row: int, n_accepted: int) -> None:
         """Nothing to roll back: the heads keep no cache; evidence is read from the sequence itself."""
-
-    # -- single-row protocol (row 0) -----------------------------------------------------------------
-    def prepare(self, target: "Model") -> None:
-        self.prepare_rows(target, 1, target.max_seq_len)
-        self.reset_row(0)
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        return self.propose_rows({0: ctx})[0]
-
-    def on_verified(self, n_accepted: int) -> None:
-        self.on_verified_row(0, n_accepted)
-
-    def reset(self) -> None:
-        self.reset_row(0)
 
     # -- drafting ------------------------------------------------------------------------------------
     def candidates(self, h: torch.Tensor, ranks: int = RANKS) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 from ..config import ConfigError
 from ..costmodel import MAX_GAMMA, Costs
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .model import DraftModelDrafter
 from .vocab import VocabSpec
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 DRAFT_FORMAT = "int4"
 
 
-class QuantDrafter:
+class QuantDrafter(RowZeroAdapter):
     """``DraftModelDrafter`` over an int4 copy of whichever target it is prepared for."""
 
     wants_hidden = False
@@ -103,16 +103,3 @@ class QuantDrafter:
         if self._inner is not None:
             self._inner.move_row(src, dst)
 
-    # single-row protocol (generate's), row 0 of the same machinery
-    def prepare(self, target: "Model") -> None:
-        self.prepare_rows(target, 1, target.max_seq_len)
-        self.reset_row(0)
-
-    def reset(self) -> None:
-        self.reset_row(0)
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        return self.propose_rows({0: ctx})[0]
-
-    def on_verified(self, n_accepted: int) -> None:
-        self.on_verified_row(0, n_accepted)

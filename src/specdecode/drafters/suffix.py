@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from ..config import ConfigError
 from ..costmodel import Costs, cost_clock, load_or_measure_costs
 from ..policy import SPECULATION_MARGIN
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma
+from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -232,7 +232,7 @@ class _RowState:
     chain: list[int] | None = None  # that proposal's tokens when it is a chain (accepted ones are known then)
 
 
-class SuffixDrafter:
+class SuffixDrafter(RowZeroAdapter):
     """A ``BatchDrafter`` proposing frequency-ranked continuation trees from a suffix index shared by
     all of its rows (the server's requests), plus each row's own sequence.
 
@@ -293,20 +293,6 @@ class SuffixDrafter:
         """Drop every earlier output (a benchmark's next repetition must not see the previous one's)."""
         self.shared.clear()
         self._rows.clear()
-
-    # -- single-row protocol (row 0) -----------------------------------------------------------------
-    def prepare(self, target: Model) -> None:
-        self.prepare_rows(target, 1, target.max_seq_len)
-        self.reset_row(0)
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        return self.propose_rows({0: ctx})[0]
-
-    def on_verified(self, n_accepted: int) -> None:
-        self.on_verified_row(0, n_accepted)
-
-    def reset(self) -> None:
-        self.reset_row(0)
 
     # -- evidence ------------------------------------------------------------------------------------
     def on_verified_row(self, row: int, n_accepted: int) -> None:
