@@ -5,10 +5,15 @@ Each cell runs ``concurrency`` streaming clients that send greedy completions ba
 to back for ``--duration`` seconds (requests still in flight are then cut off), with
 speculation on (the server's default drafter) or off (``"drafter": "none"``, the
 same server and batch machinery, so only speculation differs). It prints one row
-per cell and the on/off throughput ratio per concurrency.
+per cell and, per concurrency, each mode's throughput over the first mode's.
+
+``--modes`` compares other things the same way: each mode is ``off``, ``on`` or a
+drafter name sent as the request's ``drafter`` field (e.g. ``--modes medusa-chain
+medusa``: Medusa chains against trees in one server, alternating per repeat).
 
     python scripts/load_test.py --url http://127.0.0.1:8000            # a running server
     python scripts/load_test.py --target models/code-target --draft models/code-draft
+    python scripts/load_test.py --drafter medusa --modes medusa-chain medusa --repeats 2
     python scripts/load_test.py --tiny                                  # random tiny checkpoints (needs transformers)
 """
 
@@ -46,7 +51,7 @@ PROMPTS = [
 @dataclass
 class Cell:
     concurrency: int
-    mode: str  # "on" or "off"
+    mode: str  # "on" (the server's default drafter), "off" (none) or a drafter name
     latencies: list[float] = field(default_factory=list)  # completed requests only
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0  # tokens streamed inside the window (requests still running at its end included)
@@ -126,8 +131,8 @@ async def run_cell(url: str, model: str, concurrency: int, mode: str, duration: 
             while (left := stop_at - time.perf_counter()) > 0:
                 body: dict[str, object] = {"model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens,
                                            "temperature": 0, "ignore_eos": True, "stream": True}
-                if mode == "off":
-                    body["drafter"] = "none"
+                if mode != "on":  # "off" -> "none": the same server and batching, no speculation
+                    body["drafter"] = "none" if mode == "off" else mode
                 try:
                     await asyncio.wait_for(_one(client, url, body, cell), timeout=left)
                 except asyncio.TimeoutError:
@@ -156,21 +161,38 @@ def print_table(cells: list[Cell]) -> None:
               f"{c.tokens_per_cpu_s:>9.1f} {_pct(c.latencies, .5):>8.3f} {_pct(c.latencies, .95):>8.3f} {_pct(c.ttfts, .5):>8.3f} "
               f"{alpha:>6.2f} {tau:>5.2f} {c.errors:>4}")
     print()
+    for r in ratios(cells):
+        flag = "" if r["tokens_per_s_ratio"] >= 0.95 else f"   <-- {r['mode']} more than 5% slower"
+        line = (f"concurrency {r['concurrency']:>3}: {r['mode']}/{r['baseline']} tok/s = {r['tokens_per_s'][0]:.1f}/"
+                f"{r['tokens_per_s'][1]:.1f} = {r['tokens_per_s_ratio']:.3f}{flag}")
+        if r["tokens_per_cpu_s_ratio"] is not None:
+            line += (f" | tok/cpu-s = {r['tokens_per_cpu_s'][0]:.1f}/{r['tokens_per_cpu_s'][1]:.1f} = "
+                     f"{r['tokens_per_cpu_s_ratio']:.3f}")
+        print(line)
+
+
+def ratios(cells: list[Cell]) -> list[dict[str, object]]:
+    """Per concurrency, every mode against the first mode run (the baseline): mean tok/s over its
+    cells, and tokens per server CPU second pooled over them (None when the server's CPU is unknown)."""
     by: dict[int, dict[str, list[Cell]]] = {}
     for c in cells:
         by.setdefault(c.concurrency, {}).setdefault(c.mode, []).append(c)
+    out: list[dict[str, object]] = []
     for conc, modes in sorted(by.items()):
-        if "on" in modes and "off" in modes:
-            on = statistics.mean(c.tokens_per_s for c in modes["on"])
-            off = statistics.mean(c.tokens_per_s for c in modes["off"])
-            ratio = on / off if off else float("nan")
-            flag = "" if ratio >= 0.95 else "   <-- speculation more than 5% slower"
-            line = f"concurrency {conc:>3}: on/off tok/s = {on:.1f}/{off:.1f} = {ratio:.3f}{flag}"
-            if all(c.server_cpu_s for c in modes["on"] + modes["off"]):
-                on_cpu = sum(c.tokens for c in modes["on"]) / sum(c.server_cpu_s for c in modes["on"])
-                off_cpu = sum(c.tokens for c in modes["off"]) / sum(c.server_cpu_s for c in modes["off"])
-                line += f" | tok/cpu-s = {on_cpu:.1f}/{off_cpu:.1f} = {on_cpu / off_cpu:.3f}"
-            print(line)
+        names = list(modes)
+        base = names[0]
+        for mode in names[1:]:
+            a, b = modes[mode], modes[base]
+            tps = (statistics.mean(c.tokens_per_s for c in a), statistics.mean(c.tokens_per_s for c in b))
+            row: dict[str, object] = {"concurrency": conc, "mode": mode, "baseline": base, "tokens_per_s": tps,
+                                      "tokens_per_s_ratio": tps[0] / tps[1] if tps[1] else float("nan"),
+                                      "tokens_per_cpu_s": None, "tokens_per_cpu_s_ratio": None}
+            if all(c.server_cpu_s for c in a + b):
+                cpu = (sum(c.tokens for c in a) / sum(c.server_cpu_s for c in a),
+                       sum(c.tokens for c in b) / sum(c.server_cpu_s for c in b))
+                row.update(tokens_per_cpu_s=cpu, tokens_per_cpu_s_ratio=cpu[0] / cpu[1])
+            out.append(row)
+    return out
 
 
 def _free_port() -> int:
@@ -188,13 +210,14 @@ def _build_tiny(root: Path) -> tuple[Path, Path]:
     return target, draft
 
 
-def start_server(serve_args: list[str], port: int, threads: Optional[int]) -> subprocess.Popen[bytes]:
+def start_server(serve_args: list[str], port: int, threads: Optional[int], timeout: float = 120.0
+                 ) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "specdecode.cli", "serve", "--port", str(port), *serve_args]
     env = dict(os.environ)
     if threads is not None:  # on a shared machine, fewer intra-op threads spin less under contention
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
@@ -205,7 +228,7 @@ def start_server(serve_args: list[str], port: int, threads: Optional[int]) -> su
             pass
         time.sleep(0.2)
     proc.kill()
-    raise SystemExit("server did not start within 120 s")
+    raise SystemExit(f"server did not start within {timeout:.0f} s (first start measures costs; see --start-timeout)")
 
 
 def main() -> int:
@@ -214,17 +237,23 @@ def main() -> int:
     ap.add_argument("--api-key")
     ap.add_argument("--target", help="target model directory for the server this script starts")
     ap.add_argument("--draft", help="draft model directory (default drafter: model)")
-    ap.add_argument("--drafter", default=None, help="server's default drafter: model, ngram")
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--drafter", default=None, help="server's default drafter: model, ngram, medusa, ...")
+    ap.add_argument("--modes", nargs="+", default=["off", "on"],
+                    help="what each cell runs: off (no drafter), on (the server's default) or a drafter name sent "
+                         "per request; ratios are against the first")
+    ap.add_argument("--gamma", default="4", help="the server's --gamma: a draft length cap, or auto")
     ap.add_argument("--speculation", default="auto", help="server policy: auto or always")
     ap.add_argument("--tiny", action="store_true", help="build random tiny checkpoints and serve them")
     ap.add_argument("--self-draft", action="store_true", help="with --tiny: draft = target (every token accepted)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of load per cell")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=1, help="alternate off/on this many times per concurrency")
+    ap.add_argument("--repeats", type=int, default=1, help="alternate the modes this many times per concurrency")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds of untimed load per mode before the cells")
     ap.add_argument("--server-threads", type=int, help="OMP/MKL threads of the server this script starts")
     ap.add_argument("--json", help="also write the cells to this JSON file")
+    ap.add_argument("--start-timeout", type=float, default=300.0,
+                    help="seconds to wait for the server this script starts (its first start measures pass costs)")
     args = ap.parse_args()
 
     proc: Optional[subprocess.Popen[bytes]] = None
@@ -246,31 +275,37 @@ def main() -> int:
             if args.drafter:
                 serve_args += ["--drafter", args.drafter]
             port = _free_port()
-            proc = start_server(serve_args, port, args.server_threads)
+            proc = start_server(serve_args, port, args.server_threads, args.start_timeout)
             url = f"http://127.0.0.1:{port}"
         model = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key
                           else {}).json()["data"][0]["id"]
+        load_start = os.getloadavg()[0]
         print(f"server {url}, model {model}, {args.duration:.0f}s per cell, {args.max_tokens} tokens per request, "
-              f"torch threads per process as configured, machine load {os.getloadavg()[0]:.1f}")
-        # warm-up: lets the server's policy measure pass costs before anything is timed
-        asyncio.run(run_cell(url, model, max(args.concurrency), "on", min(3.0, args.duration), args.max_tokens,
-                             args.api_key))
+              f"torch threads per process as configured, machine load {load_start:.1f}", flush=True)
+        # warm-up: lets the server's policy measure pass costs (every batch width) before anything is timed
+        for mode in args.modes:
+            for conc in sorted(set(args.concurrency), reverse=True):
+                asyncio.run(run_cell(url, model, conc, mode, min(args.warmup, args.duration), args.max_tokens,
+                                     args.api_key))
         cells: list[Cell] = []
         for conc in args.concurrency:
             for r in range(args.repeats):
-                for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):  # alternate to spread drift
+                for mode in (args.modes if r % 2 == 0 else args.modes[::-1]):  # alternate to spread drift
                     cpu0 = process_cpu_s(proc.pid if proc else None)
                     cell = asyncio.run(run_cell(url, model, conc, mode, args.duration, args.max_tokens, args.api_key))
                     cell.server_cpu_s = process_cpu_s(proc.pid if proc else None) - cpu0
                     cells.append(cell)
-                    print(f"  done: concurrency {conc}, speculation {mode}: {cells[-1].tokens_per_s:.1f} tok/s",
-                          flush=True)
+                    print(f"  done: concurrency {conc}, mode {mode}: {cells[-1].tokens_per_s:.1f} tok/s", flush=True)
         print()
         print_table(cells)
         health = httpx.get(url + "/health").json()
         print("\nserver policy:", json.dumps(health.get("speculation", {})))
         if args.json:
-            Path(args.json).write_text(json.dumps([{**c.__dict__, "tokens_per_s": c.tokens_per_s} for c in cells]))
+            Path(args.json).write_text(json.dumps({
+                "command": sys.argv, "machine_load_start": load_start, "modes": args.modes,
+                "cells": [{**c.__dict__, "tokens_per_s": c.tokens_per_s, "tokens_per_cpu_s": c.tokens_per_cpu_s}
+                          for c in cells],
+                "ratios": ratios(cells), "server_policy": health.get("speculation", {})}, indent=1))
     finally:
         if proc is not None:
             proc.terminate()

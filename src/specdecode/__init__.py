@@ -10,7 +10,7 @@
 from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter,
-                       LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter, SuffixDrafter,
+                       ExitAdapterDrafter, LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter, SuffixDrafter,
                        VocabularyMismatchError, build_drafter, drafter_names)
 from .core import DecodeCore, Request
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter",
-    "Drafter", "DrafterOptions", "EagleDrafter", "FinishEvent", "GenerationConfig", "GenerationResult",
+    "Drafter", "DrafterOptions", "EagleDrafter", "ExitAdapterDrafter", "FinishEvent", "GenerationConfig", "GenerationResult",
     "GenerationStats", "KVCache", "LayerSkipDrafter", "MedusaDrafter", "Model", "ModelNotFoundError",
     "PromptLookupDrafter", "QuantDrafter", "Request", "SamplingConfig", "StepEvent", "SuffixDrafter",
     "UnsupportedModelError", "VerifyConfig", "VocabularyMismatchError", "build_drafter", "drafter_names", "generate",

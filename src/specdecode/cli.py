@@ -33,6 +33,7 @@ DEFAULT_TARGET = "code-target"
 DEFAULT_DRAFT = "code-draft"
 DEFAULT_HEADS = "code-medusa"
 DEFAULT_EAGLE = "code-eagle"
+DEFAULT_EXIT_ADAPTER = "code-exit-adapter"
 
 
 class CLIError(Exception):
@@ -64,7 +65,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", default=None, metavar="DIR",
                    help="medusa, medusa-chain: the Medusa heads directory (`specdecode distill --method medusa`; "
                         f"default with the bundled target: bundled models/{DEFAULT_HEADS}); eagle: an EAGLE-3 "
-                        f"draft directory (`distill --method eagle`; default: bundled models/{DEFAULT_EAGLE})")
+                        f"draft directory (`distill --method eagle`; default: bundled models/{DEFAULT_EAGLE}); "
+                        "layerskip-adapter: an exit adapter directory (`distill --method early-exit`; default: "
+                        f"bundled models/{DEFAULT_EXIT_ADAPTER})")
     add_dataclass_args(p, ModelLoadConfig)
 
 
@@ -149,6 +152,20 @@ def resolve_eagle_path(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
+def resolve_exit_adapter_path(args: argparse.Namespace) -> Optional[str]:
+    """The exit adapter directory: --heads when it is one; else the bundled one when the target is the
+    bundled one (it fits only it); else None (layerskip-adapter then says it needs --heads)."""
+    from .drafters.exit_adapter import is_exit_adapter_dir
+
+    heads = getattr(args, "heads", None)
+    if heads:
+        return str(heads) if is_exit_adapter_dir(heads) else None
+    path = default_model_dir(DEFAULT_EXIT_ADAPTER)
+    if not getattr(args, "target", None) and is_exit_adapter_dir(path):
+        return str(path)
+    return None
+
+
 def drafter_options(args: argparse.Namespace, load: Callable[[str], object], needs_draft_model: bool) -> "DrafterOptions":
     """What the registry builds drafters from, as the model flags say (loads the draft model if needed)."""
     from .drafters import DrafterOptions
@@ -156,7 +173,8 @@ def drafter_options(args: argparse.Namespace, load: Callable[[str], object], nee
     path = resolve_draft_path(args, needs_draft_model)
     return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,  # type: ignore[arg-type]
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer,
-                          skip_layers=args.skip_layers, heads=resolve_heads_path(args), eagle=resolve_eagle_path(args))
+                          skip_layers=args.skip_layers, heads=resolve_heads_path(args), eagle=resolve_eagle_path(args),
+                          exit_adapter=resolve_exit_adapter_path(args))
 
 
 def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> object:

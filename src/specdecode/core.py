@@ -237,7 +237,8 @@ class DecodeCore:
     drafters; a request names the one it uses."""
 
     def __init__(self, target: Model, drafters: Mapping[str, BatchDrafter], max_rows: int = 1,
-                 context_len: Optional[int] = None, policy: Optional[GammaPolicy] = None) -> None:
+                 context_len: Optional[int] = None, policy: Optional[GammaPolicy] = None,
+                 prepare: Optional[Sequence[str]] = None) -> None:
         self.target = target
         self.drafters = dict(drafters)
         self.max_rows = max_rows
@@ -248,19 +249,32 @@ class DecodeCore:
         self.forward_passes = 0
         self._cost_clock = cost_clock(target)  # online costs: the same clock as the offline ones
         self._clock = time.perf_counter
-        for name, d in self.drafters.items():
-            d.prepare_rows(target, max_rows, self.context_len)
-            costs = d.costs_for(target)
-            if costs is not None:
-                self.policy.set_offline(name, costs)
         self._names = {id(d): name for name, d in self.drafters.items()}
-        self._drafter_list = list(self.drafters.values())
+        # ``prepare``: the drafters prepared (buffers, measured costs) now; the rest on their first
+        # request, so a server that loads many drafters starts in seconds (a Medusa or EAGLE tree's
+        # cost measurement alone takes ~10 s on the first start on a machine)
+        self._drafter_list: list[BatchDrafter] = []  # the prepared ones, in preparation order
+        for name in self.drafters if prepare is None else prepare:
+            self._prepare(name)
         self._want_hidden = any(d.wants_hidden for d in self.drafters.values())
         self._forced: set[int] = set()  # rows whose draft this step is the grammar's forced tokens
         # EAGLE-3 drafters also read intermediate layers (an optional attribute of a hidden-state drafter);
         # then the prefill keeps the prompt's states too, so the first step can draft
         self._hidden_layers = tuple(sorted({int(i) for d in self.drafters.values() if d.wants_hidden
                                             for i in getattr(d, "hidden_layers", ())}))
+
+    def _prepare(self, name: str) -> BatchDrafter:
+        """Prepare drafter ``name`` for every row (once) and give the γ policy its offline costs."""
+        d = self.drafters[name]
+        if not any(d is p for p in self._drafter_list):
+            d.prepare_rows(self.target, self.max_rows, self.context_len)
+            costs = d.costs_for(self.target)
+            if costs is not None:
+                self.policy.set_offline(name, costs)
+            for r in range(self.max_rows):
+                d.reset_row(r)
+            self._drafter_list.append(d)
+        return d
 
     # -- rows ------------------------------------------------------------------------------------
     def add(self, request: Request, owner: Any = None) -> Row:
@@ -272,7 +286,7 @@ class DecodeCore:
             if request.drafter not in self.drafters:
                 raise ConfigError(f"drafter {request.drafter!r} is not loaded here; loaded: "
                                   f"{', '.join(sorted(self.drafters)) or 'none'}")
-            drafter = self.drafters[request.drafter]
+            drafter = self._prepare(request.drafter)
         gamma = drafter.gamma if drafter is not None else 0
         cap = request.gamma or (gamma if isinstance(gamma, int) else self.policy.max_gamma)
         adaptive = request.adaptive if request.adaptive is not None else gamma == "auto"
@@ -287,7 +301,7 @@ class DecodeCore:
             raise ContextLengthError(f"prompt has {row.n_prompt} tokens but the context window is "
                                      f"{self.context_len}; shorten it so at least one token can be generated")
         self.cache.reset(i)
-        for d in self.drafters.values():
+        for d in self._drafter_list:
             d.reset_row(i)
         t0 = time.perf_counter()
         try:
@@ -314,19 +328,19 @@ class DecodeCore:
         last = len(self.rows) - 1
         if i != last:
             self.cache.move_row(last, i)
-            for d in self.drafters.values():
+            for d in self._drafter_list:
                 d.move_row(last, i)
             self.rows[i] = self.rows[last]
         self.rows.pop()
         self.cache.reset(last)
-        for d in self.drafters.values():
+        for d in self._drafter_list:
             d.reset_row(last)
 
     def clear(self) -> None:
         """Drop every row (after an engine error: nothing in the caches is trusted)."""
         self.rows.clear()
         self.cache.reset()
-        for d in self.drafters.values():
+        for d in self._drafter_list:
             for r in range(self.max_rows):
                 d.reset_row(r)
 

@@ -51,14 +51,17 @@ class GammaPolicy:
         self.margin, self.ema, self.max_gamma = margin, ema, max_gamma
         self._t: dict[tuple[int, int], float] = {}  # (batch, width) -> seconds
         self._draft: dict[tuple[str, int], float] = {}  # (drafter, rows drafting) -> seconds per draft position
-        self._v: Optional[tuple[float, ...]] = None  # offline v(k) of the target (B = 1)
-        self._c: dict[str, float] = {}  # offline c per drafter (B = 1)
+        # offline v(k) of the target (B = 1) as each drafter measured it (a chain pass, a tree pass with
+        # hidden states: not the same pass), and c per drafter; both keyed by drafter so the order in
+        # which drafters are prepared cannot change a choice
+        self._v: dict[str, tuple[float, ...]] = {}
+        self._c: dict[str, float] = {}
         self._memo: dict[tuple[str, int, int], int] = {}  # offline single-row choices
 
     # -- measurements -------------------------------------------------------------------------
     def set_offline(self, drafter: str, costs: "Costs") -> None:
         """Offline single-row costs of ``drafter`` with this target (v is the target's, c the drafter's)."""
-        self._v = tuple(costs.v)
+        self._v[drafter] = tuple(costs.v)
         self._c[drafter] = costs.c
         self._memo.clear()
 
@@ -74,24 +77,26 @@ class GammaPolicy:
         self._update(self._draft, (drafter, rows), seconds / max(1, depth))
 
     # -- estimates ----------------------------------------------------------------------------
-    def _scale(self) -> float:
-        """Seconds of one single-row, one-token target pass: what offline ratios are multiples of."""
-        if self._v is None:
+    def _scale(self, drafter: str) -> float:
+        """Seconds of one single-row, one-token target pass: what ``drafter``'s offline ratios are multiples of."""
+        v = self._v.get(drafter)
+        if v is None:
             return 1.0
-        measured = [s / self._v[min(w - 1, len(self._v) - 1)] for (b, w), s in self._t.items() if b == 1]
+        measured = [s / v[min(w - 1, len(v) - 1)] for (b, w), s in self._t.items() if b == 1]
         return min(measured) if measured else 1.0
 
-    def target_seconds(self, batch: int, width: int) -> float:
-        """Cost of a [batch, width] pass: offline at B = 1 when measured there, else the online envelope."""
-        if batch == 1 and self._v is not None:
-            return self._scale() * self._v[min(width - 1, len(self._v) - 1)]
+    def target_seconds(self, batch: int, width: int, drafter: Optional[str] = None) -> float:
+        """Cost of a [batch, width] pass: offline at B = 1 when ``drafter`` measured it, else the online envelope."""
+        v = self._v.get(drafter) if batch == 1 and drafter is not None else None
+        if v is not None:
+            return self._scale(drafter) * v[min(width - 1, len(v) - 1)]  # type: ignore[arg-type]
         bound = [v for (b, w), v in self._t.items() if b <= batch and w <= width]
         return max(bound) if bound else 0.0
 
     def draft_seconds(self, drafter: str, rows: int) -> float:
         """Seconds per draft position when ``rows`` rows of ``drafter`` draft together."""
         if rows == 1 and drafter in self._c:
-            return self._c[drafter] * self._scale()
+            return self._c[drafter] * self._scale(drafter)
         bound = [v for (k, r), v in self._draft.items() if k == drafter and r <= rows]
         return max(bound) if bound else 0.0
 
@@ -100,7 +105,7 @@ class GammaPolicy:
         return {
             "target_seconds": {f"{b}x{w}": round(v, 6) for (b, w), v in sorted(self._t.items())},
             "draft_seconds": {f"{k}:{r}rows": round(v, 6) for (k, r), v in sorted(self._draft.items())},
-            "offline": {"v": self._v, "c": dict(self._c)} if self._v is not None else None,
+            "offline": {"v": dict(self._v), "c": dict(self._c)} if self._v else None,
         }
 
     # -- decision -----------------------------------------------------------------------------
@@ -113,7 +118,8 @@ class GammaPolicy:
             if g and p.drafter is not None:
                 depth[p.drafter] = max(depth.get(p.drafter, 0), g)
                 rows[p.drafter] = rows.get(p.drafter, 0) + 1
-        seconds = self.target_seconds(len(plans), 1 + max(lengths, default=0))
+        only = plans[0].drafter if len(plans) == 1 else None
+        seconds = self.target_seconds(len(plans), 1 + max(lengths, default=0), only)
         seconds += sum(self.draft_seconds(k, rows[k]) * d for k, d in depth.items())
         return tokens / max(seconds, 1e-12)
 
@@ -134,7 +140,7 @@ class GammaPolicy:
             p = plans[0]
             if not p.auto or p.cap == 0 or p.drafter is None:
                 out = [p.cap if p.drafter is not None else 0]
-            elif self._v is not None and p.drafter in self._c:
+            elif p.drafter in self._v and p.drafter in self._c:
                 key = (p.drafter, p.cap, int(p.alpha * ALPHA_BUCKETS))
                 g = self._memo.get(key)
                 if g is None:

@@ -1,5 +1,5 @@
-"""Medusa trees under continuous batching: 8 concurrent greedy streams, rows of trees padded together,
-give exactly what ``generate`` gives alone; the chain variant too."""
+"""Medusa trees under continuous batching: 4 and 8 concurrent greedy streams, rows of trees padded
+together, give exactly what ``generate`` gives alone; the chain variant too."""
 
 from __future__ import annotations
 
@@ -29,17 +29,18 @@ def heads(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def medusa_server(models: Models, heads: Path) -> Iterator[RunningServer]:
-    """Free tree nodes (flat measured costs), so every step verifies a tree of up to 6 nodes per row."""
+    """Free tree nodes (flat measured costs), so every step verifies a tree of up to 6 nodes per row.
+    The patch lasts the server's life: a drafter other than the default is prepared on first use."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(medusa, "load_or_measure_tree_costs", lambda target, drafter: (FLAT, 0.0))
         state = make_state(models.target, None, ServerConfig(max_batch_size=8, max_queue=16, request_timeout=60,
                                                              speculation="always"),
                            default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME, heads=str(heads))
-    running = start_server(state)
-    try:
-        yield running
-    finally:
-        running.stop()
+        running = start_server(state)
+        try:
+            yield running
+        finally:
+            running.stop()
 
 
 async def _stream_all(url: str, max_tokens: list[int], drafter: str) -> list[tuple[str, list[bool]]]:
@@ -61,9 +62,11 @@ async def _stream_all(url: str, max_tokens: list[int], drafter: str) -> list[tup
         await client.close()
 
 
-@pytest.mark.parametrize("drafter", ["medusa", "medusa-chain"])
-def test_concurrent_medusa_streams_equal_generate(drafter: str, models: Models, medusa_server: RunningServer) -> None:
-    max_tokens = [16 + 5 * (i % 4) for i in range(8)]  # rows finish at different steps: trees of different rows
+@pytest.mark.parametrize(("drafter", "streams"), [("medusa", 4), ("medusa", 8), ("medusa-chain", 8)])
+def test_concurrent_medusa_streams_equal_generate(drafter: str, streams: int, models: Models,
+                                                  medusa_server: RunningServer) -> None:
+    # rows finish at different steps: trees of different rows, and batches narrowing as rows leave
+    max_tokens = [16 + 5 * (i % 4) for i in range(streams)]
     refs = [specdecode.generate(models.target, p, max_new_tokens=n).text for p, n in zip(PROMPTS, max_tokens)]
     before = medusa_server.get("/metrics").text
     outs = asyncio.run(_stream_all(medusa_server.url, max_tokens, drafter))

@@ -11,7 +11,7 @@ import torch
 import specdecode as sd
 from specdecode.config import SamplingConfig
 from specdecode.costmodel import Costs
-from specdecode.drafters.auto import AutoDrafter
+from specdecode.drafters.auto import PROBE_FIRST, AutoDrafter
 from specdecode.drafters.base import Acceptance, Draft, DraftContext
 
 
@@ -115,3 +115,114 @@ def test_a_weak_draft_from_a_dear_member_gives_way_to_the_next(tiny_dirs: dict[s
     model.tokens = []  # the model proposes nothing after all: the weak draft still beats plain decoding
     out = auto.propose_rows({0: _ctx()})
     assert out[0].source == "suffix" and out[0].tokens == [5]
+
+
+def _fixed_base(auto: AutoDrafter) -> None:
+    """v(k) written by hand, so realised rates do not hang on the tiny model's timing."""
+    auto._base = Costs(c=0.0, v=tuple(1.0 + 0.02 * k for k in range(16)))
+
+
+def test_cheap_member_sits_out_a_row_where_it_loses_and_returns_after_a_win(tiny_dirs: dict[str, Path]) -> None:
+    model = Fake([7, 7, 7, 7], costs=Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16))))
+    lookup = Fake([5], expected=1.0)  # proposes a draft predicted to gain nothing: it loses to the model
+    auto = _auto(tiny_dirs, {"model": model, "lookup": lookup})
+    _fixed_base(auto)
+    called = []
+    for step in range(40):
+        before = len(lookup.calls)
+        out = auto.propose_rows({0: _ctx()})
+        assert out[0].source == "model"
+        if len(lookup.calls) > before:
+            called.append(step)
+        auto.on_verified_row(0, 1)
+    # sit-outs of 1, 2, 4, 8, then 16 steps (MAX_WAIT) between its proposals
+    assert called == [0, 2, 5, 10, 19, 36]
+    lookup.expected = 9.0  # its drafts turn good: found at its next turn, then it runs every step
+    for _ in range(16):
+        out = auto.propose_rows({0: _ctx()})
+        auto.on_verified_row(0, 1)
+        if out[0].source == "lookup":
+            break
+    else:
+        raise AssertionError("the cheap member's good draft was never tried")
+    n = len(lookup.calls)
+    for _ in range(5):
+        assert auto.propose_rows({0: _ctx()})[0].source == "lookup"
+        auto.on_verified_row(0, 1)
+    assert len(lookup.calls) == n + 5
+
+
+def test_sit_outs_are_per_row_and_follow_moved_rows(tiny_dirs: dict[str, Path]) -> None:
+    model = Fake([7, 7], costs=Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16))))
+    lookup = Fake([5], expected=1.0)
+    auto = _auto(tiny_dirs, {"model": model, "lookup": lookup})
+    _fixed_base(auto)
+    auto.propose_rows({0: _ctx()})  # row 0 loses: it sits out the next step
+    assert lookup.calls == [[0]]
+    auto.propose_rows({0: _ctx(), 1: _ctx()})  # row 1 is new here: proposed for; row 0 sits out
+    assert lookup.calls[-1] == [1]
+    auto.move_row(1, 3)  # row 1's sit-out (1 step, after its loss) moves with it
+    auto.reset_row(0)  # a new request in row 0 starts afresh
+    auto.propose_rows({0: _ctx(), 3: _ctx()})
+    assert lookup.calls[-1] == [0]
+
+
+def test_losing_dear_member_is_probed_at_doubling_intervals_and_adopted_when_good(tiny_dirs: dict[str, Path]) -> None:
+    model = Fake([7, 7, 7, 7], costs=Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16))))
+    heads = Fake([4, 4, 4])  # a self-sizing member costing half a target pass: judged by its realised rate
+    auto = _auto(tiny_dirs, {"model": model, "heads": heads})
+    _fixed_base(auto)
+    clock = [0.0]
+    auto._clock = lambda: clock[0]  # auto's timer: only the heads' proposals take time on it
+    propose = heads.propose_rows
+
+    def timed(contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        clock[0] += 0.5 * len(contexts)
+        return propose(contexts)
+
+    heads.propose_rows = timed  # type: ignore[method-assign]
+    m = auto.members[1]
+    m.samples.extend([0.5] * 9)
+    m.c, m.rate, m.steps = 0.5, 1.2, 5  # it drafted before and did poorly
+    probes = []
+    for step in range(600):
+        out = auto.propose_rows({0: _ctx()})
+        if out[0].source == "heads":
+            probes.append(step)
+        auto.on_verified_row(0, 0 if out[0].source == "heads" else 2)
+    # idle 32 steps, then 64, 128, 256 (each losing probe doubles the wait): a few steps in 600
+    assert probes == [31, 95, 223, 479]
+    assert m.rate < 1.2  # the probes confirmed it
+    heads.tokens = list(range(1, 16))  # now its drafts are all accepted: the next probe finds it
+    for _ in range(600):
+        out = auto.propose_rows({0: _ctx(k=15)})
+        auto.on_verified_row(0, len(out[0].tokens) if out[0].source == "heads" else 2)
+    assert auto.propose_rows({0: _ctx(k=15)})[0].source == "heads"  # adopted: chosen on its own merit
+    assert m.interval == PROBE_FIRST
+
+
+def test_hidden_state_members_get_their_layers_from_the_core(tiny_dirs: dict[str, Path]) -> None:
+    """An EAGLE-like member inside auto receives the intermediate layers it names (the decode core
+    captures what auto's ``hidden_layers`` asks for)."""
+
+    class LayersFake(Fake):
+        wants_hidden = True
+        hidden_layers = (0, 1)
+
+        def __init__(self) -> None:
+            super().__init__([], expected=None)
+            self.seen: list[set[int]] = []
+
+        def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+            self.seen += [set(c.layers or {}) for c in contexts.values()]
+            return super().propose_rows(contexts)
+
+    feats = LayersFake()
+    auto = AutoDrafter({"feats": feats, "lookup": Fake([1], expected=1.0)})
+    target = sd.load_model(tiny_dirs["llama"])
+    sd.generate(target, [1, 2, 3, 4], drafter=auto, max_new_tokens=4)
+    assert auto.wants_hidden and auto.hidden_layers == (0, 1)
+    assert feats.seen and all(s == {0, 1} for s in feats.seen)
+    plain = AutoDrafter({"lookup": Fake([1], expected=1.0)})
+    plain.prepare_rows(target, 1, 64)
+    assert not plain.wants_hidden and plain.hidden_layers == ()

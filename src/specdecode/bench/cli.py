@@ -267,6 +267,8 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
         families.append("draft-auto")
     if auto and "layerskip" in families and "layerskip-auto" not in families:
         families.append("layerskip-auto")
+    if auto and "layerskip-adapter" in families and "layerskip-adapter-auto" not in families:
+        families.append("layerskip-adapter-auto")
     if auto and "quant" in families and "quant-auto" not in families:
         families.append("quant-auto")
     s = BenchSettings(
@@ -303,7 +305,8 @@ def adaptive_threads() -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import model_loader, resolve_draft_path, resolve_eagle_path, resolve_heads_path, resolve_target
+    from ..cli import (model_loader, resolve_draft_path, resolve_eagle_path, resolve_exit_adapter_path,
+                       resolve_heads_path, resolve_target)
     from ..costmodel import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
@@ -341,7 +344,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
                        ignore_eos=not args.stop_at_eos, lookup_max_ngram=args.lookup_max_ngram,
                        lookup_min_ngram=args.lookup_min_ngram, draft_vocab=args.draft_vocab,
-                       heads=resolve_heads_path(args), eagle=resolve_eagle_path(args), sampling=sampling,
+                       heads=resolve_heads_path(args), eagle=resolve_eagle_path(args),
+                       exit_adapter=resolve_exit_adapter_path(args), sampling=sampling,
                        crosstok_draft=load(args.crosstok_draft) if args.crosstok_draft else None)
     methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
                                                      "peer_gammas": peer_gammas})
@@ -362,12 +366,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     print(f"bench: {len(methods)} methods x {len(prompts)} prompts x {reps} reps on {threads} threads "
           f"({target.name} + {draft.name if draft else 'no draft'}) -> {out_dir}", file=sys.stderr)
-    max_setting = max([m.setting or 0 for m in methods] + [1])
-    longest = max(prompts, key=lambda p: len(p.ids))
-    mean_len = int(sum(len(p.ids) for p in prompts) / len(prompts))
-    costs = measure_costs(target, draft, max_gamma=max_setting, reps=st.cost_repeats, draft_head=ctx.draft_head(),
-                          context=longest.ids[:mean_len] or longest.ids)
-
     per_method_rss: dict[str, float] = {}
     failures = []
     for m in methods:
@@ -382,6 +380,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records, run_failures = run_all(healthy, prompts, reps, bar)
     failures += run_failures
     memory["peak_rss_mib"] = _maxrss_mib()
+    # v up to the widest pass any method verified: a tree or an auto γ has no setting to read it from
+    widest = max([m.setting or 0 for m in methods] + [d for r in records for d, _ in r.output.steps or []] + [1])
+    longest = max(prompts, key=lambda p: len(p.ids))
+    mean_len = int(sum(len(p.ids) for p in prompts) / len(prompts))
+    costs = measure_costs(target, draft, max_gamma=widest, reps=st.cost_repeats, draft_head=ctx.draft_head(),
+                          context=longest.ids[:mean_len] or longest.ids)
     memory["peak_rss_after_each_warmup_mib"] = per_method_rss
 
     summary = summarize(records, methods, skipped, failures, prompts, costs, greedy=sampling.greedy)

@@ -129,7 +129,14 @@ def _category_metrics(m: Method, rs: Sequence[RunRecord], ids: set[str], reps: S
                drafted_by_position=counts.drafted_by_position, accepted_by_position=counts.accepted_by_position,
                draft_length_hist=counts.draft_length_hist, target_passes=counts.passes)
     g = m.setting
-    if g is None or costs is None or not counts.drafted:
+    if costs is None or not counts.drafted:
+        return out
+    sp = out["speedup"]["mean"] if out["speedup"] else math.nan
+    if g is None:  # trees and adaptive lengths: no one γ for Leviathan's formula
+        if not costs.target_s:
+            return out
+        out.update(_unfixed_draft_costs(counts, draft_s, costs))
+        out.update(efficiency=sp / out["predicted_speedup"], cost_model_efficiency=sp / out["cost_model_speedup"])
         return out
     # c: measured single-token forwards for a draft model; for drafters without a model
     # (prompt lookup) the engine's own drafting time per pass, in target-pass units.
@@ -138,10 +145,32 @@ def _category_metrics(m: Method, rs: Sequence[RunRecord], ids: set[str], reps: S
     v = costs.v_at(g)
     predicted = predicted_speedup(counts.alpha_iid, g, c, v)
     cost_model = counts.tau / counts.mean_pass_cost(c, costs.v_at)
-    sp = out["speedup"]["mean"] if out["speedup"] else math.nan
-    out.update(c=c, v=v, predicted_speedup=predicted, efficiency=sp / predicted,
+    out.update(c=c, c_per="token", v=v, predicted_speedup=predicted, prediction="leviathan", efficiency=sp / predicted,
                cost_model_speedup=cost_model, cost_model_efficiency=sp / cost_model)
     return out
+
+
+def _unfixed_draft_costs(counts: Counts, draft_s: float, costs: Costs) -> dict[str, Any]:
+    """c, v and the predicted speedup of a method whose draft size varies per pass (trees, γ auto).
+
+    Leviathan's E(α, γ) needs one γ and chain-shaped drafts; a tree's accepted length is not that
+    law. What is measured instead: τ, the drafting time (the engine's, over every pass, so the
+    passes where a drafter ran and proposed nothing count too) and the nodes verified per pass. In
+    one-token target passes, c = draft time per drafting pass (one draft of any size: Medusa runs
+    its heads once, EAGLE its layer once per level), v = the mean over drafting passes of v(nodes),
+    and the prediction τ / (draft time per pass + mean v(nodes) per pass): what the measured costs
+    give for the measured τ, so a gap to the measured speedup is overhead the model does not see
+    (a tree's mask and path compaction, the drafter's planning). ``costs.v`` must reach the widest
+    draft (the bench measures it after the runs, to the widest seen); beyond it v is extrapolated."""
+    t1 = costs.target_s[0]
+    hist = counts.draft_length_hist
+    drafting = sum(hist[1:])
+    v_mean = sum(n * costs.v_at(k) for k, n in enumerate(hist) if k and n) / drafting
+    per_pass = draft_s / t1 / counts.passes + sum(n * costs.v_at(k) for k, n in enumerate(hist) if n) / counts.passes
+    predicted = counts.tau / per_pass
+    return {"c": draft_s / t1 / drafting, "c_per": "draft", "v": v_mean, "mean_nodes": counts.drafted / drafting,
+            "max_nodes": len(hist) - 1, "predicted_speedup": predicted, "prediction": "cost-model",
+            "cost_model_speedup": predicted}
 
 
 # ---------------------------------------------------------------------------
@@ -160,17 +189,23 @@ def _pm(d: Optional[dict[str, float]], fmt: str = "{:.2f}") -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     """Overall metrics per method, then speedup and τ per category; skipped methods listed with why."""
-    head = ["method", "tok/s", "speedup", "tau", "a_hat", "a_iid", "c", "v(g)", "pred", "eff", "exact"]
+    head = ["method", "tok/s", "speedup", "tau", "a_hat", "a_iid", "c", "v(g|n)", "pred", "eff", "exact"]
     rows = []
+    unfixed = False
     for m in summary["methods"]:
         if m["status"] == "skipped":
             continue
         o = m["categories"].get(OVERALL, {})
+        star = "*" if o.get("c_per") == "draft" else ""
+        unfixed = unfixed or bool(star)
         rows.append([m["name"], _pm(o.get("tokens_per_s"), "{:.1f}"), _pm(o.get("speedup")), _f(o.get("tau")),
-                     _f(o.get("alpha_hat")), _f(o.get("alpha_iid")), _f(o.get("c"), "{:.3f}"), _f(o.get("v")),
-                     _f(o.get("predicted_speedup")), _f(o.get("efficiency")),
+                     _f(o.get("alpha_hat")), _f(o.get("alpha_iid")), _f(o.get("c"), "{:.3f}") + star,
+                     _f(o.get("v")) + star, _f(o.get("predicted_speedup")) + star, _f(o.get("efficiency")),
                      _f(o.get("exact_match"), "{:.0%}") + ("" if m["status"] == "ok" else " FAILED")])
     lines = [_grid(head, rows)]
+    if unfixed:
+        lines.append("* no fixed γ (trees, γ auto): c = drafting time per draft, v = mean v(nodes) over drafting "
+                     "passes, pred = τ / measured cost per pass (not Leviathan's E(α, γ))")
     cats = summary["categories"]
     head2 = ["method"] + [f"{c}: speedup (tau)" for c in cats]
     rows2 = []

@@ -67,6 +67,7 @@ class BenchContext:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # every method's (greedy by default)
     heads: Optional[str] = None  # Medusa heads directory (the medusa methods)
     eagle: Optional[str] = None  # EAGLE-3 draft directory (the eagle method)
+    exit_adapter: Optional[str] = None  # exit adapter directory (the layerskip-adapter methods)
     crosstok_draft: Optional[Model] = None  # the crosstok method's draft, own tokenizer (default: the draft)
     _hf: dict[str, object] = field(default_factory=dict)
     _eager: dict[str, Model] = field(default_factory=dict)
@@ -169,9 +170,11 @@ def _ours(ctx: BenchContext, drafter: str, gamma: Gamma, vocab: VocabSpec = "aut
         raise MethodUnavailable("no Medusa heads (pass --heads DIR)")
     if spec.needs_eagle and ctx.eagle is None:
         raise MethodUnavailable("no EAGLE-3 draft (pass --heads DIR with an EAGLE directory)")
+    if spec.needs_exit_adapter and ctx.exit_adapter is None:
+        raise MethodUnavailable("no exit adapter (pass --heads DIR with an exit adapter directory)")
     options = DrafterOptions(draft=(draft or ctx.require_draft()) if spec.needs_draft_model else None, gamma=gamma,
                              vocab=vocab, ngram_max=ctx.lookup_max_ngram, ngram_min=ctx.lookup_min_ngram,
-                             heads=ctx.heads, eagle=ctx.eagle)
+                             heads=ctx.heads, eagle=ctx.eagle, exit_adapter=ctx.exit_adapter)
     return build_drafter(drafter, options)
 
 
@@ -243,6 +246,17 @@ def _layerskip(ctx: BenchContext, setting: Optional[int]) -> Method:
 def _layerskip_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
     return OursMethod("layerskip/auto", "layerskip-auto", None, ctx.target, _ours(ctx, "layerskip", "auto"),
                       ctx.ignore_eos, ctx.sampling)
+
+
+def _layerskip_adapter(ctx: BenchContext, setting: Optional[int]) -> Method:
+    assert setting is not None
+    return OursMethod(f"layerskip-adapter/g{setting}", "layerskip-adapter", setting, ctx.target,
+                      _ours(ctx, "layerskip-adapter", setting), ctx.ignore_eos, ctx.sampling)
+
+
+def _layerskip_adapter_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
+    return OursMethod("layerskip-adapter/auto", "layerskip-adapter-auto", None, ctx.target,
+                      _ours(ctx, "layerskip-adapter", "auto"), ctx.ignore_eos, ctx.sampling)
 
 
 def _quant(ctx: BenchContext, setting: Optional[int]) -> Method:
@@ -436,6 +450,11 @@ for _spec in (
                "layer-skip self-speculation (the target's calibrated layers, `specdecode calibrate`), γ from --gammas"),
     MethodSpec("layerskip-auto", "specdecode", "none", _layerskip_auto,
                "layer-skip self-speculation with gamma='auto' (the γ policy, from the partial model's measured c)"),
+    MethodSpec("layerskip-adapter", "specdecode", "gammas", _layerskip_adapter,
+               "layer-skip early exit through a trained exit adapter (--heads DIR from `distill --method early-exit`; "
+               "bundled models/code-exit-adapter with the bundled target), γ from --gammas"),
+    MethodSpec("layerskip-adapter-auto", "specdecode", "none", _layerskip_adapter_auto,
+               "the exit adapter's draft with gamma='auto' (the γ policy, from its measured c, adapter included)"),
     MethodSpec("quant", "specdecode", "gammas", _quant,
                "quantized self-draft (--drafter quant): the target's int4 copy drafts, γ from --gammas"),
     MethodSpec("quant-auto", "specdecode", "none", _quant_auto,

@@ -5,6 +5,7 @@ from .base import (Acceptance, BatchDrafter, Draft, DraftContext, Drafter, PerRo
 from .model import DraftModelDrafter, check_vocab_compatible
 from .layerskip import DraftLayers, LayerSkipDrafter
 from .eagle import EagleDrafter
+from .exit_adapter import ExitAdapterDrafter
 from .medusa import MedusaDrafter
 from .ngram import PromptLookupDrafter
 from .quant import QuantDrafter
@@ -12,6 +13,6 @@ from .suffix import SuffixDrafter
 from .registry import DrafterOptions, DrafterSpec, build_drafter, drafter_names, register
 
 __all__ = ["Acceptance", "BatchDrafter", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DrafterOptions",
-           "DrafterSpec", "DraftLayers", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter", "PerRowDrafters", "PromptLookupDrafter", "QuantDrafter", "SuffixDrafter",
+           "DrafterSpec", "DraftLayers", "EagleDrafter", "ExitAdapterDrafter", "LayerSkipDrafter", "MedusaDrafter", "PerRowDrafters", "PromptLookupDrafter", "QuantDrafter", "SuffixDrafter",
            "VocabularyMismatchError", "as_batch_drafter",
            "build_drafter", "check_vocab_compatible", "drafter_names", "register"]

@@ -7,15 +7,23 @@ layer skip when calibrated, prompt lookup, suffix) and chooses per row and step 
 in tokens per second over plain decoding:
 
 * cheap members (suffix, prompt lookup: deterministic drafts costing under ``CHEAP`` of a target
-  pass) propose for every row each step; a draft is worth E / (c + v(length)), E its drafter's own
+  pass) propose before the others; a draft is worth E / (c + v(length)), E its drafter's own
   prediction (``Draft.expected``: suffix's calibrated tree value) or E(α, length) from the member's
   running acceptance. Choosing among deterministic drafts by their content keeps verification
-  exact (nothing sampled is selected by what it drew);
+  exact (nothing sampled is selected by what it drew). A cheap member runs on a row only while it
+  is promising there: after a step where its draft was not chosen it sits that row out for 1, 2,
+  4, ... up to ``MAX_WAIT`` steps, and after a chosen one it runs again next step. Repeated text
+  comes in runs, so a run is found within a few steps while novel text pays ~1/``MAX_WAIT`` of
+  each lookup instead of all of it;
 * a member with offline costs (``costs_for``: the draft model, layer skip) is worth
-  max_γ E(α, γ) / (γ c + v(γ)), with α its running acceptance (``Acceptance``) and γ that argmax;
-* another self-sizing member (Medusa/EAGLE trees once measured dearer than ``CHEAP``) is worth its
-  realised rate: the running mean of (accepted + 1) / (c + v(width)) over the steps it drafted,
-  starting optimistic so it is tried, and drifting back there while unused (a probe now and then).
+  max_γ E(α, γ) / (γ c + v(γ)), with α its running acceptance (``Acceptance``, remembered across
+  requests) and γ that argmax;
+* another self-sizing member (Medusa/EAGLE trees, measured dearer than ``CHEAP``) is worth its
+  realised rate: the running mean of (accepted + 1) / (c + v(width)) over the steps it drafted. It
+  is tried on the first step; while it loses it is probed again after ``PROBE_FIRST`` steps, then
+  twice as long after every losing probe, up to ``PROBE_MAX`` (so exploring a weak member costs a
+  few steps per thousand), and a probe weighs ``PROBE_WEIGHT`` in its rate so one that turned
+  good is adopted at once.
 
 The costly members are then called best first, each once per step for all the rows whose best so
 far it beats (so a draft model still batches); a deterministic draft whose own prediction is below
@@ -33,7 +41,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
@@ -55,7 +63,9 @@ PRIOR_ALPHA, PRIOR_WEIGHT = 0.75, 6.0  # a member's α before evidence: optimist
 COST_SAMPLES = 9  # a member's cost c is the median of its last this many proposals (one-offs do not move it)
 OPTIMISTIC = 3.0  # a self-sizing member's rate before it has drafted (so each is tried once)
 RATE_EMA = 0.1  # weight of one step in a member's realised rate
-DRIFT = 1.0 / 256  # per pass, an unused member's rate drifts this far back to OPTIMISTIC (a probe now and then)
+MAX_WAIT = 16  # most steps a cheap member sits out on a row after drafts there that were not chosen
+PROBE_FIRST, PROBE_MAX = 32, 1024  # steps before a losing dear self-sizing member is tried again (doubling)
+PROBE_WEIGHT = 0.3  # weight of a probe's step in that member's rate (news after a long pause)
 log = logging.getLogger(__name__)
 
 
@@ -70,6 +80,13 @@ class Member:
     sampled: bool = False  # it was seen proposing sampled drafts: never chosen by content
     steps: int = 0  # steps it drafted (the first few weigh more: the optimistic start is one observation)
     samples: deque = dataclasses.field(default_factory=lambda: deque(maxlen=COST_SAMPLES))  # recent costs
+    c: float = 0.0  # measured cost per row and step it follows, in one-token target passes
+    accepted: int = 0  # accepted draft tokens, all rows and requests (for /health and tests)
+    wait: dict[int, int] = dataclasses.field(default_factory=dict)  # row -> steps it still sits out there (cheap)
+    backoff: dict[int, int] = dataclasses.field(default_factory=dict)  # row -> its last sit-out length there
+    idle: int = 0  # steps since it last drafted (dear self-sizing members)
+    interval: int = PROBE_FIRST  # steps of idleness before its next probe (doubles per losing probe)
+    probing: bool = False  # this step's drafts are a probe
 
     @property
     def alpha(self) -> float:
@@ -77,12 +94,10 @@ class Member:
         rule out a member that is then never tried again."""
         a = self.drafter.acceptance
         return (a.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (a.evaluated + PRIOR_WEIGHT)
-    c: float = 0.0  # measured cost of one row's proposal, in one-token target passes
-    accepted: int = 0  # accepted draft tokens, all rows and requests (for /health and tests)
 
     @property
     def cheap(self) -> bool:
-        """Proposes for every row each step: self-sizing, deterministic, and cheaper than ``CHEAP``."""
+        """Proposes before the others: self-sizing, deterministic, and cheaper than ``CHEAP``."""
         return self.costs is None and not self.sampled and self.c < CHEAP
 
     def worth(self, cap: int) -> tuple[float, int]:
@@ -93,6 +108,40 @@ class Member:
         alpha = self.alpha
         g = self.costs.best_gamma(alpha, min(cap, MAX_GAMMA))
         return (self.costs.speedup(alpha, g) if g else 0.0), g
+
+    # -- a cheap member's per-row rhythm ---------------------------------------------------------------
+    def due(self, rows: Iterable[int]) -> list[int]:
+        """The rows it proposes for this step; the others count one step of their sit-out down."""
+        out = []
+        for r in rows:
+            w = self.wait.get(r, 0)
+            if w > 0:
+                self.wait[r] = w - 1
+            else:
+                out.append(r)
+        return out
+
+    def settle(self, row: int, chosen: bool) -> None:
+        """After proposing for ``row``: run again next step if its draft was chosen, else sit out
+        twice as long as last time (1 step at first, ``MAX_WAIT`` at most)."""
+        b = 0 if chosen else min(MAX_WAIT, max(1, 2 * self.backoff.get(row, 0)))
+        self.backoff[row] = self.wait[row] = b
+
+    def forget_row(self, row: int) -> None:
+        self.wait.pop(row, None)
+        self.backoff.pop(row, None)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.forget_row(dst)
+        for d in (self.wait, self.backoff):
+            if src in d:
+                d[dst] = d.pop(src)
+
+    # -- a dear self-sizing member's probes ------------------------------------------------------------
+    @property
+    def probe_due(self) -> bool:
+        """A losing self-sizing member is tried again after ``interval`` idle steps."""
+        return self.costs is None and self.steps > 0 and self.idle >= self.interval
 
 
 class AutoDrafter(RowZeroAdapter):
@@ -111,6 +160,7 @@ class AutoDrafter(RowZeroAdapter):
         self.gamma: Gamma = max(caps + [MAX_GAMMA])  # a cap: the members size their drafts
         self.acceptance = Acceptance()  # the core's evidence for the composite (reported, not planned with)
         self.wants_hidden = any(d.wants_hidden for d in members.values())
+        self.hidden_layers: tuple[int, ...] = ()  # the layers EAGLE members read (set by prepare_rows)
         self._pending: dict[int, tuple[Member, int]] = {}  # row -> (member that drafted, draft width)
         self._base: Costs | None = None
         self._clock: Callable[[], float] = time.perf_counter
@@ -145,7 +195,10 @@ class AutoDrafter(RowZeroAdapter):
             raise ConfigError("--drafter auto: none of its drafters can run with this target; "
                               f"tried {', '.join(self.names)}")
         self.members = kept
-        self.wants_hidden = self.wants_hidden or any(m.drafter.wants_hidden for m in kept)
+        self.wants_hidden = any(m.drafter.wants_hidden for m in kept)
+        # the core captures these layers for a hidden-state drafter that names them (EAGLE-3 features)
+        self.hidden_layers = tuple(sorted({int(i) for m in kept if m.drafter.wants_hidden
+                                           for i in getattr(m.drafter, "hidden_layers", ())}))
         if target is not self._target:
             self._target = target
             self._base = load_or_measure_costs(target, None)
@@ -159,6 +212,7 @@ class AutoDrafter(RowZeroAdapter):
     def reset_row(self, row: int) -> None:
         self._pending.pop(row, None)
         for m in self.members:
+            m.forget_row(row)
             m.drafter.reset_row(row)
 
     def move_row(self, src: int, dst: int) -> None:
@@ -166,6 +220,7 @@ class AutoDrafter(RowZeroAdapter):
         if src in self._pending:
             self._pending[dst] = self._pending.pop(src)
         for m in self.members:
+            m.move_row(src, dst)
             m.drafter.move_row(src, dst)
 
     def forget(self) -> None:
@@ -187,11 +242,14 @@ class AutoDrafter(RowZeroAdapter):
         if m.costs is None and self._base is not None:
             sample = (n_accepted + 1) / (m.c + self._base.v_at(width))
             m.steps += 1
-            m.rate += max(RATE_EMA, 1.0 / (m.steps + 1)) * (sample - m.rate)
+            weight = max(RATE_EMA, 1.0 / (m.steps + 1), PROBE_WEIGHT if m.probing else 0.0)
+            m.rate += weight * (sample - m.rate)
 
     # -- drafting ------------------------------------------------------------------------------------
-    def _call(self, m: Member, contexts: Mapping[int, DraftContext], g: int) -> dict[int, Draft]:
-        """``m``'s drafts of at most ``g`` tokens for these rows, its cost measured."""
+    def _call(self, m: Member, contexts: Mapping[int, DraftContext], g: int, steps: int = 0) -> dict[int, Draft]:
+        """``m``'s drafts of at most ``g`` tokens for these rows, its cost measured: per row and step
+        it followed (``steps``: how many, when more than one per row; a cheap member that sat steps
+        out catches up on their tokens in this call)."""
         asked = {r: dataclasses.replace(c, max_tokens=min(g, c.max_tokens)) for r, c in contexts.items()}
         depth = max(c.max_tokens for c in asked.values())
         if m.drafter.acceptance.mark(depth):
@@ -205,7 +263,7 @@ class AutoDrafter(RowZeroAdapter):
             self.members.remove(m)
             return {}
         if self._t1 > 0:
-            m.samples.append((self._clock() - t0) / (self._t1 * len(asked)))
+            m.samples.append((self._clock() - t0) / (self._t1 * max(steps, len(asked))))
             m.c = statistics.median(m.samples)
         for r, d in got.items():
             if len(d.tokens) > asked[r].max_tokens:
@@ -231,15 +289,16 @@ class AutoDrafter(RowZeroAdapter):
 
     def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
         """Two phases. Cheap self-sizing members (suffix, lookup: measured cost under ``CHEAP`` of a
-        pass, deterministic drafts) propose for every row, and each row keeps its best draft by
-        ``_value``. Then the other members, best predicted first, draft (batched) for the rows whose
-        best so far they beat. A row with nothing above the margin decodes plainly."""
+        pass, deterministic drafts) propose for the rows where they are due (``Member.due``), and
+        each row keeps its best draft by ``_value``. Then the other members, best predicted first
+        (a member due for a probe first of all), draft (batched) for the rows whose best so far
+        they beat. A row with nothing above the margin decodes plainly."""
         if self._base is None:
             raise RuntimeError("AutoDrafter.prepare_rows(target, ...) must be called before proposing")
         for m in self.members:
             m.drafter.acceptance.fade()
-            if m.costs is None and m.rate < OPTIMISTIC:
-                m.rate += DRIFT * (OPTIMISTIC - m.rate)
+            m.idle += 1
+            m.probing = False
         for r in contexts:
             self._pending.pop(r, None)
         out = {r: Draft() for r in contexts}
@@ -248,9 +307,15 @@ class AutoDrafter(RowZeroAdapter):
         best: dict[int, tuple[float, Member | None]] = {r: (self.margin, None) for r in contexts}
         cap = max(c.max_tokens for c in contexts.values())
         cheap = [m for m in self.members if m.cheap]  # decided once: a member is in one phase per step
+        tried: list[tuple[Member, list[int]]] = []
         for m in cheap:
+            due = m.due(contexts)
+            if not due:
+                continue
             g = m.drafter.gamma
-            got = self._call(m, contexts, min(cap, g if isinstance(g, int) else cap))
+            steps = sum(1 + m.backoff.get(r, 0) for r in due)
+            got = self._call(m, {r: contexts[r] for r in due}, min(cap, g if isinstance(g, int) else cap), steps)
+            tried.append((m, due))
             if any(d.probs is not None for d in got.values()):
                 # a sampled draft may not be chosen by its content: the member is judged like a model from now on
                 m.sampled = True
@@ -260,25 +325,36 @@ class AutoDrafter(RowZeroAdapter):
                 if v > best[r][0]:
                     best[r], out[r] = (v, m), d
         ranked = sorted(((m.worth(cap), i, m) for i, m in enumerate(self.members) if m not in cheap),
-                        key=lambda x: (-x[0][0], x[1]))
+                        key=lambda x: (not x[2].probe_due, -x[0][0], x[1]))
         spare: dict[int, tuple[float, Member, Draft]] = {}  # weak deterministic drafts, kept in case none follows
         for k, ((rate, g), _, m) in enumerate(ranked):
-            rows = {r: c for r, c in contexts.items() if rate > best[r][0]}
+            probe = m.probe_due
+            rows = {r: c for r, c in contexts.items() if rate > best[r][0] or (probe and best[r][1] is None)}
             if not rows or g <= 0:
                 continue
+            if probe:  # a losing member's probe: wait twice as long for the next unless it now wins
+                m.probing = True
+                m.interval = min(PROBE_MAX, 2 * m.interval)
+            elif m.costs is None:
+                m.interval = PROBE_FIRST  # chosen on its own merit
             after = max((x[0][0] for x in ranked[k + 1:] if x[0][1] > 0), default=0.0)
             for r, d in self._call(m, rows, g).items():
-                if d.probs is None and d.expected is not None and self._value(m, d) < after:
+                if not probe and d.probs is None and d.expected is not None and self._value(m, d) < after:
                     v = self._value(m, d)  # its own prediction says a later member does better: let it try
                     if v > self.margin and v > spare.get(r, (0.0,))[0]:
                         spare[r] = (v, m, d)
                     continue
-                best[r], out[r] = (rate, m), d
+                # a probe's draft stands (its evidence is the point); another's must be beaten by later members
+                best[r], out[r] = (float("inf") if probe else max(rate, best[r][0]), m), d
         for r, (v, m, d) in spare.items():
             if best[r][1] is None:
                 best[r], out[r] = (v, m), d
+        for m, due in tried:
+            for r in due:
+                m.settle(r, best[r][1] is m)
         for r, (_, m) in best.items():
             if m is not None:
                 out[r].source = m.name
+                m.idle = 0
                 self._pending[r] = (m, len(out[r].tokens))
         return out

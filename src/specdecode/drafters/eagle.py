@@ -5,18 +5,20 @@ Per step and row the core hands over the target's features of the tokens its las
 whole prompt's). With n = len(tokens) and k features, they sit at positions n-k-1 .. n-2, so:
 
 1. **Ingest.** The draft layer runs once over those k positions (feature fused by ``fc``, next
-   token's embedding), appending their keys and values to the row's draft KV cache. Its output at
-   position n-2 gives the law of x_n: the depth-1 candidates (top ``topk``).
+   token's embedding), appending their keys and values to the row's draft KV cache (one slot per
+   position whose features came). Its output at position n-2 gives the law of x_n: the depth-1
+   candidates (top ``topk``); only that position's attention, MLP and head are computed.
 2. **Grow (EAGLE-2).** A node's value is the product of the draft's probabilities along its path
    (its "confidence", which tracks its chance of acceptance). Level by level, the ``expand``
    best nodes of the newest depth run through the draft layer together, each reading its
    parent's output as its feature and attending to the prefix plus its own ancestors (tree
-   attention over the row's draft cache and a scratch list), giving ``topk`` children each.
+   attention over the row's draft cache, whose scratch slots after the prefix hold the tree's
+   keys), giving ``topk`` children each. On the CPU's fused path a level is one C++ call.
 3. **Size from the cost model.** The draft is the top-n nodes by value (parents always rank
    before children, so any prefix is a tree), n maximising E(n) / (cost of the levels run +
    v(n) + t): E(n) = 1 + Σ values, v(n) the measured cost of a target pass over n + 1 tree
-   tokens, the level cost and t (a tree step's extra over a chain step) measured once per
-   machine. Growth stops when even an optimistic next level (each frontier node's best child at
+   tokens, the ingestion's and a level's cost and t (a tree step's extra over a chain step)
+   measured once per machine. Growth stops when even an optimistic next level (each frontier node's best child at
    the running mean top-1 acceptance) could not raise the predicted speedup; nothing is drafted
    unless it beats a plain pass after the same draft work by the policy's margin.
 
@@ -24,7 +26,8 @@ A node's value is the product of calibrated edge acceptances, not of raw draft p
 draft trained on the target's soft laws is under-confident about greedy acceptance (a top-1 at
 p = 0.45 is the target's argmax far more often than 45% of the time), and the error compounds
 with depth. ``EdgeCalibration`` learns, per bucket of draft probability, how often a judged node
-(a child of an accepted node) was accepted, read off the tokens the target actually wrote.
+(a child of a node on the target's path, drafted or not) was accepted, read off the tokens the
+target actually wrote.
 
 Candidates are deterministic (``probs=None``): greedy verification follows the target's argmax
 through the tree, and the core's sampled tree rule is exact for them. Rows are drafted one after
@@ -35,8 +38,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
-from dataclasses import asdict, dataclass
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Union
 
@@ -44,9 +49,11 @@ import torch
 import torch.nn.functional as F
 
 from ..costmodel import WARMUP_ROUNDS, Costs, _fingerprint, cache_dir, cost_clock
+from ..config import ConfigError
+from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
-from .eagle_model import EagleNet, check_fits, input_embedding, load_eagle
+from .eagle_model import EagleNet, check_fits, input_embedding, load_eagle, rope_table
 from .medusa import _COST_SIZES, PAIRS, _tree_mask
 
 if TYPE_CHECKING:
@@ -54,6 +61,9 @@ if TYPE_CHECKING:
 
 MAX_NODES = 63  # the fused path's tree-mask limit (64 new tokens with the pending one)
 MAX_DEPTH = 10
+SCRATCH = 64  # cache slots after the prefix for tree nodes (the kernel's ancestor sets are 64-bit)
+QUANT = "int8"  # the draft layer's matrices at run time on the fused path (Q8_0: drafts only, exactness unaffected)
+BANK = 64  # feature rows: the ingestion's last output, then every expanded level's outputs
 TOPK = 4  # children per expanded node
 EXPAND = 4  # nodes expanded per level
 BUCKETS = 10  # edge calibration: draft probability buckets
@@ -94,9 +104,13 @@ class EdgeCalibration:
 
 @dataclass
 class _RowState:
-    keys: torch.Tensor  # [max_len, nkv, hd] step-0 keys by position
+    """A row's draft KV cache: one slot per ingested position (``positions``, increasing; a position
+    whose features never came, e.g. after a plain step, has none), then ``SCRATCH`` slots for the
+    current tree's nodes. The kernel's layout: [1, nkv, slots, hd]."""
+
+    keys: torch.Tensor
     values: torch.Tensor
-    valid: torch.Tensor  # [max_len] bool: a key was written from the target's features
+    positions: list[int] = field(default_factory=list)
     last: Optional[tuple[int, list[int], list[int], list[float]]] = None  # (len(tokens), tokens, parents, p)
 
 
@@ -109,8 +123,8 @@ class _Tree:
     probs: list[float]  # the draft's probability of the node given its parent
     values: list[float]  # Π calibrated acceptance along the path
     depths: list[int]
-    feats: list[int]  # index into ``outs`` of the output that is this node's input feature
-    ancestors: list[list[int]]  # scratch slots of the node's expanded ancestors (itself once expanded)
+    feats: list[int]  # the feature bank row of the output that is this node's input feature
+    ancestors: list[int]  # bit j: scratch slot j holds an expanded ancestor's key (itself once expanded)
 
 
 class EagleDrafter(RowZeroAdapter):
@@ -118,14 +132,24 @@ class EagleDrafter(RowZeroAdapter):
 
     ``gamma``: the most nodes per draft ("auto": up to ``MAX_NODES``; the cost model picks fewer).
     ``topk``/``expand``: children per expanded node and nodes expanded per level. ``costs`` and
-    ``level_cost``, ``tree_extra``: measured costs to use instead of measuring (tests)."""
+    ``level_cost``, ``tree_extra``: measured costs to use instead of measuring (tests). ``quant``: the
+    draft layer's matrices at run time on the fused CPU path ("int8": Q8_0, ~half a level's time,
+    which is all weight reads; None: the target's weight dtype). Drafts only: outputs stay exact.
+
+    On the fused path (the target's fused CPU ops, fp32 activations) a level is one C++ call
+    (``decode_ops.eagle_layer``) over preallocated state: the row's draft cache (one slot per
+    verified position, then scratch slots for the tree), a feature bank for node outputs."""
 
     wants_hidden = True
 
     def __init__(self, net: EagleNet, *, gamma: Gamma = "auto", source: Optional[Union[str, Path]] = None,
                  topk: int = TOPK, expand: int = EXPAND, max_depth: int = MAX_DEPTH, costs: Optional[Costs] = None,
-                 level_cost: float = 0.0, tree_extra: float = 0.0) -> None:
+                 level_cost: float = 0.0, tree_extra: float = 0.0, quant: Optional[str] = QUANT) -> None:
         gamma = check_gamma(gamma, "gamma (most EAGLE tree nodes)")
+        if quant is not None and quant not in QUANT_FORMATS:
+            raise ConfigError(f"quant (the EAGLE layer's run-time weights) must be None or one of "
+                              f"{', '.join(QUANT_FORMATS)}, got {quant!r}")
+        self.quant = quant
         self.net = net
         self.cfg = net.cfg
         self.hidden_layers: tuple[int, ...] = tuple(self.cfg.aux_layers)
@@ -135,6 +159,7 @@ class EagleDrafter(RowZeroAdapter):
         self.topk, self.expand, self.max_depth = max(1, topk), max(1, expand), max(1, max_depth)
         self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
         self._costs, self._level, self._tree_extra = costs, level_cost, tree_extra
+        self._ingest = level_cost  # what ingesting a step's positions costs (measured with the rest)
         self._target: Optional["Model"] = None
         self._rows: dict[int, _RowState] = {}
         self._max_len = 0
@@ -144,10 +169,10 @@ class EagleDrafter(RowZeroAdapter):
 
     @classmethod
     def load(cls, path: Union[str, Path], *, gamma: Gamma = "auto", costs: Optional[Costs] = None,
-             level_cost: float = 0.0, tree_extra: float = 0.0) -> "EagleDrafter":
+             level_cost: float = 0.0, tree_extra: float = 0.0, quant: Optional[str] = QUANT) -> "EagleDrafter":
         """A draft directory written by ``specdecode distill --method eagle`` (or exported for an engine)."""
         return cls(load_eagle(path), gamma=gamma, source=path, costs=costs, level_cost=level_cost,
-                   tree_extra=tree_extra)
+                   tree_extra=tree_extra, quant=quant)
 
     # -- setup -------------------------------------------------------------------------------------
     def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
@@ -155,10 +180,10 @@ class EagleDrafter(RowZeroAdapter):
         self._max_len = max(self._max_len, max_len, min(target.max_seq_len, 256))  # 256: the cost measurement's
         if target is not self._target:
             check_fits(self.cfg, target, self.source or "the given EAGLE draft")
-            fast = target.kernels.fast
+            kernels = target.kernels
             wdt = target.weight_dtype
-            self._lin = target.kernels.linear
-            self._x = torch.float32 if fast else target.dtype
+            self._lin = kernels.linear
+            self._x = torch.float32 if kernels.fast else target.dtype
             net = self.net
             rt = EagleNet(self.cfg, net.draft_ids)
             with torch.no_grad():
@@ -168,17 +193,48 @@ class EagleDrafter(RowZeroAdapter):
             rt.draft_ids = net.draft_ids.to(target.device)
             self._rt = rt.eval()
             self._emb = input_embedding(target)
+            # the fused path: the whole layer in one C++ call per level (fp32 activations on the CPU)
+            ext, native = kernels.fused, kernels.native
+            self._fused = (ext is not None and native is not None and hasattr(ext, "eagle_layer")
+                           and target.device.type == "cpu" and self._x == torch.float32
+                           and self._emb.dtype in (torch.float32, torch.bfloat16) and self._emb.is_contiguous())
+            self.runtime = "fused" if self._fused else "eager"  # how a level runs (the cost cache's key)
+            if self._fused:
+                self._ext, self._native = ext, native
+                mats = {name: getattr(rt, name) for name in ("fc", "wqkv", "wo", "w13", "w2", "lm_head")}
+                if self.quant is not None:
+                    try:
+                        qk = quantized_kernels(kernels, self.quant)
+                    except QuantUnavailableError as e:
+                        log.warning("eagle: the draft layer keeps %s weights (%s)", wdt, e)
+                    else:  # a level reads every weight once: half the bytes, about half the time
+                        mats = {name: quantize(w, self.quant) for name, w in mats.items()}
+                        self._lin, self._native = qk.linear, qk.native
+                        self.runtime = f"fused-{self.quant}"
+                self._fc = mats["fc"]
+                self._weights = ext.EagleLayer(rt.input_norm, rt.hidden_norm, mats["wqkv"], mats["wo"], rt.post_norm,
+                                               mats["w13"], mats["w2"], rt.norm, mats["lm_head"])
+                self._draft_list: list[int] = rt.draft_ids.tolist()
+            else:
+                self._fc = rt.fc
+            self._bank = torch.zeros(BANK, self.cfg.dim, dtype=self._x, device=target.device)
             self._target = target
             self._rows.clear()
-            if self._costs is None:
-                self._costs, self._level, self._tree_extra = load_or_measure_eagle_costs(target, self)
+            self._cos = torch.empty(0)
+        if self._fused and self._cos.shape[0] < self._max_len + SCRATCH:
+            c = self.cfg
+            table = rope_table(c.head_dim, c.rope_theta, self._max_len + SCRATCH, torch.device("cpu"))
+            self._cos, self._sin = table[:, 0].contiguous(), table[:, 1].contiguous()
+        if self._costs is None:
+            got = load_or_measure_eagle_costs(target, self)
+            self._costs, self._level, self._tree_extra, self._ingest = got.costs, got.level, got.tree_extra, got.ingest
 
     def _row(self, row: int) -> _RowState:
         st = self._rows.get(row)
-        if st is None or st.keys.shape[0] < self._max_len:
+        if st is None or st.keys.shape[2] < self._max_len + SCRATCH:
             c, dev = self.cfg, self._target.device  # type: ignore[union-attr]
-            z = torch.zeros(self._max_len, c.n_kv_heads, c.head_dim, dtype=self._x, device=dev)
-            st = self._rows[row] = _RowState(z, z.clone(), torch.zeros(self._max_len, dtype=torch.bool, device=dev))
+            z = torch.zeros(1, c.n_kv_heads, self._max_len + SCRATCH, c.head_dim, dtype=self._x, device=dev)
+            st = self._rows[row] = _RowState(z, z.clone())
         return st
 
     def costs_for(self, target: "Model") -> Optional[Costs]:
@@ -192,8 +248,7 @@ class EagleDrafter(RowZeroAdapter):
     def reset_row(self, row: int) -> None:
         st = self._rows.get(row)
         if st is not None:
-            with torch.inference_mode():  # the state was made while drafting, in inference mode
-                st.valid.zero_()
+            st.positions.clear()
             st.last = None
 
     def move_row(self, src: int, dst: int) -> None:
@@ -205,8 +260,11 @@ class EagleDrafter(RowZeroAdapter):
         """Nothing to roll back: the next proposal reads the accepted path off the tokens themselves."""
 
     def _observe(self, st: _RowState, ctx: DraftContext) -> None:
-        """Calibrate edges with the last draft: walk it along the tokens the target wrote since; every
-        child of an accepted node (and of the root) was judged, the one on the path accepted."""
+        """Calibrate edges with the last grown tree: walk it along the tokens the target wrote since; every
+        child of a node on that path (and of the root) was judged, the one on the path accepted. The
+        whole tree, not only the drafted part: a node left out, or a step that drafted nothing, is
+        judged all the same by the token the target wrote, and without that evidence a
+        conservative start (a(p) = p) would keep trees small and so never learn otherwise."""
         if st.last is None:
             return
         base, toks, parents, probs = st.last
@@ -230,16 +288,48 @@ class EagleDrafter(RowZeroAdapter):
             node = nxt
 
     # -- the draft layer at run time -----------------------------------------------------------------
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q [m, nh, hd] over keys/values [S, nkv, hd] with mask [m, S] -> [m, nh * hd]."""
+    def _layer(self, st: _RowState, tokens: list[int], feats: torch.Tensor, src: list[int], dst: int, slot0: int,
+               pos: list[int], anc: list[int], last_only: bool = False) -> torch.Tensor:
+        """The draft layer over ``tokens``, token t reading feature row src[t] of ``feats`` (empty: row t),
+        its key and value going to cache slot slot0 + t (RoPE at pos[t]). Without ``anc`` (ingestion) a
+        chain: token t attends slots [0, slot0 + t]; with it, the prefix slots and the scratch slots of
+        bit set anc[t] and its own. Outputs go to bank rows dst.. (the last token's only with
+        ``last_only``); returns their draft-vocabulary logits."""
         c = self.cfg
-        out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
-                                             values.transpose(0, 1).unsqueeze(0), attn_mask=mask,
+        prefix = len(st.positions)
+        if self._fused:
+            fn, bf16 = self._native
+            return self._ext.eagle_layer(self._weights, self._emb, tokens, feats, src, self._bank, dst, self._cos,
+                                         self._sin, st.keys, st.values, 0, prefix, slot0, pos, anc, c.n_heads,
+                                         c.n_kv_heads, c.head_dim, c.norm_eps, 1.0 / math.sqrt(c.head_dim), last_only,
+                                         fn, bf16)
+        rt, lin, m = self._rt, self._lin, len(tokens)
+        dev = feats.device
+        feat = feats[torch.tensor(src, dtype=torch.long, device=dev)] if src else feats
+        emb = self._emb[torch.tensor(tokens, dtype=torch.long, device=dev)].to(self._x)
+        q, kk, vv = rt.qkv(feat, emb, torch.tensor(pos, dtype=torch.long, device=dev), lin)
+        st.keys[0, :, slot0 : slot0 + m] = kk.transpose(0, 1)
+        st.values[0, :, slot0 : slot0 + m] = vv.transpose(0, 1)
+        q0 = m - 1 if last_only else 0
+        if anc:
+            width = prefix + SCRATCH
+            bits = torch.tensor([[(a | 1 << (slot0 + t - prefix)) >> j & 1 for j in range(SCRATCH)]
+                                 for t, a in enumerate(anc)], dtype=torch.bool, device=dev)
+            mask = torch.cat([torch.ones(m, prefix, dtype=torch.bool, device=dev), bits], dim=1)
+        else:
+            width = slot0 + m
+            slots = torch.arange(width, device=dev)
+            mask = slots.unsqueeze(0) <= (slot0 + torch.arange(m, device=dev)).unsqueeze(1)
+        out = F.scaled_dot_product_attention(q[q0:].transpose(0, 1).unsqueeze(0), st.keys[:, :, :width],
+                                             st.values[:, :, :width], attn_mask=mask[q0:],
                                              enable_gqa=c.n_kv_heads != c.n_heads)
-        return out[0].transpose(0, 1).reshape(q.shape[0], -1)
+        h = rt.finish(feat[q0:], out[0].transpose(0, 1).reshape(m - q0, -1), lin)
+        self._bank[dst : dst + m - q0] = h
+        return rt.logits(h, lin)
 
     def ingest(self, row: int, ctx: DraftContext) -> Optional[torch.Tensor]:
-        """Run the draft layer over the newly verified positions; their outputs [k, H] (None: no features)."""
+        """Run the draft layer over the newly verified positions (their keys join the row's cache);
+        the draft-vocabulary logits [1, N] after the last one, whose output is bank row 0 (None: no features)."""
         if ctx.layers is None or ctx.hidden is None:
             return None
         k = len(ctx.hidden)
@@ -247,27 +337,23 @@ class EagleDrafter(RowZeroAdapter):
         if k == 0 or k > n - 1:
             return None
         st = self._row(row)
-        rt, lin = self._rt, self._lin
         aux = torch.cat([ctx.layers[i][-k:] for i in self.cfg.aux_layers], dim=-1).to(self._x)
-        feat = rt.fuse(aux, lin)
-        ids = torch.tensor(ctx.tokens[n - k :], dtype=torch.long, device=feat.device)
-        emb = self._emb[ids].to(self._x)
-        start = n - k - 1
-        pos = torch.arange(start, n - 1, device=feat.device)
-        q, kk, vv = rt.qkv(feat, emb, pos, lin)
-        st.keys[start : n - 1] = kk
-        st.values[start : n - 1] = vv
-        st.valid[start:] = False
-        st.valid[start : n - 1] = True
-        slots = torch.arange(n - 1, device=feat.device)
-        mask = (slots.unsqueeze(0) <= pos.unsqueeze(1)) & st.valid[: n - 1].unsqueeze(0)
-        attn = self._attend(q, st.keys[: n - 1], st.values[: n - 1], mask)
-        return rt.finish(feat, attn, lin)
+        feat = self._lin(aux, self._fc, None)
+        start = n - k - 1  # the features' positions: start .. n - 2
+        slot0 = bisect_left(st.positions, start)  # a re-ingested position replaces its slot and those after it
+        del st.positions[slot0:]
+        logits = self._layer(st, ctx.tokens[n - k :], feat, [], 0, slot0, list(range(start, n - 1)), [],
+                             last_only=True)
+        st.positions.extend(range(start, n - 1))
+        return logits
 
-    def _children(self, h: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
-        """Top ``topk`` target ids and probabilities of the draft's law after each output h [m, H]."""
-        logits = self._rt.logits(h, self._lin).float()
-        p, idx = torch.softmax(logits, -1).topk(min(self.topk, logits.shape[-1]), dim=-1)
+    def _children(self, logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+        """Top ``topk`` target ids and probabilities of the draft's law for each row of ``logits``."""
+        if self._fused:
+            idx, probs = self._ext.topk_softmax(logits, self.topk)
+            ids = self._draft_list
+            return [[ids[j] for j in row] for row in idx], probs
+        p, idx = torch.softmax(logits.float(), -1).topk(min(self.topk, logits.shape[-1]), dim=-1)
         return self._rt.draft_ids[idx].tolist(), p.tolist()
 
     def _speedup(self, values: list[float], spent: float) -> tuple[int, float]:
@@ -281,22 +367,21 @@ class EagleDrafter(RowZeroAdapter):
                 best_n, best_s = n, s
         return best_n, best_s
 
-    def grow(self, row: int, ctx: DraftContext, outs: torch.Tensor) -> Draft:
-        """The EAGLE-2 tree after ingestion (``outs``: the ingested positions' outputs)."""
+    def grow(self, row: int, ctx: DraftContext, logits: torch.Tensor) -> Draft:
+        """The EAGLE-2 tree after ingestion (``logits``: the draft's law after the last verified position,
+        whose output is bank row 0)."""
         st = self._row(row)
-        rt, lin = self._rt, self._lin
         n = len(ctx.tokens)
         cap = min(self.max_nodes, ctx.max_tokens)
-        toks, probs = self._children(outs[-1:])
+        toks, probs = self._children(logits)
         rate = self.edges.rate
-        tree = _Tree(toks[0], [-1] * len(toks[0]), probs[0], [rate(p) for p in probs[0]], [1] * len(toks[0]),
-                     [0] * len(toks[0]), [[] for _ in toks[0]])
-        feats = [outs[-1]]  # outputs read as features; node i reads feats[tree.feats[i]]
-        skeys: list[torch.Tensor] = []
-        svals: list[torch.Tensor] = []
-        spent = 1.0 * self._level  # the ingestion costs about one level
+        k0 = len(toks[0])
+        tree = _Tree(toks[0], [-1] * k0, probs[0], [rate(p) for p in probs[0]], [1] * k0, [0] * k0, [0] * k0)
+        used = 1  # bank rows holding features (row 0: the ingestion's output)
+        scratch = 0  # scratch slots written by this tree's levels
+        spent = self._ingest
         depth = 1
-        prefix_mask = st.valid[: n - 1]
+        prefix = len(st.positions)
         while depth < self.max_depth:
             order = sorted(range(len(tree.tokens)), key=lambda i: (-tree.values[i], tree.depths[i]))[:cap]
             best_n, best_s = self._speedup([tree.values[i] for i in order], spent)
@@ -305,31 +390,17 @@ class EagleDrafter(RowZeroAdapter):
             # optimistic: every frontier node gets one more child, at the running top-1 acceptance
             hyp = sorted([tree.values[i] for i in order] + [tree.values[i] * self._top1 for i in frontier],
                          reverse=True)[:cap]
-            if not frontier or self._speedup(hyp, spent + self._level)[1] <= best_s or len(tree.tokens) >= 4 * cap:
+            m = len(frontier)
+            if (not frontier or self._speedup(hyp, spent + self._level)[1] <= best_s or len(tree.tokens) >= 4 * cap
+                    or scratch + m > SCRATCH or used + m > BANK):
                 break
             # one level: the frontier nodes through the draft layer, attending to prefix + ancestors
-            m = len(frontier)
-            feat = torch.stack([feats[tree.feats[i]] for i in frontier])
-            ids = torch.tensor([tree.tokens[i] for i in frontier], dtype=torch.long, device=feat.device)
-            pos = torch.full((m,), n - 2 + depth, dtype=torch.long, device=feat.device)
-            q, kk, vv = rt.qkv(feat, self._emb[ids].to(self._x), pos, lin)
-            base = len(skeys)
-            skeys.extend(kk.unbind(0))
-            svals.extend(vv.unbind(0))
-            for j, i in enumerate(frontier):
-                tree.ancestors[i] = tree.ancestors[i] + [base + j]
-            s = len(skeys)
-            anc = torch.zeros(m, s, dtype=torch.bool)
-            for j, i in enumerate(frontier):
-                anc[j, tree.ancestors[i]] = True
-            mask = torch.cat([prefix_mask.unsqueeze(0).expand(m, -1), anc.to(prefix_mask.device)], dim=1)
-            keys = torch.cat([st.keys[: n - 1], torch.stack(skeys)])
-            values = torch.cat([st.values[: n - 1], torch.stack(svals)])
-            out = rt.finish(feat, self._attend(q, keys, values, mask), lin)
-            toks, probs = self._children(out)
+            logits = self._layer(st, [tree.tokens[i] for i in frontier], self._bank, [tree.feats[i] for i in frontier],
+                                 used, prefix + scratch, [n - 2 + depth] * m, [tree.ancestors[i] for i in frontier])
+            toks, probs = self._children(logits)
             top1 = []
             for j, i in enumerate(frontier):
-                feats.append(out[j])
+                anc = tree.ancestors[i] | 1 << (scratch + j)
                 top1.append(rate(probs[j][0]))
                 for t, p in zip(toks[j], probs[j]):
                     tree.tokens.append(t)
@@ -337,14 +408,17 @@ class EagleDrafter(RowZeroAdapter):
                     tree.probs.append(p)
                     tree.values.append(tree.values[i] * rate(p))
                     tree.depths.append(depth + 1)
-                    tree.feats.append(len(feats) - 1)
-                    tree.ancestors.append(list(tree.ancestors[i]))
+                    tree.feats.append(used + j)
+                    tree.ancestors.append(anc)
+            used += m
+            scratch += m
             self._top1 = 0.95 * self._top1 + 0.05 * statistics.fmean(top1)
             spent += self._level
             depth += 1
         order = sorted(range(len(tree.tokens)), key=lambda i: (-tree.values[i], tree.depths[i]))[:cap]
         best_n, best_s = self._speedup([tree.values[i] for i in order], spent)
         self.last_sizes = (0, depth)
+        st.last = (n, tree.tokens, tree.parents, tree.probs)  # the whole grown tree is judged, drafted or not
         # what the levels cost is spent either way (and ingesting is the price of keeping the draft's cache):
         # draft when the tree beats a plain pass after the same spending by the policy's margin
         if best_n == 0 or best_s * (spent + 1.0) < SPECULATION_MARGIN:
@@ -353,7 +427,6 @@ class EagleDrafter(RowZeroAdapter):
         index = {node: k for k, node in enumerate(chosen)}
         parents = [index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in chosen]
         tokens = [tree.tokens[i] for i in chosen]
-        st.last = (n, tokens, parents, [tree.probs[i] for i in chosen])
         self.last_sizes = (best_n, depth)
         return Draft(tokens, None, parents)
 
@@ -365,27 +438,41 @@ class EagleDrafter(RowZeroAdapter):
             for r, ctx in contexts.items():
                 if r in self._rows:
                     self._observe(self._rows[r], ctx)
-                outs = self.ingest(r, ctx) if ctx.max_tokens > 0 else None
-                drafts[r] = self.grow(r, ctx, outs) if outs is not None else Draft()
+                logits = self.ingest(r, ctx) if ctx.max_tokens > 0 else None
+                drafts[r] = self.grow(r, ctx, logits) if logits is not None else Draft()
         return drafts
 
 
 # -- costs -----------------------------------------------------------------------------------------
-_MEMO: dict[str, tuple[Costs, float, float]] = {}
+@dataclass(frozen=True)
+class EagleCosts:
+    """What tree sizing needs, relative to a one-token target pass: ``costs`` (v(n) of tree passes),
+    ``level`` (one tree level, the draft's weights warm from the ingestion before it), ``tree_extra``
+    (a tree step's extra over a chain step) and ``ingest`` (ingesting a step's few verified
+    positions right after the target's pass, its weights cold)."""
+
+    costs: Costs
+    level: float
+    tree_extra: float
+    ingest: float
+
+
+_MEMO: dict[str, EagleCosts] = {}
 
 
 def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, context_len: int = 192
-                        ) -> tuple[Costs, float, float]:
-    """(costs, level cost, tree extra) relative to a one-token target pass in the target's cost clock:
-    v(n) for tree passes over n + 1 tokens with the drafter's hidden layers captured (as the core runs
-    them), one tree level of ``expand`` nodes (the ingestion of a few positions costs about the same),
-    and a tree step's extra over a chain step of the same width."""
+                        ) -> EagleCosts:
+    """``EagleCosts`` in the target's cost clock: v(n) for tree passes over n + 1 tokens with the
+    drafter's hidden layers captured (as the core runs them); the ingestion of three positions right
+    after a pass and then one tree level of ``expand`` nodes, as a step runs them; and a tree step's
+    extra over a chain step of the same width."""
     from ..core import tree_mask
 
     ids = [i % target.vocab_size for i in range(min(context_len, target.max_seq_len - 66))]
     dev, clock = target.device, cost_clock(target)
     samples: dict[int, list[float]] = {n: [] for n in _COST_SIZES}
     level_s: list[float] = []
+    ingest_s: list[float] = []
     chain_s: list[float] = []
     tree_s: list[float] = []
     six = Draft([1, 2, 3, 4, 5], None, [-1, 0, 1, -1, 3])
@@ -397,15 +484,13 @@ def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, 
         out = target.run(torch.tensor([ids], device=dev), cache, return_hidden=True, hidden_layers=layers)
         ctx = DraftContext(list(ids) + [1], 8, None, None, out.hidden[0], layers={k: v[0] for k, v in out.layers.items()})  # type: ignore[arg-type]
         drafter.reset_row(0)
-        outs = drafter.ingest(0, ctx)
-        assert outs is not None
+        assert drafter.ingest(0, ctx) is not None
         st = drafter._row(0)
-        n = len(ctx.tokens)
-        feat = outs[-drafter.expand:]
-        pos = torch.full((len(feat),), n - 1, dtype=torch.long, device=dev)
-        emb = drafter._emb[torch.arange(len(feat), device=dev)].to(drafter._x)
-        mask = torch.ones(len(feat), n - 1 + len(feat), dtype=torch.bool, device=dev)
-        rt, lin = drafter._rt, drafter._lin
+        n, m = len(ctx.tokens), drafter.expand
+        level = (list(range(1, m + 1)), [0] * m, len(st.positions), [n - 1] * m, [0] * m)  # as ``grow`` runs one
+        # a step's ingestion: the pending token and two accepted ones, right after the target's pass
+        recent = DraftContext(ctx.tokens, 8, None, None, ctx.hidden[-3:],  # type: ignore[arg-type]
+                              layers={k: v[-3:] for k, v in ctx.layers.items()})  # type: ignore[union-attr]
         for r in range(reps + WARMUP_ROUNDS):
             for w in _COST_SIZES if r % 2 == 0 else _COST_SIZES[::-1]:
                 t0 = clock()
@@ -415,13 +500,14 @@ def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, 
                 cache.trim(w)
                 if r >= WARMUP_ROUNDS:
                     samples[w].append(dt)
-            t0 = clock()  # one level, as ``grow`` runs it
-            q, kk, vv = rt.qkv(feat, emb, pos, lin)
-            keys = torch.cat([st.keys[: n - 1], kk])
-            values = torch.cat([st.values[: n - 1], vv])
-            drafter._children(rt.finish(feat, drafter._attend(q, keys, values, mask), lin))
+            t0 = clock()  # the ingestion after a target pass (the draft's weights cold), then a level
+            drafter._children(drafter.ingest(0, recent))  # type: ignore[arg-type]
+            t1 = clock()
+            toks, src, slot0, pos, anc = level
+            drafter._children(drafter._layer(st, toks, drafter._bank, src, 1, slot0, pos, anc))
             if r >= WARMUP_ROUNDS:
-                level_s.append(clock() - t0)
+                ingest_s.append(t1 - t0)
+                level_s.append(clock() - t1)
             for _ in range(PAIRS):
                 t0 = clock()
                 float(target.run(probe[:, :6], cache, return_hidden=True, hidden_layers=layers).logits[0, -1, 0])
@@ -447,22 +533,23 @@ def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, 
         times.append(med[lo] if lo == hi else med[lo] + (med[hi] - med[lo]) * (w - lo) / (hi - lo))
     level = statistics.median(level_s)
     extra = max(0.0, statistics.median(tree_s) - statistics.median(chain_s)) / times[0]
-    return Costs.from_times(times, level, len(ids), reps), level / times[0], extra
+    return EagleCosts(Costs.from_times(times, level, len(ids), reps), level / times[0], extra,
+                      statistics.median(ingest_s) / times[0])
 
 
-def load_or_measure_eagle_costs(target: "Model", drafter: EagleDrafter) -> tuple[Costs, float, float]:
+def load_or_measure_eagle_costs(target: "Model", drafter: EagleDrafter) -> EagleCosts:
     """``measure_eagle_costs``, cached on disk per machine, threads, target and draft shape."""
     c = drafter.cfg
-    key = _fingerprint([target], f"eagle-tree-v1|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={drafter.expand}"
-                                 f"|topk={drafter.topk}|layers={c.aux_layers}")
+    key = _fingerprint([target], f"eagle-tree-v3|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={drafter.expand}"
+                                 f"|topk={drafter.topk}|layers={c.aux_layers}|{drafter.runtime}")
     if key in _MEMO:
         return _MEMO[key]
     path = cache_dir() / f"eagle-{key}.json"
     if path.is_file():
         try:
             d = json.loads(path.read_text())
-            _MEMO[key] = (Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"])), float(d["level"]),
-                          float(d["tree_extra"]))
+            _MEMO[key] = EagleCosts(Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"])), float(d["level"]),
+                                    float(d["tree_extra"]), float(d["ingest"]))
             return _MEMO[key]
         except (ValueError, KeyError, TypeError):
             pass
@@ -471,10 +558,11 @@ def load_or_measure_eagle_costs(target: "Model", drafter: EagleDrafter) -> tuple
     got = _MEMO[key] = measure_eagle_costs(target, drafter)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**asdict(got[0]), "level": got[1], "tree_extra": got[2]}))
+        path.write_text(json.dumps({**asdict(got.costs), "level": got.level, "tree_extra": got.tree_extra,
+                                    "ingest": got.ingest}))
     except OSError:
         pass
     return got
 
 
-__all__ = ["EagleDrafter", "load_or_measure_eagle_costs", "measure_eagle_costs"]
+__all__ = ["EagleCosts", "EagleDrafter", "load_or_measure_eagle_costs", "measure_eagle_costs"]

@@ -276,15 +276,16 @@ class LayerSkipDrafter:
             raise RuntimeError("LayerSkipDrafter.prepare_rows(target, ...) must be called before proposing")
         share = target_cache is not None and self.share_cache
         self._shared = plan.shared if share else 0
-        own_layers = plan.layers[self._shared:]
+        extra = self.extra_cache_layers()
+        own_layers = plan.layers[self._shared:] + tuple(range(target.config.n_layers, target.config.n_layers + extra))
         cfg = target.config
         if share:
             assert target_cache is not None
             rows, max_len = target_cache.batch_size, target_cache.max_len
         else:
             rows, max_len = self._rows, min(self._max_len, target.max_seq_len)
-        k: list[Optional[torch.Tensor]] = [None] * cfg.n_layers
-        v: list[Optional[torch.Tensor]] = [None] * cfg.n_layers
+        k: list[Optional[torch.Tensor]] = [None] * (cfg.n_layers + extra)
+        v: list[Optional[torch.Tensor]] = [None] * (cfg.n_layers + extra)
         if share:
             assert target_cache is not None
             for i in plan.layers[: self._shared]:
@@ -303,6 +304,10 @@ class LayerSkipDrafter:
         self._seen = target_cache
         self._n_cached = [0] * len(self._n_cached)  # a new cache: nothing of ours is in it
         return self._view
+
+    def extra_cache_layers(self) -> int:
+        """Cache layers the draft keeps after the target's own (an exit adapter's layer): none here."""
+        return 0
 
     def reset_row(self, row: int) -> None:
         if row < len(self._n_cached):
@@ -334,7 +339,7 @@ class LayerSkipDrafter:
                 want[r] = g
         if not want:
             return drafts
-        own = len(self.plan.layers) > self._shared if self.plan is not None else False
+        own = self._own is not None  # layers of ours to catch up with the verified tokens
         target_cache = self._viewed
         feeds: dict[int, list[int]] = {}
         saved: list[tuple[int, slice, list[torch.Tensor]]] = []  # (row, slots, the target's K/V there)
@@ -384,13 +389,12 @@ class LayerSkipDrafter:
     def _forward(self, view: KVCache, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
         """Append each row's tokens to the view (rows between them get padding, dropped after) and
         return each fed row's last logits. Padding lands past a row's length: scratch slots."""
-        assert self._target is not None and self.plan is not None
-        target, layers = self._target, self.plan.layers
-        device = target.device
+        assert self._target is not None
+        device = self._target.device
         if len(feeds) == 1:
             (r, f), = feeds.items()
             ids = torch.tensor([f], dtype=torch.long, device=device)
-            return {r: target.forward(ids, view, rows=slice(r, r + 1), last_only=True, layers=layers)[0, -1]}
+            return {r: self._partial_logits(ids, view, slice(r, r + 1), True)[0, -1]}
         lo, hi = min(feeds), max(feeds) + 1
         width = max(len(f) for f in feeds.values())
         for r in range(lo, hi):
@@ -404,10 +408,15 @@ class LayerSkipDrafter:
         real = [view.lengths[r] + len(feeds.get(r, ())) for r in range(lo, hi)]
         ids = torch.tensor([feeds.get(r, []) + [0] * (width - len(feeds.get(r, ()))) for r in range(lo, hi)],
                            dtype=torch.long, device=device)
-        logits = target.forward(ids, view, rows=slice(lo, hi), layers=layers)
+        logits = self._partial_logits(ids, view, slice(lo, hi), False)
         for r, n in zip(range(lo, hi), real):
             view.lengths[r] = n
         return {r: logits[r - lo, len(f) - 1] for r, f in feeds.items()}
+
+    def _partial_logits(self, ids: torch.Tensor, view: KVCache, rows: slice, last_only: bool) -> torch.Tensor:
+        """Logits of the draft's layers over ``ids`` appended to ``view`` (an exit adapter overrides this)."""
+        assert self._target is not None and self.plan is not None
+        return self._target.forward(ids, view, rows=rows, last_only=last_only, layers=self.plan.layers)
 
     def on_verified_row(self, row: int, n_accepted: int) -> None:
         """Our own layers keep the sequence plus the accepted draft tokens they hold (at most g - 1)."""

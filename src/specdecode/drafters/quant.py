@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from ..models import Model
 
 DRAFT_FORMAT = "int4"
+# The γ policy's acceptance prior for this drafter. The generic prior (0.7) describes a small trained
+# draft; an int4 copy of the target agrees with it far more often (α ~ 0.95 greedy on the bundled
+# target), and with the generic prior γ auto never tried it at c ~ 0.4: E(0.7, γ) / (γ c + v(γ))
+# stays under the policy's margin, so no evidence ever came in. The prior weighs two judged tokens,
+# so a copy that agrees less is found out within a step or two (``drafters.base.Acceptance``).
+PRIOR_ALPHA = 0.9
 
 
 class QuantDrafter(RowZeroAdapter):
@@ -39,7 +45,7 @@ class QuantDrafter(RowZeroAdapter):
         self.max_gamma = max_gamma
         self.fmt = fmt
         self._vocab = vocab
-        self.acceptance = Acceptance()
+        self.acceptance = Acceptance(prior_alpha=PRIOR_ALPHA)
         self._target: Optional["Model"] = None
         self._inner: Optional[DraftModelDrafter] = None
         self._unusable: Optional[str] = None  # why this target cannot have a quantized copy (GPU, bf16 compute)

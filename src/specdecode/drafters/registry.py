@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from ..config import ConfigError
 from .base import BatchDrafter, Gamma, PerRowDrafters
 from .eagle import EagleDrafter
+from .exit_adapter import ExitAdapterDrafter, is_exit_adapter_dir
 from .medusa import MedusaDrafter
 from .crosstok import CrossTokenizerDrafter
 from .layerskip import LayerSkipDrafter
@@ -42,6 +43,7 @@ class DrafterOptions:
     exit_layer: Optional[int] = None  # layer skip: draft with the first N layers (overrides the calibration)
     skip_layers: Optional[tuple[int, ...]] = None  # layer skip: draft without these layers (likewise)
     eagle: Optional[str] = None  # an EAGLE-3 draft directory (``distill --method eagle``; the CLI's --heads DIR)
+    exit_adapter: Optional[str] = None  # an exit adapter directory (``distill --method early-exit``; --heads DIR)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class DrafterSpec:
     needs_heads: bool = False  # Medusa: a heads directory (--heads DIR)
     uses_draft_model: bool = False  # takes a draft model when there is one (auto): the CLI loads the bundled one
     needs_eagle: bool = False  # EAGLE: an EAGLE-3 draft directory (--heads DIR)
+    needs_exit_adapter: bool = False  # layerskip-adapter: an exit adapter directory (--heads DIR)
     own_tokenizer: bool = False  # takes a draft model whose tokenizer differs from the target's (crosstok)
 
 
@@ -87,7 +90,18 @@ def build_drafter(name: str, options: DrafterOptions) -> Optional[BatchDrafter]:
     if spec.needs_eagle and options.eagle is None:
         raise ConfigError(f"drafter {name!r} needs an EAGLE-3 draft directory (--heads DIR); train one with "
                           "`specdecode distill --method eagle --target TARGET --out DIR`")
+    if spec.needs_exit_adapter and exit_adapter_dir(options) is None:
+        raise ConfigError(f"drafter {name!r} needs an exit adapter directory (--heads DIR); train one with "
+                          "`specdecode distill --method early-exit --target TARGET --out DIR`")
     return spec.build(options)
+
+
+def exit_adapter_dir(o: DrafterOptions) -> Optional[str]:
+    """The exit adapter to draft with: ``exit_adapter``, else ``heads`` when it holds one (the server and
+    the CLI pass every ``--heads DIR`` as ``heads``)."""
+    if o.exit_adapter is not None:
+        return o.exit_adapter
+    return o.heads if is_exit_adapter_dir(o.heads) else None
 
 
 def _model(o: DrafterOptions) -> BatchDrafter:
@@ -105,9 +119,14 @@ def _layerskip(o: DrafterOptions) -> BatchDrafter:
     return LayerSkipDrafter(exit_layer=o.exit_layer, skip_layers=o.skip_layers, gamma=o.gamma)
 
 
+def _exit_adapter(o: DrafterOptions) -> Optional[BatchDrafter]:
+    path = exit_adapter_dir(o)
+    return ExitAdapterDrafter.load(path, gamma=o.gamma) if path is not None else None
+
+
 def _medusa(tree: bool) -> Callable[[DrafterOptions], Optional[BatchDrafter]]:
     def build(o: DrafterOptions) -> Optional[BatchDrafter]:
-        if o.heads is None:
+        if o.heads is None or is_exit_adapter_dir(o.heads):
             return None  # the server builds every drafter it can: without heads, not this one
         return MedusaDrafter.load(o.heads, tree=tree, gamma=o.gamma, vocab=o.vocab)
 
@@ -122,6 +141,9 @@ register(DrafterSpec("crosstok", "a draft model with its OWN tokenizer (--draft 
 register(DrafterSpec("ngram", "prompt lookup: copy what followed the last match of the recent tokens", False, _ngram))
 register(DrafterSpec("layerskip", "self-speculation: the target's own first layers (or all but a skip set) draft; "
                      "`specdecode calibrate` picks them", False, _layerskip))
+register(DrafterSpec("layerskip-adapter", "self-speculation: the target's first layers plus a trained exit adapter "
+                     "(--heads DIR from `specdecode distill --method early-exit`; the bundled target's by default)",
+                     False, _exit_adapter, needs_exit_adapter=True))
 register(DrafterSpec("medusa", "Medusa heads on the target's hidden state (--heads DIR): a token tree sized by "
                                 "the cost model", False, _medusa(True), needs_heads=True))
 register(DrafterSpec("medusa-chain", "Medusa heads, top-1 of each head as a chain (--heads DIR)", False,

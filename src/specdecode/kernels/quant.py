@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 
 from . import Kernels, fast_linear_available, load_extension
-from .build import ExtensionBuildError, build_extension
+from .build import ExtensionBuildError, build_extension, source_key
 
 __all__ = [
     "QUANT_FORMATS",
@@ -229,5 +229,7 @@ def quantized_kernels(dense: Kernels, fmt: str) -> Kernels:
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         return qlinear(x, weight, bias, bf16_dot)
 
+    # the source's hash in the label: the label keys the cost cache, and c measured with an older
+    # build of this kernel would steer gamma="auto" by another kernel's speed
     return replace(dense, linear=linear, native=(int(ext.linear_address()), bf16_dot),
-                   mode=f"{fmt}-{ext.isa()}+{dense.mode}")
+                   mode=f"{fmt}-{ext.isa()}.{source_key([_SOURCE])[:8]}+{dense.mode}")

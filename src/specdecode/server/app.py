@@ -638,7 +638,8 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
             drafters[name] = built
     metrics = ServerMetrics()
     scheduler = Scheduler(target, drafters, max_batch_size=config.max_batch_size, max_queue=config.max_queue,
-                          max_context=config.max_context, metrics=metrics)
+                          max_context=config.max_context, metrics=metrics,
+                          prepare=[default_drafter] if default_drafter in drafters else [])
     chat = ChatFormatter.for_model(target.path)
     return ServerState(scheduler, metrics, config, model_name or target.name, chat, chat.source != PLAIN_TEMPLATE,
                        default_drafter, default_gamma, now(), _max_token_chars(target))

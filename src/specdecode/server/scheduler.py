@@ -19,7 +19,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..core import DecodeCore, Event, Failure, FinishEvent, Request, Row, StepEvent
 from ..drafters.base import BatchDrafter
@@ -78,7 +78,7 @@ class Scheduler:
 
     def __init__(self, target: Model, drafters: Mapping[str, BatchDrafter], *, max_batch_size: int = 16,
                  max_queue: int = 64, max_context: Optional[int] = None,
-                 metrics: Optional["ServerMetrics"] = None) -> None:
+                 metrics: Optional["ServerMetrics"] = None, prepare: Optional[Sequence[str]] = None) -> None:
         self.target = target
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
@@ -86,7 +86,7 @@ class Scheduler:
         # built here so a bad pair fails at startup (vocabulary, device), not at the first request
         self.core = DecodeCore(target, drafters, max_rows=max_batch_size,
                                context_len=min(target.max_seq_len, max_context or target.max_seq_len),
-                               policy=GammaPolicy())
+                               policy=GammaPolicy(), prepare=prepare)
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False

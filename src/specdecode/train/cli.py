@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 if TYPE_CHECKING:
     from .distill import DistillConfig
-    from .medusa import MedusaTrainConfig
+    from .selfdistill import SelfDistillConfig
     from .pretrain import PretrainConfig
 
-Cfg = TypeVar("Cfg", bound="PretrainConfig | DistillConfig | MedusaTrainConfig")
+Cfg = TypeVar("Cfg", bound="PretrainConfig | DistillConfig | SelfDistillConfig")
 Result = TypeVar("Result")
 
 
@@ -175,7 +176,9 @@ def _add_distill(sub) -> None:
                         "(drafters/medusa.py), trained on its cached hidden states and top-k laws; --out then "
                         "defaults to models/code-medusa and the draft-shape flags do not apply; eagle: an EAGLE-3 draft "
                         "layer (drafters/eagle.py) on the target's low/mid/high features, trained with the training-"
-                        "time test; --out defaults to models/code-eagle (default: %(default)s)")
+                        "time test; --out defaults to models/code-eagle; early-exit: an exit adapter (drafters/exit_adapter.py) that "
+                        "makes the target's first --exit-layer layers a good layerskip draft; --out defaults to "
+                        "models/code-exit-adapter (default: %(default)s)")
     p.add_argument("--medusa-heads", type=int, default=None,
                    help="medusa: number of heads K (head k predicts the token k+1 positions ahead; default: 4)")
     p.add_argument("--medusa-vocab", type=int, default=None,
@@ -190,8 +193,15 @@ def _add_distill(sub) -> None:
     p.add_argument("--eagle-ffn", type=int, default=None,
                    help="eagle: MLP width of the draft layer (default: half the target's)")
     p.add_argument("--budget-minutes", type=float, default=None,
-                   help="eagle: CPU-time budget of the whole command in minutes (rollouts, training, evaluation; "
-                        "a resumed run counts its earlier invocations); training gets what the data leaves")
+                   help="eagle, early-exit: CPU-time budget of the whole command in minutes (rollouts, training, "
+                        "evaluation; a resumed run counts its earlier invocations); training gets what the data leaves")
+    p.add_argument("--exit-layer", type=int, default=None,
+                   help="early-exit: the adapter reads the residual after this many of the target's layers (the "
+                        "draft runs them; default: a quarter of the layers)")
+    p.add_argument("--adapter-width", type=int, default=None,
+                   help="early-exit: MLP width of the adapter's decoder layer (default: half the target's)")
+    p.add_argument("--adapter-vocab", type=int, default=None,
+                   help="early-exit: proposal vocabulary, the N tokens the target writes most often (default: 2048)")
     p.add_argument("--tokenizer-vocab", type=int, default=None,
                    help="draft: train the draft its OWN byte-level BPE of N tokens on the same corpus and distill it "
                         "on the target's rollouts as text (cross-entropy); use it with --drafter crosstok")
@@ -199,71 +209,75 @@ def _add_distill(sub) -> None:
     p.set_defaults(func=_run_distill, _parser=p)
 
 
-DISTILL_METHODS = ("draft", "medusa", "eagle")
-# distill flags that shape a draft model, meaningless for Medusa heads (an error if typed with --method medusa)
+DISTILL_METHODS = ("draft", "medusa", "eagle", "early-exit")
+# distill flags that shape a draft model, meaningless for a module on the frozen target (an error if typed there)
 _DRAFT_ONLY = ("dim", "layers", "heads", "kv_heads", "ffn", "loss", "corpus_seqs", "corpus_mix", "target_dtype")
-_MEDUSA_SHARED = ("target", "out", "run_dir", "steps", "batch_size", "lr", "warmup", "onpolicy_seqs", "prompt_len",
+# flags a frozen-target method takes from the draft recipe's parser when typed (its own defaults otherwise)
+_FROZEN_SHARED = ("target", "out", "run_dir", "steps", "batch_size", "lr", "warmup", "onpolicy_seqs", "prompt_len",
                   "gen_len", "greedy_frac", "top_k", "gen_batch", "eval_prompts", "eval_prompt_len",
                   "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype", "max_minutes", "stop_after",
                   "resume", "quick")
 
 
-def _run_distill_medusa(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
-    """``distill --method medusa``: the flags the user typed override the Medusa recipe's defaults (the
-    parser's defaults are the draft model's, e.g. its learning rate and --out)."""
-    from ..config import ConfigError
-    from .medusa import QUICK, MedusaTrainConfig, train_medusa
+@dataclass(frozen=True)
+class _FrozenMethod:
+    """A ``distill --method`` that trains a module on the frozen target (``train/selfdistill.py``'s recipe)."""
 
+    module: str  # the train submodule with QUICK, the config class and the train function
+    config: str
+    train: str
+    own: tuple[tuple[str, str], ...]  # (flag dest, config field): this method's own flags
+    takes: tuple[str, ...] = ()  # draft-recipe flags it also takes (plain corpus windows)
+    hint: str = ""  # appended to the error for draft-only flags
+
+
+_OWN_FLAGS = {"medusa_heads": "--medusa-heads", "medusa_vocab": "--medusa-vocab", "eagle_depth": "--eagle-depth",
+              "eagle_vocab": "--eagle-vocab", "eagle_ffn": "--eagle-ffn", "budget_minutes": "--budget-minutes",
+              "exit_layer": "--exit-layer", "adapter_width": "--adapter-width", "adapter_vocab": "--adapter-vocab"}
+_FROZEN = {
+    "medusa": _FrozenMethod("medusa", "MedusaTrainConfig", "train_medusa",
+                            (("medusa_heads", "num_heads"), ("medusa_vocab", "vocab_cut")),
+                            hint="the number of Medusa heads is --medusa-heads"),
+    "eagle": _FrozenMethod("eagle", "EagleTrainConfig", "train_eagle",
+                           (("eagle_depth", "depth"), ("eagle_vocab", "vocab_cut"), ("eagle_ffn", "ffn"),
+                            ("budget_minutes", "budget_minutes")), takes=("corpus_seqs",),
+                           hint="its own flags are --eagle-depth, --eagle-vocab, --eagle-ffn"),
+    "early-exit": _FrozenMethod("early_exit", "EarlyExitTrainConfig", "train_early_exit",
+                                (("exit_layer", "exit_layer"), ("adapter_width", "width"),
+                                 ("adapter_vocab", "vocab_cut"), ("budget_minutes", "budget_minutes")),
+                                takes=("corpus_seqs",), hint="its own flags are --exit-layer, --adapter-width, "
+                                                             "--adapter-vocab"),
+}
+
+
+def _run_distill_frozen(method: str, args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
+    """``distill --method medusa|eagle|early-exit``: the flags the user typed override the method's recipe
+    defaults (the parser's defaults are the draft model's, e.g. its learning rate and --out)."""
+    import importlib
+
+    from ..config import ConfigError
+
+    spec = _FROZEN[method]
+    mod = importlib.import_module(f".{spec.module}", __package__)
     typed = _explicit(argv, args._parser)
-    wrong = sorted("--" + n.replace("_", "-") for n in _DRAFT_ONLY if n in typed)
+    wrong = sorted("--" + n.replace("_", "-") for n in _DRAFT_ONLY if n in typed and n not in spec.takes)
     if wrong:
-        hint = "; the number of Medusa heads is --medusa-heads" if "heads" in typed else ""
-        raise ConfigError(f"{', '.join(wrong)} shape a draft model and do not apply to --method medusa (the heads "
-                          f"take the target's hidden size); drop them{hint}")
-    cfg = MedusaTrainConfig(corpus=list(args.corpus))
-    for name in _MEDUSA_SHARED:
+        raise ConfigError(f"{', '.join(wrong)} shape a draft model and do not apply to --method {method} (it trains "
+                          f"on the target's hidden size); drop them; {spec.hint}")
+    mine = {dest for dest, _ in spec.own}
+    foreign = [flag for dest, flag in _OWN_FLAGS.items() if dest not in mine and getattr(args, dest) is not None]
+    if foreign:
+        raise ConfigError(f"{', '.join(foreign)} do not apply to --method {method}; {spec.hint}")
+    cfg = getattr(mod, spec.config)(corpus=list(args.corpus))
+    for name in _FROZEN_SHARED + spec.takes:
         if name in typed:
             setattr(cfg, name, getattr(args, name))
-    quick = dict(QUICK)
-    for flag, name in (("medusa_heads", "num_heads"), ("medusa_vocab", "vocab_cut")):
-        if getattr(args, flag) is not None:
-            setattr(cfg, name, getattr(args, flag))
+    quick = dict(mod.QUICK)
+    for dest, name in spec.own:
+        if getattr(args, dest) is not None:
+            setattr(cfg, name, getattr(args, dest))
             quick.pop(name, None)  # a typed flag wins over --quick
-    r = _run_training(args, argv, cfg, quick, train_medusa)
-    if r is None:
-        return 130
-    print(r)
-    return 0
-
-
-_EAGLE_SHARED = _MEDUSA_SHARED + ("corpus_seqs",)
-
-
-def _run_distill_eagle(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
-    """``distill --method eagle``: like Medusa's, the typed flags override the EAGLE recipe's defaults."""
-    from ..config import ConfigError
-    from .eagle import QUICK, EagleTrainConfig, train_eagle
-
-    typed = _explicit(argv, args._parser)
-    wrong = sorted("--" + n.replace("_", "-") for n in _DRAFT_ONLY if n in typed and n != "corpus_seqs")
-    wrong += [f for f, v in (("--medusa-heads", args.medusa_heads), ("--medusa-vocab", args.medusa_vocab))
-              if v is not None]
-    if wrong:
-        raise ConfigError(f"{', '.join(wrong)} do not apply to --method eagle (the draft layer takes the target's "
-                          "hidden size; its own flags are --eagle-depth, --eagle-vocab, --eagle-ffn); drop them")
-    cfg = EagleTrainConfig(corpus=list(args.corpus))
-    for name in _EAGLE_SHARED:
-        if name in typed:
-            setattr(cfg, name, getattr(args, name))
-    quick = dict(QUICK)
-    for flag, name in (("eagle_depth", "depth"), ("eagle_vocab", "vocab_cut"), ("eagle_ffn", "ffn"),
-                       ("budget_minutes", "budget_minutes")):
-        if getattr(args, flag) is not None:
-            setattr(cfg, name, getattr(args, flag))
-            quick.pop(name, None)
-    if "out" not in typed:
-        cfg.out = EagleTrainConfig.out
-    r = _run_training(args, argv, cfg, quick, train_eagle)
+    r = _run_training(args, argv, cfg, quick, getattr(mod, spec.train))
     if r is None:
         return 130
     print(r)
@@ -273,23 +287,16 @@ def _run_distill_eagle(args: argparse.Namespace, argv: Optional[Sequence[str]]) 
 def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
     from .distill import QUICK, DistillConfig, distill
 
-    if getattr(args, "method", "draft") == "medusa":
-        return _run_distill_medusa(args, argv)
-    if getattr(args, "method", "draft") == "eagle":
-        return _run_distill_eagle(args, argv)
-    eagle_only = [f for f, v in (("--eagle-depth", args.eagle_depth), ("--eagle-vocab", args.eagle_vocab),
-                                 ("--eagle-ffn", args.eagle_ffn), ("--budget-minutes", args.budget_minutes))
-                  if v is not None]
-    if eagle_only:
-        from ..config import ConfigError
-
-        raise ConfigError(f"{', '.join(eagle_only)} need --method eagle")
+    method = getattr(args, "method", "draft")
+    if method in _FROZEN:
+        return _run_distill_frozen(method, args, argv)
     from ..config import ConfigError
 
-    medusa_only = [f for f, v in (("--medusa-heads", args.medusa_heads), ("--medusa-vocab", args.medusa_vocab))
-                   if v is not None]
-    if medusa_only:
-        raise ConfigError(f"{', '.join(medusa_only)} need --method medusa")
+    typed_own = [dest for dest in _OWN_FLAGS if getattr(args, dest) is not None]
+    if typed_own:  # e.g. "--medusa-heads need --method medusa"
+        methods = [m for m, spec in _FROZEN.items() if any(d == typed_own[0] for d, _ in spec.own)]
+        raise ConfigError(f"{', '.join(_OWN_FLAGS[d] for d in typed_own)} need --method "
+                          f"{' or --method '.join(methods)}")
     names = ["target", "out", "run_dir", "steps", "batch_size", "dim", "layers", "heads", "kv_heads", "ffn", "lr",
              "warmup", "loss", "onpolicy_seqs", "prompt_len", "gen_len", "greedy_frac", "corpus_seqs", "corpus_mix",
              "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype",

@@ -22,92 +22,49 @@ held-out greedy continuations is measured (the drafter's prior) and the director
 
 from __future__ import annotations
 
-import hashlib
 import json
-import resource
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm import tqdm
 
 from ..drafters.eagle_model import EagleConfig, EagleNet, default_aux_layers, input_embedding, save_eagle
 from ..drafters.medusa_heads import describe_target
 from ..drafters.vocab import write_vocab_file
 from ..models import Model, load_model
-from . import data as D
-from .checkpoint import has_checkpoint, load_checkpoint
-from .common import ThreadGovernor, autocast, pick_device, seed_everything
-from .evaluate import EVAL_SEED, doc_separator
+from .common import autocast
 from .loop import LoopState, log, resume, save_run, train_loop
 from .medusa import proposal_ranking, restricted_fkl
-from .rollout import generate, sample_windows
-from .tokenizer import encode_batch_fn
+from .rollout import generate
+from .selfdistill import (SAVE_DTYPES, CpuBudget, SelfDistillConfig, build_rollout_data, held_out_prompts,
+                          start_run, teacher_topk)
 
 STEP_DECAY = 0.8  # EAGLE-3's weight of training-time-test step k: 0.8^k
 EVAL_DEPTH = 6
 
 
 @dataclass
-class EagleTrainConfig:
-    target: str = "models/code-target"
+class EagleTrainConfig(SelfDistillConfig):
     out: str = "models/code-eagle"
-    run_dir: Optional[str] = None  # default: runs/<basename of out>
-    corpus: list[str] = field(default_factory=list)
     depth: int = 3  # training-time-test steps
     ffn: Optional[int] = None  # the draft layer's MLP width (default: half the target's)
     steps: int = 100000
     batch_size: int = 8  # sequences per step
     lr: float = 2e-3
-    min_lr_ratio: float = 0.1
     warmup: int = 20
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     onpolicy_seqs: int = 512
     corpus_seqs: int = 128
-    prompt_len: int = 64
-    gen_len: int = 128
     greedy_frac: float = 0.75
-    top_k: int = 32
-    gen_batch: int = 64
-    feature_batch: int = 16
-    vocab_cut: int = 2048
-    seed: int = 0
-    device: str = "cpu"
-    threads: int = 0
-    amp: bool = True
-    save_dtype: str = "bf16"
     ckpt_every: int = 50
     ckpt_minutes: float = 2.0
     log_every: int = 25
-    max_minutes: Optional[float] = None
-    budget_minutes: Optional[float] = None  # CPU minutes for the whole command
-    stop_after: Optional[int] = None
-    resume: bool = False
-    eval_prompts: int = 32
-    eval_prompt_len: int = 64
-    eval_new_tokens: int = 128
-    quick: bool = False
-
-    def resolved_run_dir(self) -> Path:
-        return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
 
 
 QUICK = dict(steps=10, batch_size=4, onpolicy_seqs=8, corpus_seqs=4, prompt_len=8, gen_len=16, top_k=8, gen_batch=8,
              feature_batch=8, warmup=2, ckpt_every=5, log_every=5, eval_prompts=4, eval_prompt_len=8,
              eval_new_tokens=12, vocab_cut=64, depth=2)
-
-_SAVE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process, all threads, user + system."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
 
 @dataclass
 class EagleTrainResult:
@@ -125,18 +82,6 @@ class EagleTrainResult:
                 f"{self.cpu_minutes:.1f} CPU-minutes -> {self.out}")
 
 
-def _data_key(target: Model, cfg: EagleTrainConfig, corpus_fp: str, aux: tuple[int, ...]) -> str:
-    root = Path(target.path)
-    h = hashlib.sha1()
-    for f in sorted(root.glob("*.safetensors")) + [root / "config.json"]:
-        st = f.stat()
-        h.update(f"{f.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode())
-    h.update(json.dumps([corpus_fp, cfg.onpolicy_seqs, cfg.corpus_seqs, cfg.prompt_len, cfg.gen_len, cfg.greedy_frac,
-                         cfg.top_k, cfg.seed, list(aux), str(target.dtype), str(target.weight_dtype),
-                         target.kernels.describe()]).encode())
-    return h.hexdigest()[:16]
-
-
 @torch.inference_mode()
 def target_features(target: Model, seqs: torch.Tensor, aux: tuple[int, ...], top_k: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,56 +91,19 @@ def target_features(target: Model, seqs: torch.Tensor, aux: tuple[int, ...], top
     cache = target.new_cache(b, t)
     out = target.run(seqs.to(target.device), cache, hidden_layers=aux)
     feats = torch.cat([out.layers[i] for i in aux], dim=-1)
-    lp, idx = torch.log_softmax(out.logits.float(), -1).topk(min(top_k, target.vocab_size), dim=-1)
-    idx_dtype = torch.int16 if target.vocab_size <= 32767 else torch.int32
-    return feats.to(torch.float16).cpu(), lp.half().cpu(), idx.to(idx_dtype).cpu()
+    lp, idx = teacher_topk(out.logits, top_k, target.vocab_size)
+    return feats.to(torch.float16).cpu(), lp, idx
 
 
 def build_data(target: Model, cfg: EagleTrainConfig, run_dir: Path, aux: tuple[int, ...]) -> dict[str, torch.Tensor]:
     """Rollouts plus corpus windows with their features and teacher law, cached in ``run_dir``."""
-    train_files, _ = D.split_corpus(D.list_corpus(cfg.corpus or None))
-    key = _data_key(target, cfg, D.corpus_fingerprint(train_files), aux)
-    path = run_dir / f"eagle-data-{key}.pt"
-    if path.is_file():
-        log(f"reusing cached rollouts and target features: {path}")
-        return torch.load(path, weights_only=True)
-    if target.tokenizer is None:
-        raise ValueError(f"target {target.path} has no tokenizer.json; training an EAGLE draft needs corpus prompts")
-    seq_len = cfg.prompt_len + cfg.gen_len
-    if seq_len > target.max_seq_len:
-        raise ValueError(f"--prompt-len + --gen-len = {seq_len} exceeds the target's context of {target.max_seq_len}")
-    stream = D.token_stream(train_files, encode_batch_fn(target.tokenizer), doc_separator(target))
-    prompts = sample_windows(stream, cfg.onpolicy_seqs, cfg.prompt_len, cfg.seed)
-    windows = sample_windows(stream, cfg.corpus_seqs, seq_len, cfg.seed + 2) if cfg.corpus_seqs else None
-    n_greedy = int(round(cfg.greedy_frac * cfg.onpolicy_seqs))
-    g = torch.Generator().manual_seed(cfg.seed + 1)
-    t0 = time.time()
-    parts: dict[str, list[torch.Tensor]] = {"tokens": [], "aux": [], "lp": [], "idx": []}
 
-    def keep(seqs: torch.Tensor) -> None:
-        for j in range(0, len(seqs), cfg.feature_batch):
-            s = seqs[j:j + cfg.feature_batch]
-            f, lp, idx = target_features(target, s, aux, cfg.top_k)
-            for name, x in (("tokens", s.to(torch.int32)), ("aux", f), ("lp", lp), ("idx", idx)):
-                parts[name].append(x)
+    def features(seqs: torch.Tensor) -> dict[str, torch.Tensor]:
+        f, lp, idx = target_features(target, seqs, aux, cfg.top_k)
+        return {"aux": f, "lp": lp, "idx": idx}
 
-    bar = tqdm(total=cfg.onpolicy_seqs, desc="rollouts + features", unit="seq", file=sys.stderr, mininterval=10)
-    for i in range(0, cfg.onpolicy_seqs, cfg.gen_batch):
-        chunk = prompts[i:i + cfg.gen_batch]
-        temps = torch.tensor([0.0 if i + r < n_greedy else 1.0 for r in range(len(chunk))])
-        for temp in temps.unique().tolist():
-            keep(generate(target, chunk[(temps == temp).nonzero().squeeze(1)], cfg.gen_len, temp, g))
-        bar.update(len(chunk))
-    bar.close()
-    if windows is not None:
-        keep(windows)
-    ds = {name: torch.cat(xs) for name, xs in parts.items()}
-    tmp = path.with_suffix(".tmp")
-    torch.save(ds, tmp)
-    tmp.replace(path)
-    log(f"{cfg.onpolicy_seqs} rollouts ({n_greedy} greedy) + {cfg.corpus_seqs} corpus windows x {seq_len} tokens with "
-        f"features of layers {list(aux)} and top-{cfg.top_k} teacher log-probs in {time.time() - t0:.0f}s -> {path}")
-    return ds
+    return build_rollout_data(target, cfg, run_dir, "eagle", features, f"features of layers {list(aux)}",
+                              extra_key=list(aux))
 
 
 def ttt_loss(net: EagleNet, emb: torch.Tensor, aux: torch.Tensor, tokens: torch.Tensor, lp: torch.Tensor,
@@ -251,48 +159,13 @@ def evaluate_eagle(target: Model, net: EagleNet, prompts: torch.Tensor, new_toke
     return alpha, 1.0 + float(r.sum(-1).float().mean()), len(r)
 
 
-class _CpuBudget:
-    """Ends the loop when the command's CPU budget is spent; until then it keeps ``cfg.steps`` at the
-    step the budget is predicted to run out, so the cosine schedule follows CPU time."""
-
-    def __init__(self, cfg: EagleTrainConfig, spent_before: float, reserve_s: float) -> None:
-        self.cfg, self.max_steps = cfg, cfg.steps
-        self.limit = cfg.budget_minutes * 60 - reserve_s if cfg.budget_minutes else None
-        self.base = spent_before - cpu_seconds()  # CPU of earlier invocations
-        self.per_step: Optional[float] = None
-        self.last = cpu_seconds()
-
-    def used(self) -> float:
-        return self.base + cpu_seconds()
-
-    def after_step(self, step: int) -> None:
-        now = cpu_seconds()
-        dt, self.last = now - self.last, now
-        if self.limit is None:
-            return
-        self.per_step = dt if self.per_step is None else 0.9 * self.per_step + 0.1 * dt
-        left = self.limit - self.used()
-        if left <= 0:
-            self.cfg.steps = step + 1  # the loop ends after this step
-        else:
-            self.cfg.steps = min(self.max_steps, step + 1 + max(1, int(left / max(self.per_step, 1e-6))))
-
-
 def train_eagle(cfg: EagleTrainConfig) -> EagleTrainResult:
-    run_dir = cfg.resolved_run_dir()
-    if cfg.resume and not has_checkpoint(run_dir):
-        load_checkpoint(run_dir)  # raises the clear "no checkpoint" error
     if cfg.depth < 1:
         raise ValueError(f"--eagle-depth must be at least 1, got {cfg.depth}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    device = pick_device(cfg.device)
-    governor = ThreadGovernor(cfg.threads) if device.type == "cpu" else None
-    seed_everything(cfg.seed)
+    run = start_run(cfg)
+    run_dir, device, governor = run.run_dir, run.device, run.governor
     t_start = time.time()
-    spent_before = 0.0
-    if cfg.resume:
-        spent_before = float(load_checkpoint(run_dir).get("cpu_seconds", 0.0))
-    budget = _CpuBudget(cfg, spent_before, reserve_s=60.0 if not cfg.quick else 0.0)
+    budget = CpuBudget.for_run(cfg, run_dir, reserve_s=60.0)
     target = load_model(cfg.target, device=str(device))
     aux = default_aux_layers(target.config.n_layers)
     ds = build_data(target, cfg, run_dir, aux)
@@ -347,19 +220,15 @@ def train_eagle(cfg: EagleTrainConfig) -> EagleTrainResult:
         return (f"step {s.step} fkl {loss:.4f} (ema {s.loss_ema:.4f}) top-1 agreement per TTT step {accs} lr {lr:.2e} "
                 f"{s.tok_s:,.0f} pos/s elapsed {s.elapsed() / 60:.1f} min, CPU {budget.used() / 60:.1f} min")
 
-    if budget.limit is not None and budget.used() >= budget.limit:
+    if budget.spent():
         log(f"the CPU budget of {cfg.budget_minutes} min was spent before training ({budget.used() / 60:.1f} min)")
         cfg.steps = state.step
     state = train_loop(cfg, "eagle draft", state, opt, governor, train_step, save, log_line)
     if state.stopped:
         return EagleTrainResult(Path(cfg.out), state.step, [], 0.0, budget.used() / 60)
     net.eval()
-    _, held = D.split_corpus(D.list_corpus(cfg.corpus or None))
-    assert target.tokenizer is not None
-    held_stream = D.token_stream(held, encode_batch_fn(target.tokenizer), doc_separator(target))
-    prompts = sample_windows(held_stream, cfg.eval_prompts, cfg.eval_prompt_len, EVAL_SEED)
     net_cpu = net.float()
-    alpha, tau, anchors = evaluate_eagle(target, net_cpu, prompts, cfg.eval_new_tokens)
+    alpha, tau, anchors = evaluate_eagle(target, net_cpu, held_out_prompts(target, cfg), cfg.eval_new_tokens)
     cpu_min = budget.used() / 60
     recipe = {**asdict(cfg), "steps_done": state.step, "train_minutes": round(state.elapsed() / 60, 2),
               "wall_minutes_this_invocation": round((time.time() - t_start) / 60, 2),
@@ -368,7 +237,7 @@ def train_eagle(cfg: EagleTrainConfig) -> EagleTrainResult:
     net_cpu.cfg.target = describe_target(target)
     net_cpu.cfg.recipe = recipe
     net_cpu.cfg.depth_acceptance = [round(a, 5) for a in alpha]
-    save_eagle(cfg.out, net_cpu, _SAVE_DTYPES[cfg.save_dtype])
+    save_eagle(cfg.out, net_cpu, SAVE_DTYPES[cfg.save_dtype])
     write_vocab_file(cfg.out, ranked, counts, cut, "the target's top-1 tokens on its training-split rollouts")
     (run_dir / "result.json").write_text(json.dumps({"depth_acceptance": alpha, "tau_chain": tau, "recipe": recipe},
                                                     indent=2, default=str) + "\n")

@@ -21,81 +21,37 @@ proposals can use a restricted output matrix.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ..drafters.medusa_heads import MedusaConfig, MedusaHeads, describe_target, save_heads
 from ..drafters.vocab import write_vocab_file
 from ..models import Model, load_model
-from . import data as D
-from .checkpoint import has_checkpoint, load_checkpoint
-from .common import ThreadGovernor, autocast, pick_device, seed_everything
-from .evaluate import EVAL_SEED, doc_separator
+from .common import autocast
 from .loop import LoopState, log, resume, save_run, train_loop
-from .rollout import generate, sample_windows
-from .tokenizer import encode_batch_fn
+from .rollout import generate
+from .selfdistill import SAVE_DTYPES, SelfDistillConfig, build_rollout_data, held_out_prompts, start_run, teacher_topk
 
 RANKS = 10  # candidates per head in the acceptance table (the drafter's trees use at most this many)
 
 
 @dataclass
-class MedusaTrainConfig:
-    target: str = "models/code-target"
+class MedusaTrainConfig(SelfDistillConfig):
     out: str = "models/code-medusa"
-    run_dir: Optional[str] = None  # default: runs/<basename of out>
-    corpus: list[str] = field(default_factory=list)
     num_heads: int = 4
-    steps: int = 3000
-    batch_size: int = 512  # positions per step (each trains all K heads)
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 30
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    onpolicy_seqs: int = 1024
-    prompt_len: int = 64
-    gen_len: int = 128
-    greedy_frac: float = 0.5  # the rest of the rollouts are sampled at T=1
-    top_k: int = 32
-    gen_batch: int = 64
-    feature_batch: int = 16  # rollouts per teacher pass (its logits are [batch, T, V] float32)
     vocab_cut: int = 2048  # the restricted proposal vocabulary recorded in draft_vocab.json
-    seed: int = 0
-    device: str = "cpu"
-    threads: int = 0
-    amp: bool = True
-    save_dtype: str = "bf16"
-    ckpt_every: int = 100
-    ckpt_minutes: float = 3.0
-    log_every: int = 50
-    max_minutes: Optional[float] = None
-    stop_after: Optional[int] = None
-    resume: bool = False
-    eval_prompts: int = 32
-    eval_prompt_len: int = 64
-    eval_new_tokens: int = 128
-    quick: bool = False
-
-    def resolved_run_dir(self) -> Path:
-        return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
 
 
 # --quick: finishes in seconds on a tiny target (tests, smoke runs); explicit flags still win.
 QUICK = dict(num_heads=2, steps=12, batch_size=64, onpolicy_seqs=8, prompt_len=8, gen_len=8, top_k=8, gen_batch=8,
              feature_batch=8, warmup=2, ckpt_every=6, log_every=6, eval_prompts=4, eval_prompt_len=8,
              eval_new_tokens=8, vocab_cut=64)
-
-_SAVE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
 
 @dataclass
 class MedusaTrainResult:
@@ -112,18 +68,6 @@ class MedusaTrainResult:
         return f"held-out top-1 accuracy on the target's greedy path: {heads} -> {self.out}"
 
 
-def _data_key(target: Model, cfg: MedusaTrainConfig, corpus_fp: str) -> str:
-    """Cache key of rollouts and features: target weights, corpus, rollout and teacher settings."""
-    root = Path(target.path)
-    h = hashlib.sha1()
-    for f in sorted(root.glob("*.safetensors")) + [root / "config.json"]:
-        st = f.stat()
-        h.update(f"{f.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode())
-    h.update(json.dumps([corpus_fp, cfg.onpolicy_seqs, cfg.prompt_len, cfg.gen_len, cfg.greedy_frac, cfg.top_k,
-                         cfg.seed, str(target.dtype), str(target.weight_dtype), target.kernels.describe()]).encode())
-    return h.hexdigest()[:16]
-
-
 @torch.inference_mode()
 def target_features(target: Model, seqs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One pass of the runtime's forward over whole sequences: final normed hidden states (fp16
@@ -132,50 +76,18 @@ def target_features(target: Model, seqs: torch.Tensor, top_k: int) -> tuple[torc
     cache = target.new_cache(b, t)
     out = target.run(seqs.to(target.device), cache, return_hidden=True)
     assert out.hidden is not None
-    lp, idx = torch.log_softmax(out.logits.float(), -1).topk(min(top_k, target.vocab_size), dim=-1)
-    idx_dtype = torch.int16 if target.vocab_size <= 32767 else torch.int32
-    return out.hidden.to(torch.float16).cpu(), lp.half().cpu(), idx.to(idx_dtype).cpu()
+    lp, idx = teacher_topk(out.logits, top_k, target.vocab_size)
+    return out.hidden.to(torch.float16).cpu(), lp, idx
 
 
 def build_features(target: Model, cfg: MedusaTrainConfig, run_dir: Path) -> dict[str, torch.Tensor]:
     """Rollouts and their teacher features, computed once per rollout batch and cached in ``run_dir``."""
-    train_files, _ = D.split_corpus(D.list_corpus(cfg.corpus or None))
-    key = _data_key(target, cfg, D.corpus_fingerprint(train_files))
-    path = run_dir / f"medusa-data-{key}.pt"
-    if path.is_file():
-        log(f"reusing cached rollouts and teacher features: {path}")
-        return torch.load(path, weights_only=True)
-    if target.tokenizer is None:
-        raise ValueError(f"target {target.path} has no tokenizer.json; training heads needs corpus text prompts")
-    seq_len = cfg.prompt_len + cfg.gen_len
-    if seq_len > target.max_seq_len:
-        raise ValueError(f"--prompt-len + --gen-len = {seq_len} exceeds the target's context of {target.max_seq_len}")
-    stream = D.token_stream(train_files, encode_batch_fn(target.tokenizer), doc_separator(target))
-    prompts = sample_windows(stream, cfg.onpolicy_seqs, cfg.prompt_len, cfg.seed)
-    n_greedy = int(round(cfg.greedy_frac * cfg.onpolicy_seqs))
-    g = torch.Generator().manual_seed(cfg.seed + 1)
-    t0 = time.time()
-    parts: dict[str, list[torch.Tensor]] = {"tokens": [], "hidden": [], "lp": [], "idx": []}
-    bar = tqdm(total=cfg.onpolicy_seqs, desc="rollouts + teacher", unit="seq", file=sys.stderr, mininterval=10)
-    for i in range(0, cfg.onpolicy_seqs, cfg.gen_batch):
-        chunk = prompts[i:i + cfg.gen_batch]
-        temps = torch.tensor([0.0 if i + r < n_greedy else 1.0 for r in range(len(chunk))])
-        for temp in temps.unique().tolist():  # greedy and sampled rows of one chunk go separately
-            seqs = generate(target, chunk[(temps == temp).nonzero().squeeze(1)], cfg.gen_len, temp, g)
-            for j in range(0, len(seqs), cfg.feature_batch):
-                s = seqs[j:j + cfg.feature_batch]
-                h, lp, idx = target_features(target, s, cfg.top_k)
-                for name, x in (("tokens", s.to(torch.int32)), ("hidden", h), ("lp", lp), ("idx", idx)):
-                    parts[name].append(x)
-        bar.update(len(chunk))
-    bar.close()
-    ds = {name: torch.cat(xs) for name, xs in parts.items()}
-    tmp = path.with_suffix(".tmp")
-    torch.save(ds, tmp)
-    tmp.replace(path)
-    log(f"{len(ds['tokens'])} rollouts x {seq_len} tokens ({n_greedy} greedy) with hidden states and top-{cfg.top_k} "
-        f"teacher log-probs in {time.time() - t0:.0f}s, cached to {path}")
-    return ds
+
+    def features(seqs: torch.Tensor) -> dict[str, torch.Tensor]:
+        h, lp, idx = target_features(target, seqs, cfg.top_k)
+        return {"hidden": h, "lp": lp, "idx": idx}
+
+    return build_rollout_data(target, cfg, run_dir, "medusa", features, "final hidden states")
 
 
 def head_logits(heads: MedusaHeads, h: torch.Tensor, out_matrix: torch.Tensor) -> torch.Tensor:
@@ -253,17 +165,12 @@ def evaluate_heads(target: Model, heads: MedusaHeads, prompts: torch.Tensor, new
 
 
 def train_medusa(cfg: MedusaTrainConfig) -> MedusaTrainResult:
-    run_dir = cfg.resolved_run_dir()
-    if cfg.resume and not has_checkpoint(run_dir):
-        load_checkpoint(run_dir)  # raises the clear "no checkpoint" error
     if cfg.num_heads < 1:
         raise ValueError(f"--medusa-heads must be at least 1, got {cfg.num_heads}")
     if cfg.gen_len <= cfg.num_heads + 1:
         raise ValueError(f"--gen-len {cfg.gen_len} leaves no position with {cfg.num_heads} future tokens; raise it")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    device = pick_device(cfg.device)
-    governor = ThreadGovernor(cfg.threads) if device.type == "cpu" else None
-    seed_everything(cfg.seed)
+    run = start_run(cfg)
+    run_dir, device, governor = run.run_dir, run.device, run.governor
     t_start = time.time()
     target = load_model(cfg.target, device=str(device))  # as the runtime runs it: its hidden states are the features
     ds = build_features(target, cfg, run_dir)
@@ -320,11 +227,8 @@ def train_medusa(cfg: MedusaTrainConfig) -> MedusaTrainResult:
     if state.stopped:
         return MedusaTrainResult(Path(cfg.out), state.step, [], [], state.elapsed() / 60)
     heads.eval()
-    _, held = D.split_corpus(D.list_corpus(cfg.corpus or None))
-    assert target.tokenizer is not None
-    held_stream = D.token_stream(held, encode_batch_fn(target.tokenizer), doc_separator(target))
-    prompts = sample_windows(held_stream, cfg.eval_prompts, cfg.eval_prompt_len, EVAL_SEED)
-    alpha, table, positions = evaluate_heads(target, heads, prompts, cfg.eval_new_tokens, vocab_ids)
+    alpha, table, positions = evaluate_heads(target, heads, held_out_prompts(target, cfg), cfg.eval_new_tokens,
+                                             vocab_ids)
     wall = (time.time() - t_start) / 60
     recipe = {**asdict(cfg), "steps_done": state.step, "train_minutes": round(state.elapsed() / 60, 2),
               "wall_minutes_this_invocation": round(wall, 2), "threads": torch.get_num_threads(),
@@ -332,7 +236,7 @@ def train_medusa(cfg: MedusaTrainConfig) -> MedusaTrainResult:
     config = MedusaConfig(num_heads=k, dim=dim, vocab_size=target.vocab_size, target=describe_target(target),
                           recipe=recipe, rank_acceptance=[[round(x, 5) for x in row] for row in table],
                           alpha=[round(a, 5) for a in alpha])
-    save_heads(cfg.out, heads, config, _SAVE_DTYPES[cfg.save_dtype])
+    save_heads(cfg.out, heads, config, SAVE_DTYPES[cfg.save_dtype])
     write_vocab_file(cfg.out, ranked, counts, cut, "the target's top-1 tokens on its training-split rollouts")
     (run_dir / "result.json").write_text(json.dumps({"alpha": alpha, "rank_acceptance": table, "recipe": recipe},
                                                     indent=2, default=str) + "\n")
