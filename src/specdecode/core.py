@@ -359,7 +359,7 @@ class DecodeCore:
                 continue
             cap = max(0, min(r.gamma_cap, r.room() - 1, room_ctx))
             alpha = d.acceptance.alpha if r.adaptive else 0.0
-            plans.append(RowPlan(self._names[id(d)], cap, r.adaptive, alpha))
+            plans.append(RowPlan(self._names[id(d)], cap, r.adaptive, alpha, getattr(d, "sizes_itself", False)))
         # online costs only feed the policy's choice for adaptive rows; a clock read is a syscall
         self._clock = self._cost_clock if any(p.auto for p in plans) else time.perf_counter
         return self.policy.choose(plans)

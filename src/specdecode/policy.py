@@ -42,6 +42,9 @@ class RowPlan:
     cap: int  # most draft tokens the row may take now (γ of the request, room, context)
     auto: bool  # False: a fixed γ, drafted whenever there is room
     alpha: float  # the acceptance estimate of the row's drafter
+    # the drafter sizes its own drafts (trees from its own cost model): an auto row gets its whole cap
+    # or nothing, since a chain γ from chain-shaped α would cut a tree the drafter sized to pay
+    sizes_itself: bool = False
 
 
 class GammaPolicy:
@@ -138,8 +141,8 @@ class GammaPolicy:
         for the one best γ, since the padded pass costs the widest row's width anyway."""
         if len(plans) == 1:  # generate(): offline costs make the choice a function of α alone, memoised
             p = plans[0]
-            if not p.auto or p.cap == 0 or p.drafter is None:
-                out = [p.cap if p.drafter is not None else 0]
+            if not p.auto or p.cap == 0 or p.drafter is None or p.sizes_itself:
+                out = [p.cap if p.drafter is not None else 0]  # a lone self-sizing row: its own margin decides
             elif p.drafter in self._v and p.drafter in self._c:
                 key = (p.drafter, p.cap, int(p.alpha * ALPHA_BUCKETS))
                 g = self._memo.get(key)
@@ -152,5 +155,6 @@ class GammaPolicy:
         else:
             alphas = [p.alpha for p in plans]
             g = self._best(plans, alphas) if any(p.auto and p.cap for p in plans) else 0
-            out = [(min(g, p.cap) if p.auto else p.cap) if p.drafter is not None else 0 for p in plans]
+            out = [(((p.cap if g else 0) if p.sizes_itself else min(g, p.cap)) if p.auto else p.cap)
+                   if p.drafter is not None else 0 for p in plans]
         return out

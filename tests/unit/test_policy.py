@@ -105,3 +105,21 @@ def test_a_useless_drafter_is_switched_off_then_probed_again_as_evidence_fades()
         pytest.fail("the faded evidence never let the drafter probe again")
     assert acc._last > 0
     assert Acceptance().mark(0) is False and acc.mark(0) is False and acc.mark(2) is True  # drafting after plain
+
+
+def test_self_sizing_rows_get_their_cap_or_nothing() -> None:
+    """A drafter that sizes its own trees is never shortened by the chain γ: alone it gets its cap
+    (its own margin decides), in a batch its cap when the batch drafts and 0 when it does not."""
+    p = GammaPolicy(max_gamma=8)
+    p.set_offline("model", Costs(c=0.05, v=(1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5, 1.6)))
+    lone = RowPlan("medusa", 7, True, 0.3, sizes_itself=True)
+    assert p.choose([lone]) == [7]
+    chain = RowPlan("model", 8, True, 0.3)
+    assert p.choose([chain])[0] < 7  # the same α gives a chain row a short γ
+    p = GammaPolicy(max_gamma=8)  # a batch: online costs only
+    measured(p, 2, {w: 0.010 + 0.0005 * w for w in range(1, 10)}, draft_step=0.001)
+    p.record_draft("medusa", 2, 1, 0.001)
+    mixed = p.choose([RowPlan("model", 8, True, 0.9), RowPlan("medusa", 7, True, 0.9, sizes_itself=True)])
+    assert 0 < mixed[0] and mixed[1] == 7
+    useless = p.choose([RowPlan("model", 8, True, 0.0), RowPlan("medusa", 7, True, 0.0, sizes_itself=True)])
+    assert useless == [0, 0]

@@ -147,6 +147,8 @@ class Member:
 class AutoDrafter(RowZeroAdapter):
     """Chooses among ``members`` (name -> drafter, in order of preference on ties) per row and step."""
 
+    sizes_itself = True  # each member sizes its draft (see BatchDrafter)
+
     def __init__(self, members: Mapping[str, BatchDrafter], margin: float = SPECULATION_MARGIN,
                  usable: Mapping[str, Callable[[BatchDrafter], bool]] | None = None) -> None:
         """``usable``: per member name, a check run after ``prepare_rows`` (e.g. layer skip only when

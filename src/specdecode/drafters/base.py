@@ -189,7 +189,10 @@ class BatchDrafter(Protocol):
     ``gamma`` is the default draft length ("auto": the core's γ policy picks it each step).
     ``acceptance`` is the drafter's evidence for that policy. ``wants_hidden`` asks the core
     for the target's hidden states (``DraftContext.hidden``). ``on_verified_row`` gets how many
-    draft tokens the target accepted (for a tree: the accepted path's length)."""
+    draft tokens the target accepted (for a tree: the accepted path's length). A drafter that plans
+    its own draft sizes from its own cost model (trees) may set ``sizes_itself = True`` (optional,
+    False when absent): under the server's ``--speculation auto`` the γ policy then only switches
+    its rows between drafting up to the cap and plain steps (load), and never shortens the draft."""
 
     gamma: Gamma
     acceptance: Acceptance

@@ -141,6 +141,7 @@ class EagleDrafter(RowZeroAdapter):
     verified position, then scratch slots for the tree), a feature bank for node outputs."""
 
     wants_hidden = True
+    sizes_itself = True  # plans its own trees (see BatchDrafter)
 
     def __init__(self, net: EagleNet, *, gamma: Gamma = "auto", source: Optional[Union[str, Path]] = None,
                  topk: int = TOPK, expand: int = EXPAND, max_depth: int = MAX_DEPTH, costs: Optional[Costs] = None,

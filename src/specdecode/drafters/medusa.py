@@ -325,6 +325,7 @@ class MedusaDrafter(RowZeroAdapter):
     tests). ``costs`` and ``tree_extra``: measured costs to use instead of measuring (tests)."""
 
     wants_hidden = True
+    sizes_itself = True  # plans its own trees (see BatchDrafter)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, config: MedusaConfig, *, tree: bool = True,
                  gamma: Gamma = "auto", vocab: VocabSpec = "auto", source: Optional[Union[str, Path]] = None,

@@ -241,6 +241,7 @@ class SuffixDrafter(RowZeroAdapter):
     ``costs``: v(k) of the target to plan with instead of measuring (tests)."""
 
     wants_hidden = False
+    sizes_itself = True  # plans its own trees (see BatchDrafter)
 
     def __init__(self, gamma: Gamma = "auto", *, max_tokens: int = DEFAULT_MAX_TOKENS, tree: bool = True,
                  spec_factor: float = 4.0, min_prob: float = 0.1, margin: float = SPECULATION_MARGIN,
