@@ -39,7 +39,8 @@ from torch import nn
 from ..cache import KVCache
 from ..config import ConfigError
 from ..costmodel import Costs, cost_clock
-from ..kernels import Kernels
+from ..kernels import Kernels, install_kernels
+from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from ..models.config import ModelConfig
 from ..models.llama import LlamaBlock, rope_tables
 from ..ops import rms_norm
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 CONFIG_FILE = "exit_adapter.json"
 WEIGHTS_FILE = "exit_adapter.safetensors"
 FORMAT_VERSION = 2
+QUANT = "int4"  # the draft's matrices at run time on a dense CPU target (drafts only: exactness unaffected)
 BLOCK_WEIGHTS = ("wqkv", "wo", "w13", "w2", "attn_norm", "mlp_norm")
 log = logging.getLogger(__name__)
 
@@ -251,10 +253,15 @@ class ExitAdapterDrafter(LayerSkipDrafter):
     is exact whatever the adapter computes."""
 
     def __init__(self, adapter: ExitAdapter, gamma: Gamma = "auto", where: Union[str, Path] = "the exit adapter",
-                 share_cache: bool = True) -> None:
+                 share_cache: bool = True, quant: Optional[str] = QUANT) -> None:
         super().__init__(exit_layer=adapter.cfg.exit_layer, gamma=gamma, share_cache=share_cache)
-        self.adapter, self.where = adapter, str(where)
-        self._ready: Optional[tuple["Model", ExitAdapter, torch.Tensor]] = None  # target, adapter there, its head
+        if quant is not None and quant not in QUANT_FORMATS:
+            raise ConfigError(f"quant (the exit draft's run-time weights) must be None or one of "
+                              f"{', '.join(QUANT_FORMATS)}, got {quant!r}")
+        self.adapter, self.where, self.quant = adapter, str(where), quant
+        self.runtime = "eager"  # how the draft's matrices run, once prepared (see ``_draft_stack``)
+        # target, the adapter there, its proposal head, and (llama family) the whole draft as one module call
+        self._ready: Optional[tuple["Model", ExitAdapter, torch.Tensor, Optional[_DraftStack]]] = None
         self._extra_s: Optional[tuple["Model", float]] = None  # the adapter's step time, measured once per target
 
     @property
@@ -262,8 +269,8 @@ class ExitAdapterDrafter(LayerSkipDrafter):
         return self.adapter.cfg
 
     @classmethod
-    def load(cls, path: Union[str, Path], gamma: Gamma = "auto") -> "ExitAdapterDrafter":
-        return cls(load_adapter(path), gamma=gamma, where=path)
+    def load(cls, path: Union[str, Path], gamma: Gamma = "auto", quant: Optional[str] = QUANT) -> "ExitAdapterDrafter":
+        return cls(load_adapter(path), gamma=gamma, where=path, quant=quant)
 
     def resolve(self, target: "Model") -> DraftLayers:
         check_fits(self.config, target, self.where)
@@ -273,23 +280,80 @@ class ExitAdapterDrafter(LayerSkipDrafter):
     def extra_cache_layers(self) -> int:
         return 1  # the adapter's own attention layer
 
-    def _prepared(self, target: "Model") -> tuple[ExitAdapter, torch.Tensor]:
-        """The adapter on the target's device with its kernels and positions, and the proposal head."""
+    def _prepared(self, target: "Model") -> tuple[ExitAdapter, torch.Tensor, Optional[_DraftStack]]:
+        """The adapter on the target's device with its kernels and positions, the proposal head, and for a
+        llama-family target the whole draft as one module call (``_DraftStack``)."""
         if self._ready is None or self._ready[0] is not target:
             adapter = self.adapter.to(target.device)
             if adapter.rope_cos.shape[0] < target.max_seq_len:
                 cos, sin = rope_tables(self.config.block_config(), target.max_seq_len)
                 adapter.rope_cos, adapter.rope_sin = cos.to(target.device), sin.to(target.device)
             adapter.use_kernels(target.kernels)
-            self._ready = (target, adapter, proposal_head(target, adapter.vocab_ids))
-        return self._ready[1], self._ready[2]
+            head = proposal_head(target, adapter.vocab_ids)
+            stack = self._draft_stack(target, head)
+            self._ready = (target, adapter, head, stack)
+            self.runtime = stack.label if stack is not None else "eager"
+        return self._ready[1], self._ready[2], self._ready[3]
+
+    def _draft_stack(self, target: "Model", head: torch.Tensor) -> Optional[_DraftStack]:
+        """The draft (exit layers, adapter layer, final norm, proposal head) as one call of a llama-family
+        module, or None where it cannot be (gpt2; RoPE other than the adapter's own): the eager path.
+
+        With ``quant`` and a dense CPU target, the module is a packed copy of the exit layers only,
+        sharing the target's embedding, norms and RoPE tables, with the adapter's layer and the head
+        packed alike: a draft step reads about half the bytes (drafts only: exactness is the
+        verifier's). Otherwise the target's own module runs its exit layers and the adapter's layer,
+        stored as its own layers are (a packed target's: in its format)."""
+        if target.config.family != "llama":
+            return None
+        mine = self.adapter
+        n = min(mine.rope_cos.shape[0], target.module.rope_cos.shape[0])
+        if not (torch.allclose(mine.rope_cos[:n].to(target.device), target.module.rope_cos[:n].float(), atol=1e-5)
+                and torch.allclose(mine.rope_sin[:n].to(target.device), target.module.rope_sin[:n].float(), atol=1e-5)):
+            return None
+        fmt = target.quant.fmt if target.quant is not None else self.quant
+        kernels = target.kernels
+        if target.quant is None and fmt is not None:
+            try:
+                if target.device.type != "cpu" or target.dtype != torch.float32:
+                    raise QuantUnavailableError("packed drafts run on the CPU with fp32 activations")
+                kernels = quantized_kernels(target.kernels, fmt)
+            except QuantUnavailableError as e:
+                log.warning("layerskip-adapter: the draft keeps %s weights (%s)", target.weight_dtype, e)
+                fmt, kernels = None, target.kernels
+        own = target.module.layers[0]
+        dense = next(p for p in target.module.parameters() if p.dim() == 2 and p.dtype.is_floating_point)
+
+        def stored(w: torch.Tensor, like: torch.Tensor) -> nn.Parameter:
+            w = w.detach().to(target.device)
+            packed = quantize(w, fmt) if fmt is not None and w.dim() == 2 else w.to(like.dtype)
+            return nn.Parameter(packed.contiguous(), requires_grad=False)
+
+        block = LlamaBlock(self.config.block_config(), layer=self.config.n_layers)
+        with torch.no_grad():
+            for name, p in mine.block.named_parameters():
+                setattr(block, name, stored(p, dense if p.dim() == 2 else getattr(own, name)))
+        block.kernels = kernels
+        packed_head = quantize(head, fmt) if fmt is not None else head
+        if target.quant is not None or fmt is None:  # the target's own module and layers
+            return _DraftStack(target.module, self.plan.layers if self.plan is not None else None, block,
+                               packed_head, target.quant.fmt if target.quant is not None else "dense")
+        exit_layer = self.config.exit_layer
+        return _DraftStack(_exit_copy(target, exit_layer, fmt), None, block, packed_head, f"{fmt}-draft")
 
     def _partial_logits(self, ids: torch.Tensor, view: KVCache, rows: slice, last_only: bool) -> torch.Tensor:
-        """The exit layers on the view (their own output layer asked for one row only: unused), then the
-        adapter layer at the same slots of the view's adapter layer, the final norm and the proposal head."""
+        """The exit layers on the view, then the adapter layer on the view's adapter layer, the final norm
+        and the proposal head. Llama family: one module call; else the exit layers (their own output
+        layer asked for one row only: unused), then the adapter at the same slots."""
         assert self._target is not None and self.plan is not None
         target, layers = self._target, self.plan.layers
-        adapter, head = self._prepared(target)
+        adapter, head, stack = self._prepared(target)
+        if stack is not None:
+            meta = view.prepare(ids.shape[1], rows)
+            logits = stack.module(ids, meta, view, last_only=last_only, head=stack.head, layers=stack.layers,
+                                  blocks=(stack.block,))
+            view.commit(meta)
+            return full_vocab_logits(logits.float(), adapter.vocab_ids, target.vocab_size)
         lo, hi, _ = rows.indices(view.batch_size)
         starts = view.lengths[lo:hi]
         out = target.run(ids, view, rows, head=target.output_matrix()[:1], hidden_layers=(layers[-1],), layers=layers)
@@ -315,7 +379,9 @@ class ExitAdapterDrafter(LayerSkipDrafter):
     def _adapter_seconds(self, target: "Model", reps: int = 30) -> float:
         """Median time of an adapter step on one token over a 128-token adapter cache (layer, final norm,
         proposal head) minus that of the full output layer the partial model's forward would run."""
-        adapter, head = self._prepared(target)
+        adapter, head, stack = self._prepared(target)
+        if stack is not None:  # the whole draft is one module call: time it against the plain exit
+            return self._stack_seconds(target, stack, reps)
         cfg = self.config
         cache = KVCache(cfg.n_layers + 1, 1, cfg.n_kv_heads, 160, cfg.head_dim, target.dtype, target.device)
         cache.lengths[0] = 128
@@ -334,6 +400,65 @@ class ExitAdapterDrafter(LayerSkipDrafter):
                 with_adapter.append(t1 - t0)
                 head_only.append(t2 - t1)
         return statistics.median(with_adapter) - statistics.median(head_only)
+
+    def _stack_seconds(self, target: "Model", stack: _DraftStack, reps: int) -> float:
+        """Median time of the draft's one-token step (``stack``: one module call) minus that of the exit
+        layers with the full output layer, which the partial model's measured c already holds."""
+        assert self.plan is not None
+        cfg, layers = self.config, self.plan.layers
+        cache = KVCache(cfg.n_layers + 1, 1, cfg.n_kv_heads, 160, cfg.head_dim, target.dtype, target.device)
+        ids = torch.ones(1, 1, dtype=torch.long, device=target.device)
+        clock = cost_clock(target)
+        ours, plain = [], []
+        with torch.inference_mode():
+            for _ in range(reps):
+                cache.lengths[0] = 128
+                t0 = clock()
+                meta = cache.prepare(1)
+                float(stack.module(ids, meta, cache, last_only=True, head=stack.head, layers=stack.layers,
+                                   blocks=(stack.block,))[0, 0, 0])
+                t1 = clock()
+                float(target.forward(ids, cache, last_only=True, layers=layers)[0, 0, 0])
+                t2 = clock()
+                ours.append(t1 - t0)
+                plain.append(t2 - t1)
+                cache.lengths[0] = 128
+        return statistics.median(ours) - statistics.median(plain)
+
+
+@dataclass
+class _DraftStack:
+    """The exit draft as one module call, ``module(ids, meta, view, head=head, layers=layers,
+    blocks=(block,))``; ``label`` names how its matrices are stored."""
+
+    module: nn.Module
+    layers: Optional[tuple[int, ...]]
+    block: LlamaBlock
+    head: torch.Tensor
+    label: str
+
+
+def _exit_copy(target: "Model", n: int, fmt: str) -> nn.Module:
+    """A llama module of the target's first ``n`` layers with ``fmt``-packed matrices, sharing the target's
+    embedding, norms, biases and RoPE tables (its layer i still reads and writes cache layer i)."""
+    from ..models.llama import LlamaModel
+
+    with torch.device("meta"):
+        module = LlamaModel(dataclasses.replace(target.config, n_layers=n), target.max_seq_len)
+    src = target.module
+    for name, p in src.named_parameters():
+        if name.startswith("layers.") and int(name.split(".")[1]) >= n:
+            continue
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        packed = name.startswith("layers.") and p.dim() == 2
+        setattr(owner, name.rsplit(".", 1)[-1],
+                nn.Parameter(quantize(p.detach(), fmt), requires_grad=False) if packed else p)
+    for name, b in src.named_buffers():
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        setattr(owner, name.rsplit(".", 1)[-1], b)
+    module.eval().requires_grad_(False)
+    install_kernels(module, quantized_kernels(target.kernels, fmt))
+    return module
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExitAdapter", "ExitAdapterConfig", "ExitAdapterDrafter",

@@ -117,20 +117,25 @@ class _FusedPlan:
     index: Optional[tuple[int, ...]] = None  # the module's layer numbers of ``layers`` (None: all, in order)
     subsets: dict[tuple[int, ...], "_FusedPlan"] = field(default_factory=dict)  # plans over layer subsets
 
-    def subset(self, layers: tuple[int, ...]) -> "_FusedPlan":
-        """The plan over some of the layers (a layer-skip draft), built once per subset: each layer's
+    def subset(self, layers: tuple[int, ...], blocks: Sequence["LlamaBlock"] = ()) -> "_FusedPlan":
+        """The plan over some of the layers (a layer-skip draft), then ``blocks`` (an exit adapter's
+        layers, each on its own cache layer ``block.layer``), built once per subset: each layer's
         residual add is fused into the norm of the next layer *run*, and the C++ Stack is made of the
         same weight tensors (no copy)."""
-        sub = self.subsets.get(layers)
+        key = (layers, tuple(id(b.wqkv) for b in blocks))  # a block's weights reassigned: a new plan
+        sub = self.subsets.get(key)
         if sub is None:
             n = len(self.layers)
             if not layers or any(not 0 <= i < n for i in layers) or list(layers) != sorted(set(layers)):
                 raise ValueError(f"layers must be distinct increasing layer numbers in 0..{n - 1}, got {list(layers)}")
-            norms = [self.attn_norms[i] for i in layers]
-            per_layer = [self.layers[i][:6] + (nxt,) for i, nxt in zip(layers, norms[1:] + [self.norm])]
+            if any(b.layer < n for b in blocks):
+                raise ValueError(f"extra blocks need cache layers after the model's {n}, got {[b.layer for b in blocks]}")
+            norms = [self.attn_norms[i] for i in layers] + [b.attn_norm for b in blocks]
+            own = [self.layers[i][:6] for i in layers] + [(b.wqkv, b.bqkv, b.wo, b.w13, b.w2, b.mlp_norm) for b in blocks]
+            per_layer = [cols + (nxt,) for cols, nxt in zip(own, norms[1:] + [self.norm])]
             sub = _FusedPlan(per_layer, norms, self.embed, self.lm_head, self.head, self.norm, self.rope_cos,
-                             self.rope_sin, self.wqkv0, index=layers)
-            self.subsets[layers] = sub
+                             self.rope_sin, self.wqkv0, index=layers + tuple(b.layer for b in blocks))
+            self.subsets[key] = sub
         return sub
 
 
@@ -153,20 +158,22 @@ class LlamaModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
                 last_only: bool = False, head: Optional[torch.Tensor] = None,
-                layers: Optional[Sequence[int]] = None) -> torch.Tensor:
+                layers: Optional[Sequence[int]] = None, blocks: Sequence[LlamaBlock] = ()) -> torch.Tensor:
         """Logits for ``tokens`` [B, T]; without a cache, plain causal attention from position 0 (training).
         ``head`` replaces the output matrix (a draft's restricted vocabulary). ``meta`` carries the
         optional positions and tree mask, and ``meta.capture`` asks for hidden states, which are
         left in ``meta.hidden`` (final normed) and ``meta.layer_states`` (residual after layer i).
         ``layers`` (increasing layer numbers) runs only those layers, then the final norm and the
         output layer: a layer-skip draft (an early exit or a skip set). Layer i still reads and
-        writes cache layer i, so a draft can attend over the target's own entries."""
+        writes cache layer i, so a draft can attend over the target's own entries. ``blocks``: extra
+        decoder blocks of this model's head shape run after ``layers`` (before the final norm), each
+        on cache layer ``block.layer`` (>= n_layers) with this model's RoPE: an exit adapter."""
         ext = self.kernels.fused
         if ext is not None and cache is not None and meta is not None and tokens.device.type == "cpu":
             plan = self._fused_plan()
             if plan.norm.dtype == torch.float32 and cache.dtype == torch.float32:
-                if layers is not None:
-                    plan = plan.subset(tuple(layers))
+                if layers is not None or blocks:
+                    plan = plan.subset(tuple(range(self.cfg.n_layers)) if layers is None else tuple(layers), blocks)
                 return self._forward_fused(ext, plan, tokens, meta, cache, last_only,
                                            plan.head if head is None else head)
         head = self.output_matrix() if head is None else head
@@ -178,15 +185,15 @@ class LlamaModel(nn.Module):
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
         capture = meta.capture if meta is not None else None
-        blocks = self.layers if layers is None else [self.layers[i] for i in layers]
+        run = [*(self.layers if layers is None else [self.layers[i] for i in layers]), *blocks]
         if capture:
             meta.layer_states = {}
-            for layer in blocks:
+            for layer in run:
                 x = layer(x, cos, sin, meta, cache)  # a new tensor per layer: no copy needed
                 if layer.layer in capture:
                     meta.layer_states[layer.layer] = x[:, -1:] if last_only else x
         else:
-            for layer in blocks:
+            for layer in run:
                 x = layer(x, cos, sin, meta, cache)
         if last_only:
             x = x[:, -1:]
