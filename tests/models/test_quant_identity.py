@@ -68,3 +68,38 @@ def test_quant_drafter_on_an_unsupported_target_fails_at_the_first_proposal(tiny
     assert drafter.costs_for(target) is None
     with pytest.raises(sd.ConfigError, match="drafter 'quant'.*fp32 activations"):
         sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=4, ignore_eos=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared-cache", "own-cache"])
+def test_quant_drafter_batched_rows_on_the_target_cache(tiny_dirs: dict[str, Path], arch: str, share: bool) -> None:
+    """Three rows through one core, joining at different steps, one plain: the copy drafts on the
+    target's own cache (or, as the reference, on a cache of its own) and every row is plain decoding's."""
+    from specdecode.config import GenerationConfig
+    from specdecode.core import DecodeCore, Request
+
+    target = sd.load_model(tiny_dirs[arch])
+    prompts = [PROMPT, "class Point:\n    def __init__(self", "def add(a, b):\n    return a"]
+    budgets = [31, 17, 25]
+    ref = {i: sd.generate(target, p, max_new_tokens=n, ignore_eos=True).token_ids
+           for i, (p, n) in enumerate(zip(prompts, budgets))}
+    drafter = QuantDrafter(3, share_cache=share)
+    core = DecodeCore(target, {"q": drafter}, max_rows=3)
+    out: dict[int, list[int]] = {}
+    rows: dict[int, int] = {}
+    pending, step, drafted = list(range(len(prompts))), 0, 0
+    while pending or core.rows:
+        if pending and step % 2 == 0:
+            i = pending.pop(0)
+            req = Request(target.encode(prompts[i]), generation=GenerationConfig(max_new_tokens=budgets[i],
+                                                                                 ignore_eos=True),
+                          drafter=None if i == 1 else "q", gamma=3)
+            rows[id(core.add(req))] = i
+        for row, ev in core.step():
+            if isinstance(ev, sd.FinishEvent):
+                out[rows[id(row)]] = ev.token_ids
+                drafted += ev.stats.drafted
+        step += 1
+    assert out == ref
+    assert drafted > 0
+    assert (drafter._own is None) == share  # shared: no cache of the copy's own

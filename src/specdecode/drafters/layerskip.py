@@ -69,13 +69,19 @@ class DraftLayers:
 
     layers: tuple[int, ...]
     n_layers: int
+    copy: bool = False  # the layers are another copy of the target's (packed weights): all may run
 
     def __post_init__(self) -> None:
         n, ls = self.n_layers, self.layers
         if not ls or any(not 0 <= i < n for i in ls) or list(ls) != sorted(set(ls)):
             raise ConfigError(f"a layer-skip draft runs distinct increasing layers in 0..{n - 1}, got {list(ls)}")
-        if len(ls) == n:
+        if len(ls) == n and not self.copy:
             raise ConfigError(f"a layer-skip draft must skip at least one of the {n} layers (else it is the target)")
+
+    @classmethod
+    def every(cls, n_layers: int) -> "DraftLayers":
+        """Every layer, of a copy of the target's weights (the quantized self-draft)."""
+        return cls(tuple(range(n_layers)), n_layers, copy=True)
 
     @classmethod
     def exit(cls, exit_layer: int, n_layers: int) -> "DraftLayers":
@@ -118,6 +124,8 @@ class DraftLayers:
         return tuple(i for i in range(self.n_layers) if i not in set(self.layers))
 
     def describe(self) -> str:
+        if self.copy:
+            return f"every layer of {self.n_layers}, a packed copy"
         if self.is_exit:
             return f"early exit after layer {len(self.layers)} of {self.n_layers}"
         return f"layers {','.join(map(str, self.skipped))} of {self.n_layers} skipped"

@@ -2,25 +2,31 @@
 
 No training and no second checkpoint: at the first ``prepare_rows`` the drafter quantizes the
 target's layer matrices to int4 (``models.loading.quantized_copy``; embeddings, norms, RoPE tables
-and tokenizer are shared, so memory grows by one packed copy, ~0.28 bytes per weight) and drafts
-with it exactly as ``DraftModelDrafter`` drafts with a separate small model: its own KV cache, γ
-autoregressive steps, one batched forward for every drafting row. It agrees with the target far
-more often than a small trained draft (same weights, rounded), and costs what the int4 bytes cost
-(c ~ 0.3-0.6 of a bf16 step when weight bandwidth rules). Its measured c and v(k) enter
-``gamma="auto"`` through ``DraftModelDrafter.costs_for`` (the cost cache tells the copy from the
-target by its kernels label). Verification is the target's own, so the output law is the
-target's whatever the copy proposes.
+and tokenizer are shared, so memory grows by one packed copy, ~0.28 bytes per weight). It agrees
+with the target far more often than a small trained draft (same weights, rounded), and costs what
+the int4 bytes cost (c ~ 0.3-0.5 of a bf16 step where weight bandwidth rules).
+
+**One cache.** The copy has the target's shape, so it drafts on the target's own KV cache, the way a
+layer-skip draft shares the layers it runs (``LayerSkipDrafter`` with every layer shared): its
+queries attend to the entries the target wrote for the verified tokens, and its own draft tokens'
+entries go to the slots after them, which the target's verification pass then overwrites. So the
+copy never prefills the prompt, never catches up on accepted tokens, and keeps no cache of its own:
+a draft step is the copy's forward over the one pending token and then over its own tokens. Its
+measured c and the target's v(k) enter ``gamma="auto"``. Verification is the target's own, so the
+output law is the target's whatever the copy proposes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Optional
 
+import torch
+
+from ..cache import KVCache
 from ..config import ConfigError
-from ..costmodel import MAX_GAMMA, Costs
-from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
-from .model import DraftModelDrafter
-from .vocab import VocabSpec
+from ..costmodel import Costs, load_or_measure_costs
+from .base import Acceptance, Gamma
+from .layerskip import DraftLayers, LayerSkipDrafter, check_family
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -34,78 +40,50 @@ DRAFT_FORMAT = "int4"
 PRIOR_ALPHA = 0.9
 
 
-class QuantDrafter(RowZeroAdapter):
-    """``DraftModelDrafter`` over an int4 copy of whichever target it is prepared for."""
+class QuantDrafter(LayerSkipDrafter):
+    """A ``BatchDrafter``: every layer of the target, run by its packed copy on the target's cache.
 
-    wants_hidden = False
+    ``share_cache=False`` gives the copy a cache of its own (caught up with the verified tokens):
+    the reference the shared cache is tested against."""
 
-    def __init__(self, gamma: Gamma = "auto", max_gamma: int = MAX_GAMMA, vocab: VocabSpec = "auto",
-                 fmt: str = DRAFT_FORMAT) -> None:
-        self.gamma = check_gamma(gamma)
-        self.max_gamma = max_gamma
+    def __init__(self, gamma: Gamma = "auto", fmt: str = DRAFT_FORMAT, share_cache: bool = True) -> None:
+        super().__init__(gamma=gamma, share_cache=share_cache)
         self.fmt = fmt
-        self._vocab = vocab
         self.acceptance = Acceptance(prior_alpha=PRIOR_ALPHA)
-        self._target: Optional["Model"] = None
-        self._inner: Optional[DraftModelDrafter] = None
-        self._unusable: Optional[str] = None  # why this target cannot have a quantized copy (GPU, bf16 compute)
+        self._copy: Optional["Model"] = None
 
     @property
     def model(self) -> Optional["Model"]:
         """The quantized copy (None before the first ``prepare_rows``)."""
-        return self._inner.model if self._inner is not None else None
+        return self._copy
 
-    @property
-    def last_catch_up(self) -> int:
-        return self._inner.last_catch_up if self._inner is not None else 0
+    def resolve(self, target: "Model") -> DraftLayers:
+        """Every layer, run by a packed copy made here (a ConfigError where the target cannot have one:
+        CUDA, bf16 activations, no kernel; the drafter then fails at its first proposal)."""
+        from ..models.loading import quantized_copy
 
-    @property
-    def max_len(self) -> int:
-        return self._drafter().max_len
-
-    def _drafter(self) -> DraftModelDrafter:
-        if self._unusable is not None:
-            raise ConfigError(f"drafter 'quant': {self._unusable}")
-        if self._inner is None:
-            raise RuntimeError("QuantDrafter.prepare_rows(target, ...) must be called before drafting")
-        return self._inner
-
-    def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
-        """Quantize ``target`` once (per target), then size the copy's cache for ``rows`` rows. A target
-        that cannot have a quantized copy (CUDA, bf16 compute, no kernel) fails at the first proposal,
-        not here: the server prepares every registered drafter."""
-        if target is not self._target:
-            from ..models.loading import quantized_copy
-
-            self._target, self._inner, self._unusable = target, None, None
-            try:
-                copy = quantized_copy(target, self.fmt)
-            except ConfigError as e:
-                self._unusable = str(e)
-                return
-            self._inner = DraftModelDrafter(copy, gamma=self.gamma, max_gamma=self.max_gamma, vocab=self._vocab)
-            self._inner.acceptance = self.acceptance  # the core reads and updates ours
-        if self._unusable is None:
-            self._drafter().prepare_rows(target, rows, max_len)
+        check_family(target)
+        self.calibration = None
+        self._copy = None
+        try:
+            self._copy = quantized_copy(target, self.fmt)
+        except ConfigError as e:
+            raise ConfigError(f"drafter 'quant': {e}") from e
+        return DraftLayers.every(target.config.n_layers)
 
     def costs_for(self, target: "Model") -> Optional[Costs]:
+        """c of the copy's step and v(k) of the target, measured once per machine and pair."""
         if self.gamma != "auto":
             return None
         if target is not self._target:
             self.prepare_rows(target, 1, target.max_seq_len)
-        return None if self._unusable is not None else self._drafter().costs_for(target)
+        if self._copy is None:
+            return None
+        if self._costs is None or self._costs[0] is not target:
+            self._costs = (target, (), load_or_measure_costs(target, self._copy))
+        return self._costs[2]
 
-    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
-        return self._drafter().propose_rows(contexts)
-
-    def on_verified_row(self, row: int, n_accepted: int) -> None:
-        self._drafter().on_verified_row(row, n_accepted)
-
-    def reset_row(self, row: int) -> None:
-        if self._inner is not None:
-            self._inner.reset_row(row)
-
-    def move_row(self, src: int, dst: int) -> None:
-        if self._inner is not None:
-            self._inner.move_row(src, dst)
-
+    def _partial_logits(self, ids: torch.Tensor, view: KVCache, rows: slice, last_only: bool) -> torch.Tensor:
+        if self._copy is None:
+            raise ConfigError("drafter 'quant': the quantized copy is missing; call prepare_rows(target, ...) first")
+        return self._copy.forward(ids, view, rows=rows, last_only=last_only)

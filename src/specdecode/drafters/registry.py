@@ -181,5 +181,5 @@ register(DrafterSpec("auto", "choose per request and step among the drafters ava
                      "calibrated layer skip, suffix, prompt lookup) by the cost model; plain when none pays", False,
                      _auto, uses_draft_model=True))
 register(DrafterSpec("quant", "self-speculation: an int4 copy of the target drafts (quantized at load; no training, "
-                     "no second checkpoint; CPU)", False, lambda o: QuantDrafter(o.gamma, vocab=o.vocab)))
+                     "no second checkpoint; CPU)", False, lambda o: QuantDrafter(o.gamma)))
 register(DrafterSpec("none", "plain decoding (no drafts)", False, lambda o: None))
