@@ -39,7 +39,7 @@ from torch import nn
 from ..cache import KVCache
 from ..config import ConfigError
 from ..costmodel import Costs, cost_clock
-from ..kernels import Kernels, install_kernels
+from ..kernels import Kernels
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from ..models.config import ModelConfig
 from ..models.llama import LlamaBlock, rope_tables
@@ -338,8 +338,10 @@ class ExitAdapterDrafter(LayerSkipDrafter):
         if target.quant is not None or fmt is None:  # the target's own module and layers
             return _DraftStack(target.module, self.plan.layers if self.plan is not None else None, block,
                                packed_head, target.quant.fmt if target.quant is not None else "dense")
-        exit_layer = self.config.exit_layer
-        return _DraftStack(_exit_copy(target, exit_layer, fmt), None, block, packed_head, f"{fmt}-draft")
+        from ..models.loading import quantized_copy
+
+        copy = quantized_copy(target, fmt, n_layers=self.config.exit_layer)  # the exit layers only
+        return _DraftStack(copy.module, None, block, packed_head, f"{fmt}-draft")
 
     def _partial_logits(self, ids: torch.Tensor, view: KVCache, rows: slice, last_only: bool) -> torch.Tensor:
         """The exit layers on the view, then the adapter layer on the view's adapter layer, the final norm
@@ -436,29 +438,6 @@ class _DraftStack:
     block: LlamaBlock
     head: torch.Tensor
     label: str
-
-
-def _exit_copy(target: "Model", n: int, fmt: str) -> nn.Module:
-    """A llama module of the target's first ``n`` layers with ``fmt``-packed matrices, sharing the target's
-    embedding, norms, biases and RoPE tables (its layer i still reads and writes cache layer i)."""
-    from ..models.llama import LlamaModel
-
-    with torch.device("meta"):
-        module = LlamaModel(dataclasses.replace(target.config, n_layers=n), target.max_seq_len)
-    src = target.module
-    for name, p in src.named_parameters():
-        if name.startswith("layers.") and int(name.split(".")[1]) >= n:
-            continue
-        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
-        packed = name.startswith("layers.") and p.dim() == 2
-        setattr(owner, name.rsplit(".", 1)[-1],
-                nn.Parameter(quantize(p.detach(), fmt), requires_grad=False) if packed else p)
-    for name, b in src.named_buffers():
-        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
-        setattr(owner, name.rsplit(".", 1)[-1], b)
-    module.eval().requires_grad_(False)
-    install_kernels(module, quantized_kernels(target.kernels, fmt))
-    return module
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "ExitAdapter", "ExitAdapterConfig", "ExitAdapterDrafter",

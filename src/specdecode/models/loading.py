@@ -82,36 +82,44 @@ def _quant_kernels(kernels: Kernels, fmt: str, device: torch.device, dtype: torc
         raise ConfigError(f"weight_dtype {fmt}: {exc}; use --weight-dtype bf16") from exc
 
 
-def quantized_copy(model: "Model", fmt: str) -> "Model":
+def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> "Model":
     """A second ``Model`` running ``model``'s checkpoint with ``fmt`` weights (the quantized drafter).
 
     It shares the embedding table, norms, biases, RoPE tables and tokenizer with ``model`` (no copy)
     and quantizes the layer matrices from the checkpoint's own dense weights (re-read from disk
-    when ``model`` itself is quantized), so memory grows by one packed copy."""
+    when ``model`` itself is quantized), so memory grows by one packed copy. ``n_layers``: copy only
+    the first that many layers (an exit draft's; its layer i still uses cache layer i)."""
     if fmt not in QUANT_FORMATS:
         raise ConfigError(f"quantized format must be one of {', '.join(QUANT_FORMATS)}, got {fmt!r}")
     cls = GPT2Model if model.config.family == "gpt2" else LlamaModel
     kernels = _quant_kernels(model.kernels if model.quant is None else _dense_kernels(model), fmt, model.device,
                              model.dtype)
+    cfg = model.config if n_layers is None else replace(model.config, n_layers=n_layers)
+
+    def kept(name: str) -> bool:
+        return not name.startswith("layers.") or int(name.split(".")[1]) < cfg.n_layers
+
     sources: Optional[dict[str, torch.Tensor]] = None
     if model.quant is not None:
         raw = cls.convert_hf_state_dict(_load_weights(Path(model.path)), model.config)
-        sources = {k: v for k, v in raw.items() if k.startswith("layers.") and v.dim() == 2}
+        sources = {k: v for k, v in raw.items() if k.startswith("layers.") and v.dim() == 2 and kept(k)}
     with torch.device("meta"):
-        module = cls(model.config, model.max_seq_len)
+        module = cls(cfg, model.max_seq_len)
     src = model.module
     for name, p in src.named_parameters():  # share everything; packed ones are replaced below
+        if not kept(name):
+            continue
         owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
         setattr(owner, name.rsplit(".", 1)[-1], p)
     for name, b in src.named_buffers():
         owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
         setattr(owner, name.rsplit(".", 1)[-1], b)
     if sources is None:
-        sources = {n: p for n, p in src.named_parameters() if n.startswith("layers.") and p.dim() == 2}
+        sources = {n: p for n, p in src.named_parameters() if n.startswith("layers.") and p.dim() == 2 and kept(n)}
     quant = quantize_module(module, fmt, sources)
     module.eval().requires_grad_(False)
     install_kernels(module, kernels)
-    return Model(module, model.config, model.tokenizer, sorted(model.eos_token_ids), model.path, model.max_seq_len,
+    return Model(module, cfg, model.tokenizer, sorted(model.eos_token_ids), model.path, model.max_seq_len,
                  model.dtype, quant)
 
 
