@@ -229,3 +229,30 @@ def test_bench_with_llama_cpp_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     assert names2["llama.cpp/bf16"]["status"] == "ok"
     spec2 = [m for n, m in names2.items() if n.startswith("llama.cpp-spec/")]
     assert spec2 and all(m["status"] == "skipped" and "no draft model" in m["reason"] for m in spec2)
+
+
+def test_converter_takes_tokenizer_json_without_a_sentencepiece_model(tmp_path: Path) -> None:
+    """The converter's SentencePiece attempt (which Qwen2 makes first, falling back to tokenizer.json only on
+    FileNotFoundError) fails with FileNotFoundError before importing sentencepiece when the checkpoint has no
+    tokenizer.model, and runs as before when it has one."""
+    from specdecode.bench.llamacpp_convert import install_mapping
+
+    calls: list[str] = []
+
+    class FakeTextModel:
+        def __init__(self, d: Path) -> None:
+            self.dir_model = d
+
+        def get_vocab_base_pre(self, tokenizer: object) -> str:
+            return "gpt-2"
+
+        def _set_vocab_sentencepiece(self, add_to_gguf: bool = True) -> None:
+            calls.append(f"sentencepiece add={add_to_gguf}")
+
+    install_mapping(FakeTextModel)
+    with pytest.raises(FileNotFoundError, match="tokenizer.model"):
+        FakeTextModel(tmp_path)._set_vocab_sentencepiece()
+    assert calls == []
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    FakeTextModel(tmp_path)._set_vocab_sentencepiece(add_to_gguf=False)
+    assert calls == ["sentencepiece add=False"]

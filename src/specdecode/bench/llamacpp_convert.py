@@ -72,6 +72,18 @@ def install_mapping(text_model_cls: type) -> None:
 
     text_model_cls.get_vocab_base_pre = get_vocab_base_pre  # type: ignore[attr-defined]
 
+    # Some architectures (Qwen2) try a SentencePiece vocabulary first and fall back to tokenizer.json
+    # only on FileNotFoundError; without the sentencepiece package that first try is an ImportError.
+    # Our checkpoints have no tokenizer.model, so say so before the import is attempted.
+    original_sp = text_model_cls._set_vocab_sentencepiece  # type: ignore[attr-defined]
+
+    def _set_vocab_sentencepiece(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (Path(self.dir_model) / "tokenizer.model").is_file():
+            raise FileNotFoundError(f"{self.dir_model} has no tokenizer.model: its vocabulary is tokenizer.json's")
+        return original_sp(self, *args, **kwargs)
+
+    text_model_cls._set_vocab_sentencepiece = _set_vocab_sentencepiece  # type: ignore[attr-defined]
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 4:
