@@ -54,9 +54,10 @@ def test_quantization_error_is_bounded(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("isa", ISAS)
 def test_rows_are_batch_invariant(fmt: str, isa: str) -> None:
-    w, x, b = _case(512, n=53, m=13)
+    # 149 rows: two chunks of the one-row path's 4 side-by-side groups, one group alone, a plain tail
+    w, x, b = _case(512, n=149, m=13)
     p = Q.quantize(w, fmt)
-    for m in (5, 13):  # one register block, and several
+    for m in (5, 13):  # one register block, and several; each row against the one-row (decode) path
         y = ext.quant_linear(x[:m].contiguous(), p, b, isa)
         for i in range(m):
             assert torch.equal(y[i], ext.quant_linear(x[i:i + 1].contiguous(), p, b, isa)[0]), (m, i)
@@ -67,7 +68,9 @@ def test_isa_paths_agree_bit_for_bit() -> None:
     if len(ISAS) < 2:
         pytest.skip("only the scalar path on this CPU")
     for fmt in ("int8", "int4"):
-        for n, m in ((64, 5), (37, 9)):  # whole groups of 16 rows, and groups plus a plain tail
+        # whole groups of 16 rows, groups plus a plain tail, and one token row (the decode path, which
+        # reads 4 groups side by side: 149 rows are two such chunks, a group alone and a tail)
+        for n, m in ((64, 5), (37, 9), (149, 1), (64, 1)):
             w, x, b = _case(1408, n=n, m=m)
             p = Q.quantize(w, fmt)
             ys = [ext.quant_linear(x, p, b, isa) for isa in ISAS]
@@ -139,10 +142,11 @@ def test_results_do_not_depend_on_the_thread_count() -> None:
     p = Q.quantize(w, "int8")
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        one = ext.quant_linear(x, p, b, None)
-        torch.set_num_threads(2)
-        two = ext.quant_linear(x, p, b, None)
+        for xs in (x, x[:1].contiguous()):  # a verification pass and a decode step
+            torch.set_num_threads(1)
+            one = ext.quant_linear(xs, p, b, None)
+            torch.set_num_threads(2)
+            two = ext.quant_linear(xs, p, b, None)
+            assert torch.equal(one, two)  # threads split output columns only
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(one, two)  # threads split output columns only

@@ -34,7 +34,8 @@
 //            unsigned operand); int4 maddubs(v, x) summed in int16 over a block, -8 * sum(x) once
 //   vnni512  AVX-512F/BW/VL + AVX512_VNNI: vpdpbusd(unsigned weights, broadcast signed activation
 //            bytes) with the block sum starting at -128 * sum(x) (int8, weights q ^ 0x80 = q + 128)
-//            or -8 * sum(x) (int4 nibbles), so it is the exact signed dot
+//            or -8 * sum(x) (int4 nibbles), so it is the exact signed dot; it reads 4 groups side by
+//            side (groups_vnni: more DRAM streams in flight), a lone group as group_vnni
 // AVX-VNNI without AVX-512 (Alder Lake) takes the avx2 path.
 //
 // Batch invariance (every path): y[m, n] depends only on x[m, :], W[n, :], b[n]: activation
@@ -496,6 +497,107 @@ __attribute__((target(QL_512))) void group_vnni_mb(const Layout& L, const QX& qx
   for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + j * G, acc[j]);
 }
 
+// kStreams consecutive groups at once, for MB token rows. Why: one thread's DRAM bandwidth is bounded
+// by how many cache lines are in flight, and a single sequential stream (group_vnni_mb, a group at a
+// time) keeps too few of them busy. Reading 4 groups side by side, block by block, each stream
+// prefetching kStreamPrefetch bytes ahead into L2, streamed the 0.5B shape's matrices 1.25-1.3x
+// faster (int8) and 1.2-1.3x (int4) at one token row on an AVX512-VNNI Xeon, 1 thread (llama.cpp's
+// AMX/VNNI kernels also read 4 groups of 16 columns side by side). A block's weight vectors are
+// loaded once for all MB rows. Each (row, column) runs group_vnni_mb's arithmetic in the same order,
+// so results are bit-identical to it (tests compare the paths).
+constexpr int kStreams = 4;
+constexpr int64_t kStreamPrefetch = 32 * 1024;
+
+template <int MB>
+__attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                   int64_t g0, float* out) {
+  const int64_t nb = qx.nb, xstride = qx.Kp / 4;
+  const uint8_t* grp[kStreams];
+  const uint16_t* ws[kStreams];
+  for (int i = 0; i < kStreams; ++i) {
+    grp[i] = L.group(w, g0 + i);
+    ws[i] = reinterpret_cast<const uint16_t*>(grp[i] + G * L.qb);
+  }
+  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80)), low4 = _mm512_set1_epi8(0x0f);
+  const __m512i high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
+  const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
+  __m512 acc[kStreams][MB];
+  for (int i = 0; i < kStreams; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < kStreams; ++i) {
+      __m512i isum[MB];
+      if (L.fmt == FMT_Q8) {
+        const uint8_t* wb = grp[i] + b * 512;
+        __m512i wv[8];
+        for (int s = 0; s < 8; ++s) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          wv[s] = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64), c128);
+        }
+        for (int j = 0; j < MB; ++j) {
+          const int32_t* xb = xq32 + j * xstride + b * 8;
+          __m512i a = _mm512_set1_epi32(qx.corr[(m0 + j) * nb + b]), a2 = _mm512_setzero_si512();
+          for (int s = 0; s < 8; s += 2) {
+            a = _mm512_dpbusd_epi32(a, wv[s], _mm512_set1_epi32(xb[s]));
+            a2 = _mm512_dpbusd_epi32(a2, wv[s + 1], _mm512_set1_epi32(xb[s + 1]));
+          }
+          isum[j] = _mm512_add_epi32(a, a2);
+        }
+      } else {
+        const uint8_t* wb = grp[i] + b * 256;
+        __m512i lo[4], hi16[4];  // the high nibbles stay in place: that chain sums 16x the dot (see group_vnni_mb)
+        for (int s = 0; s < 4; ++s) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          const __m512i raw = _mm512_loadu_si512(wb + s * 64);
+          lo[s] = _mm512_and_si512(raw, low4);
+          hi16[s] = _mm512_and_si512(raw, high4);
+        }
+        for (int j = 0; j < MB; ++j) {
+          const int32_t* xb = xq32 + j * xstride + b * 8;
+          __m512i a = _mm512_set1_epi32(qx.corr[(m0 + j) * nb + b]), a2 = _mm512_setzero_si512();
+          for (int s = 0; s < 4; ++s) {
+            a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
+            a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
+          }
+          isum[j] = _mm512_add_epi32(a, _mm512_srai_epi32(a2, 4));
+        }
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws[i] + b * G)));
+      for (int j = 0; j < MB; ++j) {
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[(m0 + j) * nb + b]));
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), s, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < kStreams; ++i)
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+}
+
+// kStreams full groups from g0, all token rows (register blocks of up to 8)
+__attribute__((target(QL_512))) void groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias,
+                                                float* y, int64_t g0) {
+  alignas(64) float out[kStreams * 8 * G];
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
+    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+    switch (mb) {
+      case 1: groups_vnni_mb<1>(L, qx, m0, w, g0, out); break;
+      case 2: groups_vnni_mb<2>(L, qx, m0, w, g0, out); break;
+      case 3: groups_vnni_mb<3>(L, qx, m0, w, g0, out); break;
+      case 4: groups_vnni_mb<4>(L, qx, m0, w, g0, out); break;
+      case 5: groups_vnni_mb<5>(L, qx, m0, w, g0, out); break;
+      case 6: groups_vnni_mb<6>(L, qx, m0, w, g0, out); break;
+      case 7: groups_vnni_mb<7>(L, qx, m0, w, g0, out); break;
+      default: groups_vnni_mb<8>(L, qx, m0, w, g0, out); break;
+    }
+    for (int i = 0; i < kStreams; ++i)
+      for (int64_t j = 0; j < mb; ++j)
+        for (int c = 0; c < G; ++c) {
+          const int64_t n = (g0 + i) * G + c;
+          y[(m0 + j) * L.N + n] = out[(i * 8 + j) * G + c] + (bias ? bias[n] : 0.f);
+        }
+  }
+}
+
 __attribute__((target(QL_512))) void group_vnni(const Layout& L, const QX& qx, const uint8_t* w,
                                                const float* bias, float* y, int64_t g) {
   const uint8_t* grp = L.group(w, g);
@@ -621,6 +723,13 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, G * qx.Kp * M));
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
+#if QL_X86
+      if (isa == ISA_VNNI512 && u + kStreams <= std::min(u1, L.ng)) {  // several weight streams at once
+        groups_vnni(L, qx, wp, bp, yp, u);
+        u += kStreams - 1;
+        continue;
+      }
+#endif
       if (u == L.ng) {
         cols_scalar(L, qx, wp, bp, yp, L.ng * G, N);
         continue;
