@@ -31,7 +31,8 @@
 // best of these the CPU has; set_isa() later; quant_linear(isa=) per call):
 //   scalar   portable C++
 //   avx2     AVX2, 8 columns per ymm: int8 |w| * sign(x, w) with maddubs + madd (maddubs wants one
-//            unsigned operand); int4 maddubs(v, x) summed in int16 over a block, -8 * sum(x) once
+//            unsigned operand); int4 maddubs(v, x) summed in int16 over a block, -8 * sum(x) once; a
+//            decode step reads 4 groups side by side (groups_avx2_m1)
 //   vnni512  AVX-512F/BW/VL + AVX512_VNNI: vpdpbusd(unsigned weights, broadcast signed activation
 //            bytes) with the block sum starting at -128 * sum(x) (int8, weights q ^ 0x80 = q + 128)
 //            or -8 * sum(x) (int4 nibbles), so it is the exact signed dot; it reads 4 groups side by
@@ -408,6 +409,70 @@ __attribute__((target("avx2,fma,f16c"))) void half_avx2(const Layout& L, const Q
   for (int j = 0; j < MB; ++j) _mm256_storeu_ps(out + j * G + h * 8, acc[j]);
 }
 
+// One token row (a decode step) against kStreamsAvx2 consecutive groups at once, block by block, each
+// stream prefetching kStreamPrefetch bytes ahead (why: groups_vnni's note; one stream keeps too few
+// DRAM lines in flight). Only the decode step: 16 ymm registers leave no room for several token rows
+// per stream. Each column runs half_avx2<1>'s arithmetic in the same order (bit-identical results).
+constexpr int kStreamsAvx2 = 4;
+constexpr int64_t kStreamPrefetch = 32 * 1024;
+
+__attribute__((target("avx2,fma,f16c"))) void groups_avx2_m1(const Layout& L, const QX& qx, const uint8_t* w,
+                                                            const float* bias, float* y, int64_t g0) {
+  const int64_t nb = qx.nb;
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
+  __m256 acc[kStreamsAvx2][2];
+  for (int i = 0; i < kStreamsAvx2; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* xb = qx.q.data() + b * 32;
+    const __m256 dx = _mm256_set1_ps(qx.d[b]);
+    for (int i = 0; i < kStreamsAvx2; ++i) {
+      const uint8_t* grp = L.group(w, g0 + i);
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
+      const uint8_t* wb0 = grp + b * (L.fmt == FMT_Q8 ? 512 : 256);
+      for (int s = 0; s < (L.fmt == FMT_Q8 ? 8 : 4); ++s)
+        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* wb = wb0 + h * 32;
+        __m256i isum;
+        if (L.fmt == FMT_Q8) {
+          isum = _mm256_setzero_si256();
+          for (int s = 0; s < 8; ++s) {
+            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+            int32_t x4;
+            std::memcpy(&x4, xb + 4 * s, 4);
+            const __m256i xv = _mm256_set1_epi32(x4);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+            isum = _mm256_add_epi32(isum, p);
+          }
+        } else {
+          __m256i p16 = _mm256_setzero_si256();
+          for (int s = 0; s < 4; ++s) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+            const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+            p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+          }
+          isum = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), _mm256_set1_epi32(qx.corr[b]));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G + h * 8)));
+        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[i][h]);
+      }
+    }
+  }
+  for (int i = 0; i < kStreamsAvx2; ++i) {
+    alignas(32) float out[G];
+    _mm256_store_ps(out, acc[i][0]);
+    _mm256_store_ps(out + 8, acc[i][1]);
+    for (int c = 0; c < G; ++c) {
+      const int64_t n = (g0 + i) * G + c;
+      y[n] = out[c] + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
 __attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const QX& qx, const uint8_t* w,
                                                         const float* bias, float* y, int64_t g) {
   const uint8_t* grp = L.group(w, g);
@@ -505,8 +570,7 @@ __attribute__((target(QL_512))) void group_vnni_mb(const Layout& L, const QX& qx
 // AMX/VNNI kernels also read 4 groups of 16 columns side by side). A block's weight vectors are
 // loaded once for all MB rows. Each (row, column) runs group_vnni_mb's arithmetic in the same order,
 // so results are bit-identical to it (tests compare the paths).
-constexpr int kStreams = 4;
-constexpr int64_t kStreamPrefetch = 32 * 1024;
+constexpr int kStreams = 4;  // kStreamPrefetch: with groups_avx2_m1
 
 template <int MB>
 __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
@@ -737,6 +801,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
 #if QL_X86
       if (isa == ISA_VNNI512) {
         group_vnni(L, qx, wp, bp, yp, u);
+        continue;
+      }
+      if (isa == ISA_AVX2 && M == 1 && u + kStreamsAvx2 <= std::min(u1, L.ng)) {  // a decode step: several streams
+        groups_avx2_m1(L, qx, wp, bp, yp, u);
+        u += kStreamsAvx2 - 1;
         continue;
       }
       if (isa == ISA_AVX2) {
