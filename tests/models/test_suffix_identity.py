@@ -58,13 +58,13 @@ def test_auto_greedy_identity_and_attribution(tiny_dirs: dict[str, Path], arch: 
     assert sum(auto.contributions().values()) > 0
 
 
-def test_auto_drops_uncalibrated_layerskip_and_runs_plain_when_nothing_pays(tiny_dirs: dict[str, Path]) -> None:
+def test_auto_drops_uncalibrated_layerskip_and_keeps_the_output(tiny_dirs: dict[str, Path]) -> None:
     target = sd.load_model(tiny_dirs["llama"])
     plain = sd.generate(target, [5, 9, 17, 3], max_new_tokens=NEW, ignore_eos=True)
     auto = build_drafter("auto", DrafterOptions())  # no draft model, no heads, no calibration
     r = sd.generate(target, [5, 9, 17, 3], drafter=auto, max_new_tokens=NEW, ignore_eos=True)
     assert r.token_ids == plain.token_ids
-    assert auto.names == ["suffix", "ngram"]
+    assert auto.names == ["quant", "suffix", "ngram"]  # with no draft model the target's int4 copy joins
 
 
 def test_auto_with_medusa_heads(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:

@@ -226,3 +226,20 @@ def test_hidden_state_members_get_their_layers_from_the_core(tiny_dirs: dict[str
     plain = AutoDrafter({"lookup": Fake([1], expected=1.0)})
     plain.prepare_rows(target, 1, 64)
     assert not plain.wants_hidden and plain.hidden_layers == ()
+
+
+def test_one_checkpoint_auto_includes_the_int4_copy_and_a_draft_model_replaces_it(tiny_dirs: dict[str, Path]) -> None:
+    from specdecode.drafters import DrafterOptions, build_drafter
+
+    alone = build_drafter("auto", DrafterOptions())
+    assert "quant" in alone.names and "model" not in alone.names  # type: ignore[union-attr]
+    draft = sd.load_model(tiny_dirs["llama"])
+    paired = build_drafter("auto", DrafterOptions(draft=draft))
+    assert "model" in paired.names and "quant" not in paired.names  # type: ignore[union-attr]
+    # and with the copy among its members auto stays exact: greedy output equals plain decoding's
+    target = sd.load_model(tiny_dirs["llama"])
+    prompt = [1, 5, 9, 2, 7, 3]
+    plain = sd.generate(target, prompt, max_new_tokens=24, ignore_eos=True).token_ids
+    got = sd.generate(target, prompt, drafter=alone, max_new_tokens=24, ignore_eos=True)
+    assert got.token_ids == plain
+    assert "quant" in alone.names  # type: ignore[union-attr]  # it could run here (CPU, fp32 activations)
