@@ -36,7 +36,7 @@
 //   vnni512  AVX-512F/BW/VL + AVX512_VNNI: vpdpbusd(unsigned weights, broadcast signed activation
 //            bytes) with the block sum starting at -128 * sum(x) (int8, weights q ^ 0x80 = q + 128)
 //            or -8 * sum(x) (int4 nibbles), so it is the exact signed dot; it reads 4 groups side by
-//            side (groups_vnni: more DRAM streams in flight), a lone group as group_vnni
+//            side (groups_vnni: more DRAM streams in flight)
 // AVX-VNNI without AVX-512 (Alder Lake) takes the avx2 path.
 //
 // Batch invariance (every path): y[m, n] depends only on x[m, :], W[n, :], b[n]: activation
@@ -497,99 +497,38 @@ __attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const 
 
 // ------------------------------------------------------------------ AVX-512 VNNI
 
-// A whole group (16 weight rows, one zmm lane each) for MB token rows: per 4 inputs, one weight
-// vector (made unsigned: int8 q ^ 0x80 = q + 128, int4 nibbles v as they are) and, per token row,
-// one broadcast of its 4 signed activation bytes and one vpdpbusd. The block's integer sums start
-// at the row's correction (-128 or -8 times the block's activation sum), so they are exact dots.
-template <int MB>
-__attribute__((target(QL_512))) void group_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* grp,
-                                                  float* out) {
-  const int64_t Kp = qx.Kp, nb = qx.nb;
-  const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
-  // the next group's same bytes, into L2 (_MM_HINT_T1): DRAM latency wants many lines in flight, and a
-  // group (16 rows, 15-80 KB here) fetched into L1 one group ahead evicts the current one (measured:
-  // T0 made int8 / int4 steps at the 0.5B shape ~1.15 / 1.5x slower at M = 1, ~1.9 / 1.45x at M = 5)
-  const int64_t kPrefetch = G * L.rb;
-  for (int64_t o = G * L.qb; o < G * L.qb + 2 * G * nb; o += 64)  // and its scales (the loop fetches quants)
-    _mm_prefetch(reinterpret_cast<const char*>(grp + kPrefetch + o), _MM_HINT_T1);
-  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80)), low4 = _mm512_set1_epi8(0x0f);
-  const __m512i high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
-  const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * Kp);
-  const int64_t xstride = Kp / 4;
-  __m512 acc[MB];
-  for (int j = 0; j < MB; ++j) acc[j] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m512i isum[MB];
-    for (int j = 0; j < MB; ++j) isum[j] = _mm512_set1_epi32(qx.corr[(m0 + j) * nb + b]);
-    if (L.fmt == FMT_Q8) {
-      const uint8_t* wb = grp + b * 512;
-      __m512i isum2[MB];  // a second chain per row: integer sums, so the split changes nothing
-      for (int j = 0; j < MB; ++j) isum2[j] = _mm512_setzero_si512();
-      for (int s = 0; s < 8; s += 2) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + 64 + kPrefetch), _MM_HINT_T1);
-        const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64), c128);
-        const __m512i wv2 = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64 + 64), c128);
-        for (int j = 0; j < MB; ++j) {
-          isum[j] = _mm512_dpbusd_epi32(isum[j], wv, _mm512_set1_epi32(xq32[j * xstride + b * 8 + s]));
-          isum2[j] = _mm512_dpbusd_epi32(isum2[j], wv2, _mm512_set1_epi32(xq32[j * xstride + b * 8 + s + 1]));
-        }
-      }
-      for (int j = 0; j < MB; ++j) isum[j] = _mm512_add_epi32(isum[j], isum2[j]);
-    } else {
-      const uint8_t* wb = grp + b * 256;
-      // the high nibbles stay in place (16 v): their chain sums 16 times the exact dot, shifted back
-      // once per block (exact: a multiple of 16), which saves a shift per 64 bytes
-      __m512i isum2[MB];
-      for (int j = 0; j < MB; ++j) isum2[j] = _mm512_setzero_si512();
-      for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T1);
-        const __m512i raw = _mm512_loadu_si512(wb + s * 64);
-        const __m512i lo = _mm512_and_si512(raw, low4), hi16 = _mm512_and_si512(raw, high4);
-        for (int j = 0; j < MB; ++j) {
-          isum[j] = _mm512_dpbusd_epi32(isum[j], lo, _mm512_set1_epi32(xq32[j * xstride + b * 8 + s]));
-          isum2[j] = _mm512_dpbusd_epi32(isum2[j], hi16, _mm512_set1_epi32(xq32[j * xstride + b * 8 + 4 + s]));
-        }
-      }
-      for (int j = 0; j < MB; ++j) isum[j] = _mm512_add_epi32(isum[j], _mm512_srai_epi32(isum2[j], 4));
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + b * G)));
-    for (int j = 0; j < MB; ++j) {
-      const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[(m0 + j) * nb + b]));
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), s, acc[j]);
-    }
-  }
-  for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + j * G, acc[j]);
-}
-
-// kStreams consecutive groups at once, for MB token rows. Why: one thread's DRAM bandwidth is bounded
-// by how many cache lines are in flight, and a single sequential stream (group_vnni_mb, a group at a
-// time) keeps too few of them busy. Reading 4 groups side by side, block by block, each stream
-// prefetching kStreamPrefetch bytes ahead into L2, streamed the 0.5B shape's matrices 1.25-1.3x
-// faster (int8) and 1.2-1.3x (int4) at one token row on an AVX512-VNNI Xeon, 1 thread (llama.cpp's
-// AMX/VNNI kernels also read 4 groups of 16 columns side by side). A block's weight vectors are
-// loaded once for all MB rows. Each (row, column) runs group_vnni_mb's arithmetic in the same order,
-// so results are bit-identical to it (tests compare the paths).
+// NS consecutive groups (16 weight rows each, one zmm lane per row) for MB token rows: per 4 inputs,
+// one weight vector (made unsigned: int8 q ^ 0x80 = q + 128, int4 nibbles v as they are), loaded once
+// for all MB rows, and per token row one broadcast of its 4 signed activation bytes and one vpdpbusd.
+// The block's integer sums start at the row's correction (-128 or -8 times the block's activation
+// sum), so they are exact dots. Why NS = kStreams groups side by side: one thread's DRAM bandwidth is
+// bounded by how many cache lines are in flight, and a single sequential stream (a group at a time)
+// keeps too few of them busy. Reading 4 groups block by block, each stream prefetching
+// kStreamPrefetch bytes ahead into L2, streamed the 0.5B shape's matrices 1.14-1.3x faster (int8)
+// and 1.2-1.3x (int4) at one token row on an AVX512-VNNI Xeon, 1 thread (llama.cpp's AMX/VNNI
+// kernels also read 4 groups of 16 columns side by side). NS = 1 serves the groups left over. Each
+// (row, column) does the same operations in the same order whatever NS and MB, so results do not
+// depend on the batch or on which chunk a group falls in (tests compare the paths bit for bit).
 constexpr int kStreams = 4;  // kStreamPrefetch: with groups_avx2_m1
 
-template <int MB>
+template <int MB, int NS>
 __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
                                                    int64_t g0, float* out) {
   const int64_t nb = qx.nb, xstride = qx.Kp / 4;
-  const uint8_t* grp[kStreams];
-  const uint16_t* ws[kStreams];
-  for (int i = 0; i < kStreams; ++i) {
+  const uint8_t* grp[NS];
+  const uint16_t* ws[NS];
+  for (int i = 0; i < NS; ++i) {
     grp[i] = L.group(w, g0 + i);
     ws[i] = reinterpret_cast<const uint16_t*>(grp[i] + G * L.qb);
   }
   const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80)), low4 = _mm512_set1_epi8(0x0f);
   const __m512i high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
   const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
-  __m512 acc[kStreams][MB];
-  for (int i = 0; i < kStreams; ++i)
+  __m512 acc[NS][MB];
+  for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    for (int i = 0; i < kStreams; ++i) {
+    for (int i = 0; i < NS; ++i) {
       __m512i isum[MB];
       if (L.fmt == FMT_Q8) {
         const uint8_t* wb = grp[i] + b * 512;
@@ -609,7 +548,7 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
         }
       } else {
         const uint8_t* wb = grp[i] + b * 256;
-        __m512i lo[4], hi16[4];  // the high nibbles stay in place: that chain sums 16x the dot (see group_vnni_mb)
+        __m512i lo[4], hi16[4];  // the high nibbles stay in place: that chain sums 16x the dot (16 times the dot)
         for (int s = 0; s < 4; ++s) {
           _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
           const __m512i raw = _mm512_loadu_si512(wb + s * 64);
@@ -633,56 +572,41 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
       }
     }
   }
-  for (int i = 0; i < kStreams; ++i)
+  for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
 }
 
-// kStreams full groups from g0, all token rows (register blocks of up to 8)
+template <int NS>
+__attribute__((target(QL_512))) void groups_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb,
+                                                     const uint8_t* w, int64_t g0, float* out) {
+  switch (mb) {
+    case 1: groups_vnni_mb<1, NS>(L, qx, m0, w, g0, out); break;
+    case 2: groups_vnni_mb<2, NS>(L, qx, m0, w, g0, out); break;
+    case 3: groups_vnni_mb<3, NS>(L, qx, m0, w, g0, out); break;
+    case 4: groups_vnni_mb<4, NS>(L, qx, m0, w, g0, out); break;
+    case 5: groups_vnni_mb<5, NS>(L, qx, m0, w, g0, out); break;
+    case 6: groups_vnni_mb<6, NS>(L, qx, m0, w, g0, out); break;
+    case 7: groups_vnni_mb<7, NS>(L, qx, m0, w, g0, out); break;
+    default: groups_vnni_mb<8, NS>(L, qx, m0, w, g0, out); break;
+  }
+}
+
+// ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
 __attribute__((target(QL_512))) void groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias,
-                                                float* y, int64_t g0) {
+                                                float* y, int64_t g0, int ns) {
   alignas(64) float out[kStreams * 8 * G];
   for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
     const int64_t mb = std::min<int64_t>(8, qx.M - m0);
-    switch (mb) {
-      case 1: groups_vnni_mb<1>(L, qx, m0, w, g0, out); break;
-      case 2: groups_vnni_mb<2>(L, qx, m0, w, g0, out); break;
-      case 3: groups_vnni_mb<3>(L, qx, m0, w, g0, out); break;
-      case 4: groups_vnni_mb<4>(L, qx, m0, w, g0, out); break;
-      case 5: groups_vnni_mb<5>(L, qx, m0, w, g0, out); break;
-      case 6: groups_vnni_mb<6>(L, qx, m0, w, g0, out); break;
-      case 7: groups_vnni_mb<7>(L, qx, m0, w, g0, out); break;
-      default: groups_vnni_mb<8>(L, qx, m0, w, g0, out); break;
-    }
-    for (int i = 0; i < kStreams; ++i)
+    if (ns == kStreams)
+      groups_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
+    else
+      groups_vnni_rows<1>(L, qx, m0, mb, w, g0, out);
+    for (int i = 0; i < ns; ++i)
       for (int64_t j = 0; j < mb; ++j)
         for (int c = 0; c < G; ++c) {
           const int64_t n = (g0 + i) * G + c;
           y[(m0 + j) * L.N + n] = out[(i * 8 + j) * G + c] + (bias ? bias[n] : 0.f);
         }
-  }
-}
-
-__attribute__((target(QL_512))) void group_vnni(const Layout& L, const QX& qx, const uint8_t* w,
-                                               const float* bias, float* y, int64_t g) {
-  const uint8_t* grp = L.group(w, g);
-  alignas(64) float out[8 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
-    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
-    switch (mb) {
-      case 1: group_vnni_mb<1>(L, qx, m0, grp, out); break;
-      case 2: group_vnni_mb<2>(L, qx, m0, grp, out); break;
-      case 3: group_vnni_mb<3>(L, qx, m0, grp, out); break;
-      case 4: group_vnni_mb<4>(L, qx, m0, grp, out); break;
-      case 5: group_vnni_mb<5>(L, qx, m0, grp, out); break;
-      case 6: group_vnni_mb<6>(L, qx, m0, grp, out); break;
-      case 7: group_vnni_mb<7>(L, qx, m0, grp, out); break;
-      default: group_vnni_mb<8>(L, qx, m0, grp, out); break;
-    }
-    for (int64_t j = 0; j < mb; ++j)
-      for (int c = 0; c < G; ++c) {
-        const int64_t n = g * G + c;
-        y[(m0 + j) * L.N + n] = out[j * G + c] + (bias ? bias[n] : 0.f);
-      }
   }
 }
 #endif  // QL_X86
@@ -788,9 +712,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
 #if QL_X86
-      if (isa == ISA_VNNI512 && u + kStreams <= std::min(u1, L.ng)) {  // several weight streams at once
-        groups_vnni(L, qx, wp, bp, yp, u);
-        u += kStreams - 1;
+      if (isa == ISA_VNNI512 && u < L.ng) {  // several weight streams at once where kStreams groups remain
+        const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+        groups_vnni(L, qx, wp, bp, yp, u, ns);
+        u += ns - 1;
         continue;
       }
 #endif
@@ -799,10 +724,6 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
         continue;
       }
 #if QL_X86
-      if (isa == ISA_VNNI512) {
-        group_vnni(L, qx, wp, bp, yp, u);
-        continue;
-      }
       if (isa == ISA_AVX2 && M == 1 && u + kStreamsAvx2 <= std::min(u1, L.ng)) {  // a decode step: several streams
         groups_avx2_m1(L, qx, wp, bp, yp, u);
         u += kStreamsAvx2 - 1;
