@@ -59,6 +59,21 @@ def test_quick_eagle_resume_and_budget(tmp_path: Path, quick_target: Path, corpu
     assert (tmp_path / "e2" / WEIGHTS_FILE).is_file()
 
 
+def test_eagle_layers_flag(tmp_path: Path, quick_target: Path, corpus_dir: Path) -> None:
+    """--eagle-layers picks the features the draft reads; a layer the target lacks fails before any rollout."""
+    out, run = tmp_path / "e", tmp_path / "r"
+    assert _eagle(quick_target, corpus_dir, out, run, "--steps", "2", "--eagle-layers", "0,1,1") == 0
+    cfg = json.loads((out / CONFIG_FILE).read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
+    assert EagleDrafter.load(out).cfg.aux_layers == (0, 1, 1)
+    with pytest.raises(ConfigError, match=r"0\.\.1"):
+        _eagle(quick_target, corpus_dir, tmp_path / "e2", tmp_path / "r2", "--eagle-layers", "0,1,5")
+    assert not (tmp_path / "r2" / "ckpt.pt").exists()
+    with pytest.raises(SystemExit):
+        _eagle(quick_target, corpus_dir, tmp_path / "e3", tmp_path / "r3", "--eagle-layers", "3,1")
+
+
 def test_eagle_flags_that_do_not_apply(tmp_path: Path, quick_target: Path, corpus_dir: Path) -> None:
     with pytest.raises(ConfigError, match="--dim"):
         _eagle(quick_target, corpus_dir, tmp_path / "o", tmp_path / "r", "--dim", "32")

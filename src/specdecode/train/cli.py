@@ -30,6 +30,18 @@ def _explicit(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser) ->
     return out
 
 
+def _layer_ids(text: str) -> tuple[int, ...]:
+    """"1,4,6" -> (1, 4, 6), for --eagle-layers (the range is checked against the target later)."""
+    try:
+        ids = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three comma-separated layer numbers such as 1,4,6, got {text!r}")
+    if len(ids) != 3 or list(ids) != sorted(ids) or ids[0] < 0:
+        raise argparse.ArgumentTypeError(f"expected three layer numbers (0-based, low to high) such as 1,4,6, "
+                                         f"got {text!r}")
+    return ids
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
                    help="folders (walked for text files), globs or files to train on; default: this Python's "
@@ -192,6 +204,10 @@ def _add_distill(sub) -> None:
                         "(default: 2048)")
     p.add_argument("--eagle-ffn", type=int, default=None,
                    help="eagle: MLP width of the draft layer (default: half the target's)")
+    p.add_argument("--eagle-layers", type=_layer_ids, default=None, metavar="LOW,MID,HIGH",
+                   help="eagle: the three target layers whose output residuals the draft reads, 0-based (default: "
+                        "EAGLE-3's hook points 2, L/2 and L-3 as inputs of layers, i.e. outputs of 1, L/2-1, L-4). "
+                        "vLLM and SGLang capture outputs of layers up to L-2 only, so keep HIGH <= L-2 to export")
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="eagle, early-exit: CPU-time budget of the whole command in minutes (rollouts, training, "
                         "evaluation; a resumed run counts its earlier invocations); training gets what the data leaves")
@@ -232,7 +248,8 @@ class _FrozenMethod:
 
 
 _OWN_FLAGS = {"medusa_heads": "--medusa-heads", "medusa_vocab": "--medusa-vocab", "eagle_depth": "--eagle-depth",
-              "eagle_vocab": "--eagle-vocab", "eagle_ffn": "--eagle-ffn", "budget_minutes": "--budget-minutes",
+              "eagle_vocab": "--eagle-vocab", "eagle_ffn": "--eagle-ffn", "eagle_layers": "--eagle-layers",
+              "budget_minutes": "--budget-minutes",
               "exit_layer": "--exit-layer", "adapter_width": "--adapter-width", "adapter_vocab": "--adapter-vocab"}
 _FROZEN = {
     "medusa": _FrozenMethod("medusa", "MedusaTrainConfig", "train_medusa",
@@ -240,8 +257,8 @@ _FROZEN = {
                             hint="the number of Medusa heads is --medusa-heads"),
     "eagle": _FrozenMethod("eagle", "EagleTrainConfig", "train_eagle",
                            (("eagle_depth", "depth"), ("eagle_vocab", "vocab_cut"), ("eagle_ffn", "ffn"),
-                            ("budget_minutes", "budget_minutes")), takes=("corpus_seqs",),
-                           hint="its own flags are --eagle-depth, --eagle-vocab, --eagle-ffn"),
+                            ("eagle_layers", "aux_layers"), ("budget_minutes", "budget_minutes")), takes=("corpus_seqs",),
+                           hint="its own flags are --eagle-depth, --eagle-vocab, --eagle-ffn, --eagle-layers"),
     "early-exit": _FrozenMethod("early_exit", "EarlyExitTrainConfig", "train_early_exit",
                                 (("exit_layer", "exit_layer"), ("adapter_width", "width"),
                                  ("adapter_vocab", "vocab_cut"), ("budget_minutes", "budget_minutes")),

@@ -50,6 +50,7 @@ class EagleTrainConfig(SelfDistillConfig):
     out: str = "models/code-eagle"
     depth: int = 3  # training-time-test steps
     ffn: Optional[int] = None  # the draft layer's MLP width (default: half the target's)
+    aux_layers: Optional[tuple[int, ...]] = None  # the target layers read, 0-based outputs (default: EAGLE-3's)
     steps: int = 100000
     batch_size: int = 8  # sequences per step
     lr: float = 2e-3
@@ -167,7 +168,8 @@ def train_eagle(cfg: EagleTrainConfig) -> EagleTrainResult:
     t_start = time.time()
     budget = CpuBudget.for_run(cfg, run_dir, reserve_s=60.0)
     target = load_model(cfg.target, device=str(device))
-    aux = default_aux_layers(target.config.n_layers)
+    aux = tuple(cfg.aux_layers) if cfg.aux_layers else default_aux_layers(target.config.n_layers)
+    EagleConfig.for_target(target, 1, aux_layers=aux)  # a bad layer set fails here, before the rollouts
     ds = build_data(target, cfg, run_dir, aux)
     ranked, counts = proposal_ranking(ds, target.vocab_size)
     cut = min(cfg.vocab_cut, target.vocab_size)

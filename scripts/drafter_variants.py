@@ -1,0 +1,125 @@
+"""Variants of one drafter side by side, in one process: EAGLE tree shapes, or auto's switching margin.
+
+The bench compares drafters by name; this compares settings of one drafter that have no flag of their
+own, on the same prompts, each prompt run by every variant in turn (order reversed on odd passes), the
+drafters kept across prompts as a server keeps them (auto's members forget their earlier outputs at
+each pass, as the bench does). Every output is checked against plain decoding's. Prints per category
+tok/s, the speedup over plain, tau and, for auto, which members the accepted tokens came from.
+
+    python scripts/drafter_variants.py eagle --shapes 1x1,2x2,4x4 --per-category 3 --reps 2
+    python scripts/drafter_variants.py auto --margins 1.0,1.25 --per-category 6 --reps 2 \\
+        --workload src/specdecode/bench/workloads/mixed-heldout-v1.jsonl
+
+A shape KxE is EAGLE-2's tree: K children per expanded node, E nodes expanded per level (1x1 is a
+chain; the drafter's default is 4x4). A margin is ``AutoDrafter.switch_margin``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import specdecode
+from specdecode.drafters import DrafterOptions, build_drafter
+from specdecode.drafters.eagle import EagleDrafter
+
+
+def variants(args: argparse.Namespace, draft: Optional[specdecode.Model]) -> dict[str, object]:
+    out: dict[str, object] = {"plain": None}
+    if args.kind == "eagle":
+        for shape in args.shapes.split(","):
+            k, e = (int(x) for x in shape.lower().split("x"))
+            d = EagleDrafter.load(args.heads_eagle)
+            d.topk, d.expand = k, e
+            out[f"eagle {k}x{e}"] = d
+        return out
+    out["draft model"] = build_drafter("model", DrafterOptions(draft=draft, gamma="auto"))
+    for margin in args.margins.split(","):
+        a = build_drafter("auto", DrafterOptions(draft=draft, gamma="auto", heads=args.heads_medusa,
+                                                 eagle=args.heads_eagle))
+        a.switch_margin = float(margin)  # type: ignore[union-attr]
+        out[f"auto {margin}"] = a
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kind", choices=["eagle", "auto"])
+    ap.add_argument("--shapes", default="1x1,2x2,4x4", help="eagle: tree shapes KxE (default: %(default)s)")
+    ap.add_argument("--margins", default="1.0,1.25", help="auto: switching margins (default: %(default)s)")
+    ap.add_argument("--target", default="models/code-target")
+    ap.add_argument("--draft", default="models/code-draft", help="auto: the draft model member")
+    ap.add_argument("--heads-eagle", default="models/code-eagle")
+    ap.add_argument("--heads-medusa", default="models/code-medusa")
+    ap.add_argument("--workload", default="src/specdecode/bench/workloads/stdlib-heldout-v1.jsonl")
+    ap.add_argument("--per-category", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=384, help="cap on each prompt's own budget")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target = specdecode.load_model(args.target)
+    draft = specdecode.load_model(args.draft) if args.kind == "auto" else None
+    rows = [json.loads(line) for line in Path(args.workload).read_text().splitlines() if line.strip()]
+    by_cat: dict[str, list[dict]] = collections.defaultdict(list)  # type: ignore[type-arg]
+    for r in rows:
+        by_cat[r["category"]].append(r)
+    prompts = [r for c in by_cat.values() for r in c[: args.per_category]]
+    ds = variants(args, draft)
+    # per (variant, category): tokens, target passes, seconds, accepted tokens by member
+    stat = {(v, c): [0, 0, 0.0, collections.Counter()] for v in ds for c in by_cat}
+    mismatches = 0
+    for rep in range(args.reps):
+        for d in ds.values():
+            forget = getattr(d, "forget", None)
+            if callable(forget):
+                forget()
+        for p in prompts:
+            budget = min(int(p.get("max_new_tokens", 128)), args.max_new_tokens)
+            ref = None
+            for name in (list(ds) if rep % 2 == 0 else list(reversed(ds))):
+                t0 = time.perf_counter()
+                r = specdecode.generate(target, p["prompt"], drafter=ds[name], max_new_tokens=budget, ignore_eos=True)
+                s = stat[(name, p["category"])]
+                s[0] += len(r.token_ids)
+                s[1] += r.stats.target_passes
+                s[2] += time.perf_counter() - t0
+                s[3].update(r.stats.accepted_by)
+                if ref is None:
+                    ref = r.token_ids
+                elif r.token_ids != ref:
+                    mismatches += 1
+    report = []
+    for cat in list(by_cat) + ["overall"]:
+        base = None
+        for v in ds:
+            keys = [(v, c) for c in by_cat] if cat == "overall" else [(v, cat)]
+            toks = sum(stat[k][0] for k in keys)
+            passes = sum(stat[k][1] for k in keys)
+            sec = sum(stat[k][2] for k in keys)
+            acc: collections.Counter = collections.Counter()
+            for k in keys:
+                acc.update(stat[k][3])
+            base = base or toks / sec
+            row = {"category": cat, "variant": v, "tok_s": toks / sec, "speedup": toks / sec / base,
+                   "tau": toks / passes, "accepted_by": dict(acc)}
+            report.append(row)
+            by = "" if v == "plain" or not acc else "  accepted by " + ", ".join(f"{n} {c}" for n, c in acc.items())
+            print(f"{cat:11s} {v:12s} {row['tok_s']:7.1f} tok/s  {row['speedup']:.3f}x  tau {row['tau']:.2f}{by}")
+    print(f"outputs differing from plain decoding: {mismatches}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": report, "mismatches": mismatches},
+                                              indent=2) + "\n")
+    if mismatches:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
