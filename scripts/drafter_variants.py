@@ -7,11 +7,13 @@ each pass, as the bench does). Every output is checked against plain decoding's.
 tok/s, the speedup over plain, tau and, for auto, which members the accepted tokens came from.
 
     python scripts/drafter_variants.py eagle --shapes 1x1,2x2,4x4 --per-category 3 --reps 2
+    python scripts/drafter_variants.py eagle --shapes 1x1,4x4 --heads-eagle models/code-eagle,runs/new-eagle
     python scripts/drafter_variants.py auto --margins 1.0,1.25 --per-category 6 --reps 2 \\
         --workload src/specdecode/bench/workloads/mixed-heldout-v1.jsonl
 
 A shape KxE is EAGLE-2's tree: K children per expanded node, E nodes expanded per level (1x1 is a
-chain; the drafter's default is 4x4). A margin is ``AutoDrafter.switch_margin``.
+chain; the drafter's default is 4x4); KxEp uses one edge-calibration table for first and other
+children alike (the drafter before session 9). A margin is ``AutoDrafter.switch_margin``.
 """
 
 from __future__ import annotations
@@ -27,22 +29,37 @@ import torch
 
 import specdecode
 from specdecode.drafters import DrafterOptions, build_drafter
-from specdecode.drafters.eagle import EagleDrafter
+from specdecode.drafters.eagle import EagleDrafter, EdgeCalibration
+
+
+class PooledEdges(EdgeCalibration):
+    """The edge calibration before session 9: one table for a parent's first and other children."""
+
+    def rate(self, p: float, first: bool = True) -> float:
+        return super().rate(p, True)
+
+    def observe(self, p: float, ok: bool, first: bool = True) -> None:
+        super().observe(p, ok, True)
 
 
 def variants(args: argparse.Namespace, draft: Optional[specdecode.Model]) -> dict[str, object]:
     out: dict[str, object] = {"plain": None}
     if args.kind == "eagle":
-        for shape in args.shapes.split(","):
-            k, e = (int(x) for x in shape.lower().split("x"))
-            d = EagleDrafter.load(args.heads_eagle)
-            d.topk, d.expand = k, e
-            out[f"eagle {k}x{e}"] = d
+        dirs = args.heads_eagle.split(",")
+        for i, path in enumerate(dirs):
+            for shape in args.shapes.split(","):
+                pooled = shape.endswith("p")
+                k, e = (int(x) for x in shape.rstrip("p").lower().split("x"))
+                d = EagleDrafter.load(path)
+                d.topk, d.expand = k, e
+                if pooled:
+                    d.edges = PooledEdges()
+                out[f"eagle{i if len(dirs) > 1 else ''} {k}x{e}{'p' if pooled else ''}"] = d
         return out
     out["draft model"] = build_drafter("model", DrafterOptions(draft=draft, gamma="auto"))
     for margin in args.margins.split(","):
         a = build_drafter("auto", DrafterOptions(draft=draft, gamma="auto", heads=args.heads_medusa,
-                                                 eagle=args.heads_eagle))
+                                                 eagle=args.heads_eagle.split(",")[0]))
         a.switch_margin = float(margin)  # type: ignore[union-attr]
         out[f"auto {margin}"] = a
     return out
@@ -55,7 +72,8 @@ def main() -> None:
     ap.add_argument("--margins", default="1.0,1.25", help="auto: switching margins (default: %(default)s)")
     ap.add_argument("--target", default="models/code-target")
     ap.add_argument("--draft", default="models/code-draft", help="auto: the draft model member")
-    ap.add_argument("--heads-eagle", default="models/code-eagle")
+    ap.add_argument("--heads-eagle", default="models/code-eagle",
+                    help="EAGLE directory; eagle: several, comma-separated, are compared (eagle0, eagle1, ...)")
     ap.add_argument("--heads-medusa", default="models/code-medusa")
     ap.add_argument("--workload", default="src/specdecode/bench/workloads/stdlib-heldout-v1.jsonl")
     ap.add_argument("--per-category", type=int, default=3)
@@ -75,6 +93,8 @@ def main() -> None:
     ds = variants(args, draft)
     # per (variant, category): tokens, target passes, seconds, accepted tokens by member
     stat = {(v, c): [0, 0, 0.0, collections.Counter()] for v in ds for c in by_cat}
+    for d in ds.values():  # untimed: builds kernels and measures each drafter's costs once (cached on disk)
+        specdecode.generate(target, prompts[0]["prompt"], drafter=d, max_new_tokens=8, ignore_eos=True)
     mismatches = 0
     for rep in range(args.reps):
         for d in ds.values():

@@ -24,11 +24,11 @@ def test_bundled_eagle_fits_the_target_and_stays_exact(tmp_path: Path) -> None:
     target = load_model(MODELS / "code-target")
     drafter = EagleDrafter.load(root, costs=Costs(0.0, (1.0,) * 64), gamma=16)  # no timing in a test: free nodes
     cfg = drafter.cfg
-    assert cfg.target["fingerprint"] and cfg.aux_layers == (1, 3, 4) and len(cfg.depth_acceptance) >= 3
+    assert cfg.target["fingerprint"] and cfg.aux_layers == (1, 4, 6) and len(cfg.depth_acceptance) >= 3
     assert cfg.depth_acceptance[0] > 0.5  # the held-out acceptance the model card reports
     prompt = "import os\n\n\ndef main():\n    for name in os.listdir("
     plain = generate(target, prompt, max_new_tokens=48, ignore_eos=True)
     spec = generate(target, prompt, drafter, max_new_tokens=48, ignore_eos=True)
     assert spec.token_ids == plain.token_ids and spec.stats.target_passes < plain.stats.target_passes
     out = export_eagle(str(root), str(MODELS / "code-target"), str(tmp_path / "vllm"), "vllm")
-    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [2, 5, 7]

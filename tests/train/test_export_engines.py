@@ -37,7 +37,8 @@ def documented_layout(h: int, heads: int, kv: int, hd: int, ffn: int, n_draft: i
 @pytest.mark.parametrize("fmt", ["vllm", "sglang"])
 def test_export_layout_and_reimport(fmt: str, tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
     target = load_model(tiny_dirs["llama"])
-    src = make_eagle(tmp_path / "eagle", target, seed=7, draft_vocab=200)
+    # a 2-layer target: the engines capture the input of layer 1 at most, i.e. the output of layer 0
+    src = make_eagle(tmp_path / "eagle", target, seed=7, draft_vocab=200, aux_layers=(0, 0, 0))
     out = tmp_path / fmt
     assert cli_main(["export", "--format", fmt, "--eagle", str(src), "--target", str(tiny_dirs["llama"]),
                      "--out", str(out), "--dtype", "fp32"]) == 0
@@ -50,7 +51,7 @@ def test_export_layout_and_reimport(fmt: str, tiny_dirs: dict[str, Path], tmp_pa
     for key in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
                 "max_position_embeddings", "hidden_act", "torch_dtype"):
         assert key in cfg
-    aux = [0, 0, 1]  # a 2-layer target: hooks (2, 1, -1) clamped, as "output of layer i"
+    aux = [0, 0, 0]  # as "output of layer i"
     if fmt == "vllm":  # top level, counting inputs of layers (transformers' hidden_states[i])
         assert cfg["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in aux]
         assert "eagle_aux_hidden_state_layer_ids" not in cfg["eagle_config"]
@@ -91,5 +92,11 @@ def test_export_refuses_what_engines_cannot_serve(tiny_dirs: dict[str, Path], tm
         export_eagle(str(src), str(tiny_dirs["gpt2"]), str(tmp_path / "o"), "vllm")
     with pytest.raises(ConfigError, match="--format"):
         export_eagle(str(src), str(tiny_dirs["gpt2"]), str(tmp_path / "o"), "tensorrt")
+    # the default hooks of a 2-layer target include the input of layer 2, which no engine captures
+    llama = load_model(tiny_dirs["llama"])
+    deep = make_eagle(tmp_path / "deep", llama)
+    assert load_eagle(deep).cfg.aux_layers == (0, 0, 1)
+    with pytest.raises(ConfigError, match=r"outputs of layers 0\.\.0 only.*--eagle-layers"):
+        export_eagle(str(deep), str(tiny_dirs["llama"]), str(tmp_path / "o2"), "sglang")
     assert cli_main(["export", "--format", "vllm", "--target", str(tiny_dirs["llama"]), "--out",
                      str(tmp_path / "o")]) == 2  # no --eagle: a one-line error naming the flag

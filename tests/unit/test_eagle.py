@@ -53,7 +53,7 @@ def test_calibration_follows_acceptance(tiny_dirs: dict[str, Path], tmp_path: Pa
     drafter = EagleDrafter.load(make_eagle(tmp_path / "e", target), costs=FLAT, gamma=6)
     assert drafter.edges.rate(0.35) == 0.35  # the prior: acceptance = draft probability
     r = generate(target, PROMPT, drafter, max_new_tokens=24, ignore_eos=True)
-    judged, accepted = drafter.edges.observations, sum(drafter.edges.accepted)
+    judged, accepted = drafter.edges.observations, sum(map(sum, drafter.edges.accepted))
     steps = r.stats.target_passes
     assert judged >= steps - 2 and accepted == sum(r.from_draft)
 
@@ -65,6 +65,10 @@ def test_edge_calibration_learns_a_rate() -> None:
     for i in range(400):
         cal.observe(0.42, i % 5 != 0)  # judged at p = 0.42, accepted 80% of the time
     assert abs(cal.rate(0.45) - 0.8) < 0.02 and cal.rate(0.95) == 0.95  # other buckets keep the prior
+    assert cal.rate(0.45, first=False) == 0.45  # a parent's other children are calibrated apart
+    for i in range(400):
+        cal.observe(0.42, i % 5 == 0, first=False)  # a second child at the same p: accepted 20% of the time
+    assert abs(cal.rate(0.45, first=False) - 0.2) < 0.02 and abs(cal.rate(0.45) - 0.8) < 0.02
 
 
 def test_directory_checks(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:

@@ -68,6 +68,11 @@ def export_eagle(eagle: str, target: str, out: str, fmt: str, dtype: str = "bf16
                           f"states ({', '.join(EAGLE3_TARGETS)}); {tgt.name} is {arch}")
     net = load_eagle(eagle, target_layers=tgt.config.n_layers)
     check_fits(net.cfg, tgt, eagle)
+    n = tgt.config.n_layers
+    if max(net.cfg.aux_layers) > n - 2:  # the engines capture a layer's input inside their layer loop
+        raise ConfigError(f"{fmt} captures the target's hidden state before each of its {n} layers, so a draft can "
+                          f"read outputs of layers 0..{n - 2} only; {eagle} reads layers {list(net.cfg.aux_layers)}: "
+                          f"retrain it with --eagle-layers whose highest is at most {n - 2}")
     root = Path(out)
     if root.resolve() == Path(eagle).resolve():
         raise ConfigError("--out must differ from --eagle (the export rewrites config.json)")
