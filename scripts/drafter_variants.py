@@ -1,19 +1,16 @@
-"""Variants of one drafter side by side, in one process: EAGLE tree shapes, or auto's switching margin.
+"""Variants of the EAGLE drafter side by side, in one process: drafts, tree shapes, edge calibrations.
 
-The bench compares drafters by name; this compares settings of one drafter that have no flag of their
-own, on the same prompts, each prompt run by every variant in turn (order reversed on odd passes), the
-drafters kept across prompts as a server keeps them (auto's members forget their earlier outputs at
-each pass, as the bench does). Every output is checked against plain decoding's. Prints per category
-tok/s, the speedup over plain, tau and, for auto, which members the accepted tokens came from.
+The bench compares drafters by name; this compares settings that have no flag of their own, on the
+same prompts, each prompt run by every variant in turn (order reversed on odd passes), the drafters
+kept across prompts as a server keeps them. Every output is checked against plain decoding's. Prints
+per category tok/s, the speedup over plain and tau.
 
     python scripts/drafter_variants.py eagle --shapes 1x1,2x2,4x4 --per-category 3 --reps 2
     python scripts/drafter_variants.py eagle --shapes 1x1,4x4 --heads-eagle models/code-eagle,runs/new-eagle
-    python scripts/drafter_variants.py auto --margins 1.0,1.25 --per-category 6 --reps 2 \\
-        --workload src/specdecode/bench/workloads/mixed-heldout-v1.jsonl
 
 A shape KxE is EAGLE-2's tree: K children per expanded node, E nodes expanded per level (1x1 is a
 chain; the drafter's default is 4x4); KxEp uses one edge-calibration table for first and other
-children alike (the drafter before session 9). A margin is ``AutoDrafter.switch_margin``.
+children alike (the drafter before session 9).
 """
 
 from __future__ import annotations
@@ -23,12 +20,9 @@ import collections
 import json
 import time
 from pathlib import Path
-from typing import Optional
-
 import torch
 
 import specdecode
-from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.eagle import EagleDrafter, EdgeCalibration
 
 
@@ -42,39 +36,29 @@ class PooledEdges(EdgeCalibration):
         super().observe(p, ok, True)
 
 
-def variants(args: argparse.Namespace, draft: Optional[specdecode.Model]) -> dict[str, object]:
+def variants(args: argparse.Namespace) -> dict[str, object]:
+    """Plain decoding, then every (EAGLE directory, shape) pair."""
     out: dict[str, object] = {"plain": None}
-    if args.kind == "eagle":
-        dirs = args.heads_eagle.split(",")
-        for i, path in enumerate(dirs):
-            for shape in args.shapes.split(","):
-                pooled = shape.endswith("p")
-                k, e = (int(x) for x in shape.rstrip("p").lower().split("x"))
-                d = EagleDrafter.load(path)
-                d.topk, d.expand = k, e
-                if pooled:
-                    d.edges = PooledEdges()
-                out[f"eagle{i if len(dirs) > 1 else ''} {k}x{e}{'p' if pooled else ''}"] = d
-        return out
-    out["draft model"] = build_drafter("model", DrafterOptions(draft=draft, gamma="auto"))
-    for margin in args.margins.split(","):
-        a = build_drafter("auto", DrafterOptions(draft=draft, gamma="auto", heads=args.heads_medusa,
-                                                 eagle=args.heads_eagle.split(",")[0]))
-        a.switch_margin = float(margin)  # type: ignore[union-attr]
-        out[f"auto {margin}"] = a
+    dirs = args.heads_eagle.split(",")
+    for i, path in enumerate(dirs):
+        for shape in args.shapes.split(","):
+            pooled = shape.endswith("p")
+            k, e = (int(x) for x in shape.rstrip("p").lower().split("x"))
+            d = EagleDrafter.load(path)
+            d.topk, d.expand = k, e
+            if pooled:
+                d.edges = PooledEdges()
+            out[f"eagle{i if len(dirs) > 1 else ''} {k}x{e}{'p' if pooled else ''}"] = d
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["eagle", "auto"])
-    ap.add_argument("--shapes", default="1x1,2x2,4x4", help="eagle: tree shapes KxE (default: %(default)s)")
-    ap.add_argument("--margins", default="1.0,1.25", help="auto: switching margins (default: %(default)s)")
+    ap.add_argument("kind", choices=["eagle"], help="the drafter whose variants are compared")
+    ap.add_argument("--shapes", default="1x1,2x2,4x4", help="tree shapes KxE or KxEp (default: %(default)s)")
     ap.add_argument("--target", default="models/code-target")
-    ap.add_argument("--draft", default="models/code-draft", help="auto: the draft model member")
     ap.add_argument("--heads-eagle", default="models/code-eagle",
-                    help="EAGLE directory; eagle: several, comma-separated, are compared (eagle0, eagle1, ...)")
-    ap.add_argument("--heads-medusa", default="models/code-medusa")
+                    help="EAGLE directory; several, comma-separated, are compared (eagle0, eagle1, ...)")
     ap.add_argument("--workload", default="src/specdecode/bench/workloads/stdlib-heldout-v1.jsonl")
     ap.add_argument("--per-category", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
@@ -84,13 +68,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = specdecode.load_model(args.target)
-    draft = specdecode.load_model(args.draft) if args.kind == "auto" else None
     rows = [json.loads(line) for line in Path(args.workload).read_text().splitlines() if line.strip()]
     by_cat: dict[str, list[dict]] = collections.defaultdict(list)  # type: ignore[type-arg]
     for r in rows:
         by_cat[r["category"]].append(r)
     prompts = [r for c in by_cat.values() for r in c[: args.per_category]]
-    ds = variants(args, draft)
+    ds = variants(args)
     # per (variant, category): tokens, target passes, seconds, accepted tokens by member
     stat = {(v, c): [0, 0, 0.0, collections.Counter()] for v in ds for c in by_cat}
     for d in ds.values():  # untimed: builds kernels and measures each drafter's costs once (cached on disk)

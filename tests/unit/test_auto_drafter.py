@@ -243,30 +243,3 @@ def test_one_checkpoint_auto_includes_the_int4_copy_and_a_draft_model_replaces_i
     got = sd.generate(target, prompt, drafter=alone, max_new_tokens=24, ignore_eos=True)
     assert got.token_ids == plain
     assert "quant" in alone.names  # type: ignore[union-attr]  # it could run here (CPU, fp32 activations)
-
-
-def test_a_row_stays_with_its_dear_member_unless_another_is_clearly_better(tiny_dirs: dict[str, Path]) -> None:
-    """Switching margin: after the model drafted a row, the heads need ``switch_margin`` times the model's
-    predicted rate to take that row over; a row no dear member drafted yet goes to the higher rate."""
-    model = Fake([7, 7, 7, 7], costs=Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16))))
-    heads = Fake([4, 4, 4])
-    auto = _auto(tiny_dirs, {"model": model, "heads": heads})
-    _fixed_base(auto)
-    m = auto.members[1]
-    m.samples.extend([0.2] * 9)
-    m.c, m.steps = 0.2, 5  # drafted before: ranked by its realised rate, no probe due
-    worth = auto.members[0].worth(8)[0]
-    m.rate = 0.5 * worth
-    assert auto.propose_rows({0: _ctx()})[0].source == "model"  # the model drafts row 0
-    auto.on_verified_row(0, 2)
-    worth = auto.members[0].worth(8)[0]
-    m.rate = 1.05 * worth  # better, but within the margin (1.25): row 0 stays, a fresh row 1 goes to the heads
-    out = auto.propose_rows({0: _ctx(), 1: _ctx()})
-    assert out[0].source == "model" and out[1].source == "heads"
-    auto.on_verified_row(0, 2)
-    auto.on_verified_row(1, 2)
-    m.rate = 1.3 * auto.members[0].worth(8)[0]  # clearly better: it takes row 0 too
-    out = auto.propose_rows({0: _ctx(), 1: _ctx()})
-    assert out[0].source == out[1].source == "heads"
-    auto.reset_row(0)  # a new request in row 0 has no incumbent
-    assert 0 not in auto._incumbent

@@ -26,9 +26,7 @@ in tokens per second over plain decoding:
   good is adopted at once.
 
 The costly members are then called best first, each once per step for all the rows whose best so
-far it beats (so a draft model still batches), and a row the dear member of its last step drafted
-stays with it unless another's predicted rate is ``SWITCH_MARGIN`` times higher (``_held``: the two
-kinds of estimate move at different speeds, and rows flapped to the weaker member); a deterministic draft whose own prediction is below
+far it beats (so a draft model still batches); a deterministic draft whose own prediction is below
 the next member's rate leaves its row to that member (and is used if nothing better comes). A row
 with nothing above the policy's margin over plain decoding decodes plainly.
 
@@ -68,7 +66,6 @@ RATE_EMA = 0.1  # weight of one step in a member's realised rate
 MAX_WAIT = 16  # most steps a cheap member sits out on a row after drafts there that were not chosen
 PROBE_FIRST, PROBE_MAX = 32, 1024  # steps before a losing dear self-sizing member is tried again (doubling)
 PROBE_WEIGHT = 0.3  # weight of a probe's step in that member's rate (news after a long pause)
-SWITCH_MARGIN = 1.25  # a dear member must beat the one that drafted a row's last step by this factor to take it over
 log = logging.getLogger(__name__)
 
 
@@ -153,17 +150,14 @@ class AutoDrafter(RowZeroAdapter):
     sizes_itself = True  # each member sizes its draft (see BatchDrafter)
 
     def __init__(self, members: Mapping[str, BatchDrafter], margin: float = SPECULATION_MARGIN,
-                 usable: Mapping[str, Callable[[BatchDrafter], bool]] | None = None,
-                 switch_margin: float = SWITCH_MARGIN) -> None:
+                 usable: Mapping[str, Callable[[BatchDrafter], bool]] | None = None) -> None:
         """``usable``: per member name, a check run after ``prepare_rows`` (e.g. layer skip only when
-        calibrated for this target); a member failing it is dropped. ``switch_margin``: see
-        ``propose_rows``."""
+        calibrated for this target); a member failing it is dropped."""
         if not members:
             raise ConfigError("--drafter auto needs at least one drafter to choose from")
         self.members = [Member(n, d) for n, d in members.items()]
-        self.margin, self.switch_margin = margin, switch_margin
+        self.margin = margin
         self._usable = dict(usable or {})
-        self._incumbent: dict[int, Member] = {}  # row -> the dear member whose draft it took last
         caps = [d.gamma for d in members.values() if isinstance(d.gamma, int)]
         self.gamma: Gamma = max(caps + [MAX_GAMMA])  # a cap: the members size their drafts
         self.acceptance = Acceptance()  # the core's evidence for the composite (reported, not planned with)
@@ -219,16 +213,14 @@ class AutoDrafter(RowZeroAdapter):
 
     def reset_row(self, row: int) -> None:
         self._pending.pop(row, None)
-        self._incumbent.pop(row, None)
         for m in self.members:
             m.forget_row(row)
             m.drafter.reset_row(row)
 
     def move_row(self, src: int, dst: int) -> None:
-        for d in (self._pending, self._incumbent):
-            d.pop(dst, None)
-            if src in d:
-                d[dst] = d.pop(src)
+        self._pending.pop(dst, None)
+        if src in self._pending:
+            self._pending[dst] = self._pending.pop(src)
         for m in self.members:
             m.move_row(src, dst)
             m.drafter.move_row(src, dst)
@@ -335,12 +327,11 @@ class AutoDrafter(RowZeroAdapter):
                 if v > best[r][0]:
                     best[r], out[r] = (v, m), d
         ranked = sorted(((m.worth(cap), i, m) for i, m in enumerate(self.members) if m not in cheap),
-                        key=lambda x: (not x[2].probe_due, -max(self._held(x[2], r, x[0][0]) for r in contexts), x[1]))
+                        key=lambda x: (not x[2].probe_due, -x[0][0], x[1]))
         spare: dict[int, tuple[float, Member, Draft]] = {}  # weak deterministic drafts, kept in case none follows
         for k, ((rate, g), _, m) in enumerate(ranked):
             probe = m.probe_due
-            rows = {r: c for r, c in contexts.items()
-                    if self._held(m, r, rate) > best[r][0] or (probe and best[r][1] is None)}
+            rows = {r: c for r, c in contexts.items() if rate > best[r][0] or (probe and best[r][1] is None)}
             if not rows or g <= 0:
                 continue
             if probe:  # a losing member's probe: wait twice as long for the next unless it now wins
@@ -356,29 +347,16 @@ class AutoDrafter(RowZeroAdapter):
                         spare[r] = (v, m, d)
                     continue
                 # a probe's draft stands (its evidence is the point); another's must be beaten by later members
-                best[r], out[r] = (float("inf") if probe else max(self._held(m, r, rate), best[r][0]), m), d
+                best[r], out[r] = (float("inf") if probe else max(rate, best[r][0]), m), d
         for r, (v, m, d) in spare.items():
             if best[r][1] is None:
                 best[r], out[r] = (v, m), d
         for m, due in tried:
             for r in due:
                 m.settle(r, best[r][1] is m)
-        for r, (v, m) in best.items():
+        for r, (_, m) in best.items():
             if m is not None:
                 out[r].source = m.name
                 m.idle = 0
                 self._pending[r] = (m, len(out[r].tokens))
-                if m not in cheap and v != float("inf"):  # a probe's row stays with its incumbent
-                    self._incumbent[r] = m
         return out
-
-    def _held(self, m: Member, row: int, rate: float) -> float:
-        """``m``'s predicted rate on ``row``, less ``switch_margin`` when another dear member drafted the
-        row's last dear step. A chain member's worth follows its recent acceptance (the last ~100 judged
-        tokens) and a tree member's is its long-run mean, so on a hard stretch the chain member's dips
-        below the other's mean although the other does no better there. Without the margin rows flapped:
-        on 6 completion prompts x 2 the draft model's rows went to EAGLE for 39 of 236 steps, at 1.6
-        accepted tokens a step against its 2.6; a margin of 1.1 changed nothing, 1.25 cut EAGLE's share
-        from 63 accepted tokens to 11 and raised auto's tau from 3.44 to 3.63 (the draft model alone: 3.58)."""
-        inc = self._incumbent.get(row)
-        return rate / self.switch_margin if inc is not None and inc is not m and inc in self.members else rate
