@@ -76,9 +76,9 @@ class EdgeCalibration:
     """a(p, first): the chance that a judged draft node whose draft probability given its parent is p is
     the target's token, per bucket of p, apart for a parent's first child (its draft top-1) and the
     others, starting from a(p) = p. The two differ at the same p: a top-1 at p = 0.35 tops a flat law,
-    a second child at 0.35 trails one at 0.5 or more, and pooled the second children's misses pulled
-    the top-1 paths' values down, so trees grew less deep than chains (4x4 trees drafted tau 2.47
-    where 1x1 chains drafted 2.68 on the held-out bench prompts)."""
+    a second child at 0.35 trails a sibling at 0.35 or more. Pooled, 4x4 trees grew less deep than
+    chains (tau 2.47 against 2.68 on 9 held-out bench prompts); apart, the tree drafted tau 2.95
+    against 2.52 pooled (``scripts/drafter_variants.py``, docs/benchmarks.md)."""
 
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets
