@@ -1,4 +1,5 @@
-"""Variants of the EAGLE drafter side by side, in one process: drafts, tree shapes, edge calibrations.
+"""Variants of the EAGLE and Medusa drafters side by side, in one process: drafts, tree shapes, edge
+calibrations, run-time weight formats.
 
 The bench compares drafters by name; this compares settings that have no flag of their own, on the
 same prompts, each prompt run by every variant in turn (order reversed on odd passes), the drafters
@@ -8,9 +9,13 @@ per category tok/s, the speedup over plain and tau.
     python scripts/drafter_variants.py eagle --shapes 1x1,2x2,4x4 --per-category 3 --reps 2
     python scripts/drafter_variants.py eagle --shapes 1x1,4x4 --heads-eagle models/code-eagle,runs/new-eagle
 
+    python scripts/drafter_variants.py medusa --medusa tree-int8,tree-dense,chain-int8,chain-dense
+
 A shape KxE is EAGLE-2's tree: K children per expanded node, E nodes expanded per level (1x1 is a
 chain; the drafter's default is 4x4); KxEp uses one edge-calibration table for first and other
-children alike (the drafter before session 9).
+children alike (the drafter before session 9); KxEf expands every frontier node at every level
+(the growth rule before session 10; now a level expands only the nodes that pay). A Medusa variant is SHAPE-FORMAT: tree or chain,
+with the heads' run-time weights int8 (the default) or dense (the target's dtype).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 
 import specdecode
 from specdecode.drafters.eagle import EagleDrafter, EdgeCalibration
+from specdecode.drafters.medusa import MedusaDrafter
 
 
 class PooledEdges(EdgeCalibration):
@@ -36,29 +42,54 @@ class PooledEdges(EdgeCalibration):
         super().observe(p, ok, True)
 
 
+def full_levels(d: EagleDrafter) -> EagleDrafter:
+    """The growth rule before session 10: a level expands every frontier node (up to ``expand``)."""
+
+    def expansion(values: list[float], frontier: list[float], spent: float, cap: int) -> tuple[int, float]:
+        m = len(frontier)
+        hyp = sorted(values + [v * d._top1 for v in frontier], reverse=True)[:cap]
+        return m, d._speedup(hyp, spent + d._level_cost(m))[1]
+
+    d._expansion = expansion  # type: ignore[method-assign]
+    return d
+
+
 def variants(args: argparse.Namespace) -> dict[str, object]:
-    """Plain decoding, then every (EAGLE directory, shape) pair."""
+    """Plain decoding, then every (EAGLE directory, shape) pair or every Medusa variant."""
     out: dict[str, object] = {"plain": None}
+    if args.kind == "medusa":
+        for v in args.medusa.split(","):
+            shape, fmt = v.split("-")
+            if shape not in ("tree", "chain") or fmt not in ("int8", "dense"):
+                raise SystemExit(f"--medusa: a variant is tree|chain-int8|dense, got {v!r}")
+            out[f"medusa {v}"] = MedusaDrafter.load(args.heads_medusa, tree=shape == "tree",
+                                                    quant=None if fmt == "dense" else fmt)
+        return out
     dirs = args.heads_eagle.split(",")
     for i, path in enumerate(dirs):
         for shape in args.shapes.split(","):
-            pooled = shape.endswith("p")
-            k, e = (int(x) for x in shape.rstrip("p").lower().split("x"))
+            flags = shape.lower().lstrip("0123456789x")
+            k, e = (int(x) for x in shape.lower().rstrip("pf").split("x"))
             d = EagleDrafter.load(path)
             d.topk, d.expand = k, e
-            if pooled:
+            if "p" in flags:
                 d.edges = PooledEdges()
-            out[f"eagle{i if len(dirs) > 1 else ''} {k}x{e}{'p' if pooled else ''}"] = d
+            if "f" in flags:
+                full_levels(d)
+            out[f"eagle{i if len(dirs) > 1 else ''} {k}x{e}{flags}"] = d
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["eagle"], help="the drafter whose variants are compared")
-    ap.add_argument("--shapes", default="1x1,2x2,4x4", help="tree shapes KxE or KxEp (default: %(default)s)")
+    ap.add_argument("kind", choices=["eagle", "medusa"], help="the drafter whose variants are compared")
+    ap.add_argument("--shapes", default="1x1,2x2,4x4", help="tree shapes KxE, KxEp or KxEf (default: %(default)s)")
     ap.add_argument("--target", default="models/code-target")
     ap.add_argument("--heads-eagle", default="models/code-eagle",
                     help="EAGLE directory; several, comma-separated, are compared (eagle0, eagle1, ...)")
+    ap.add_argument("--heads-medusa", default="models/code-medusa", help="Medusa heads directory")
+    ap.add_argument("--medusa", default="tree-int8,tree-dense,chain-int8",
+                    help="Medusa variants SHAPE-FORMAT, comma-separated (default: %(default)s)")
     ap.add_argument("--workload", default="src/specdecode/bench/workloads/stdlib-heldout-v1.jsonl")
     ap.add_argument("--per-category", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
@@ -115,7 +146,7 @@ def main() -> None:
                    "tau": toks / passes, "accepted_by": dict(acc)}
             report.append(row)
             by = "" if v == "plain" or not acc else "  accepted by " + ", ".join(f"{n} {c}" for n, c in acc.items())
-            print(f"{cat:11s} {v:12s} {row['tok_s']:7.1f} tok/s  {row['speedup']:.3f}x  tau {row['tau']:.2f}{by}")
+            print(f"{cat:11s} {v:17s} {row['tok_s']:7.1f} tok/s  {row['speedup']:.3f}x  tau {row['tau']:.2f}{by}")
     print(f"outputs differing from plain decoding: {mismatches}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": report, "mismatches": mismatches},

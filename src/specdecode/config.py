@@ -134,8 +134,10 @@ class ModelLoadConfig:
         "if they cannot build)"))
     matmul: str = field(default=DEFAULT_MATMUL, metadata=_help(
         "how the fast kernel multiplies by bf16-stored weights (fp32 weights are unaffected): bf16 = round the "
-        "activations to bf16 and sum exact products in fp32, as llama.cpp does for bf16 models (about 2x the "
-        "multiply-adds per cycle with AVX512_BF16, so verifying several tokens costs little more than one); "
+        "activations to bf16 and sum exact products in fp32, as llama.cpp does for bf16 models (half the "
+        "activation bytes; with AVX512_BF16 where vdpbf16ps keeps pace with FMA, about 2x the multiply-adds per "
+        "cycle, so verifying several tokens costs little more than one; where it issues slower, as on some "
+        "Intel Xeons, about the fp32 path's speed: scripts/cpu_dot_throughput.cpp tells which); "
         "fp32 = exact fp32 products (logits match transformers' fp32 run of the same weights)"))
 
     def __post_init__(self) -> None:

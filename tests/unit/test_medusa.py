@@ -147,3 +147,26 @@ def test_registry_needs_heads(tmp_path: Path) -> None:
     chain = build_drafter("medusa-chain", DrafterOptions(heads=str(d)))
     assert isinstance(tree, MedusaDrafter) and tree.tree and tree.gamma == 5
     assert isinstance(chain, MedusaDrafter) and not chain.tree and chain.gamma == MAX_NODES
+
+
+def test_packed_heads_propose_as_the_dense_heads(tmp_path: Path, tiny_dirs: dict[str, Path]) -> None:
+    """int8 heads (the default on the fast CPU path) halve the bytes a draft reads; their candidates follow
+    the dense heads' within Q8_0's rounding, and a bad format is refused naming the field."""
+    import torch
+
+    from medusa_util import FLAT
+
+    target = load_model(tiny_dirs["llama"])
+    heads = make_heads(tmp_path / "h", target.config.dim, target.vocab_size)
+    packed = MedusaDrafter.load(heads, costs=FLAT)
+    dense = MedusaDrafter.load(heads, costs=FLAT, quant=None)
+    packed.prepare(target)
+    dense.prepare(target)
+    if not target.kernels.fast:
+        pytest.skip("no fast CPU kernel on this machine: the heads stay dense")
+    assert (packed.runtime, dense.runtime) == ("int8", "dense")
+    h = torch.randn(32, target.config.dim)
+    a, b = packed.candidates(h), dense.candidates(h)
+    assert float((a[..., 0] == b[..., 0]).float().mean()) >= 0.9
+    with pytest.raises(ConfigError, match="quant .*must be None or one of int8, int4"):
+        MedusaDrafter.load(heads, quant="int3")

@@ -9,7 +9,7 @@ whole prompt's). With n = len(tokens) and k features, they sit at positions n-k-
    position whose features came). Its output at position n-2 gives the law of x_n: the depth-1
    candidates (top ``topk``); only that position's attention, MLP and head are computed.
 2. **Grow (EAGLE-2).** A node's value is the product of the draft's probabilities along its path
-   (its "confidence", which tracks its chance of acceptance). Level by level, the ``expand``
+   (its "confidence", which tracks its chance of acceptance). Level by level, up to ``expand``
    best nodes of the newest depth run through the draft layer together, each reading its
    parent's output as its feature and attending to the prefix plus its own ancestors (tree
    attention over the row's draft cache, whose scratch slots after the prefix hold the tree's
@@ -18,8 +18,11 @@ whole prompt's). With n = len(tokens) and k features, they sit at positions n-k-
    before children, so any prefix is a tree), n maximising E(n) / (cost of the levels run +
    v(n) + t): E(n) = 1 + Σ values, v(n) the measured cost of a target pass over n + 1 tree
    tokens, the ingestion's and a level's cost and t (a tree step's extra over a chain step)
-   measured once per machine. Growth stops when even an optimistic next level (each frontier node's best child at
-   the running mean top-1 acceptance) could not raise the predicted speedup; nothing is drafted
+   measured once per machine. A level expands the m best frontier nodes, m chosen by the
+   predicted speedup of an optimistic next level (each expanded node's best child at the running
+   mean top-1 acceptance) against what m nodes cost (a level of one node and of ``expand`` measured,
+   linear between): a confident chain expands one node a level and pays for one, an uncertain
+   step branches. Growth stops when no m could raise the predicted speedup; nothing is drafted
    unless it beats a plain pass after the same draft work by the policy's margin.
 
 A node's value is the product of calibrated edge acceptances, not of raw draft probabilities: a
@@ -50,7 +53,7 @@ import torch.nn.functional as F
 
 from ..costmodel import WARMUP_ROUNDS, Costs, _fingerprint, cache_dir, cost_clock
 from ..config import ConfigError
-from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
+from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, load_eagle, rope_table
@@ -137,7 +140,8 @@ class EagleDrafter(RowZeroAdapter):
 
     ``gamma``: the most nodes per draft ("auto": up to ``MAX_NODES``; the cost model picks fewer).
     ``topk``/``expand``: children per expanded node and nodes expanded per level. ``costs`` and
-    ``level_cost``, ``tree_extra``: measured costs to use instead of measuring (tests). ``quant``: the
+    ``level_cost``, ``tree_extra``: measured costs to use instead of measuring (tests; ``level_cost`` is
+    a level of ``expand`` nodes, ``level_one`` of one, the same as ``level_cost`` unless given). ``quant``: the
     draft layer's matrices at run time on the fused CPU path ("int8": Q8_0, ~half a level's time,
     which is all weight reads; None: the target's weight dtype). Drafts only: outputs stay exact.
 
@@ -150,7 +154,8 @@ class EagleDrafter(RowZeroAdapter):
 
     def __init__(self, net: EagleNet, *, gamma: Gamma = "auto", source: Optional[Union[str, Path]] = None,
                  topk: int = TOPK, expand: int = EXPAND, max_depth: int = MAX_DEPTH, costs: Optional[Costs] = None,
-                 level_cost: float = 0.0, tree_extra: float = 0.0, quant: Optional[str] = QUANT) -> None:
+                 level_cost: float = 0.0, tree_extra: float = 0.0, quant: Optional[str] = QUANT,
+                 level_one: Optional[float] = None) -> None:
         gamma = check_gamma(gamma, "gamma (most EAGLE tree nodes)")
         if quant is not None and quant not in QUANT_FORMATS:
             raise ConfigError(f"quant (the EAGLE layer's run-time weights) must be None or one of "
@@ -165,6 +170,7 @@ class EagleDrafter(RowZeroAdapter):
         self.topk, self.expand, self.max_depth = max(1, topk), max(1, expand), max(1, max_depth)
         self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
         self._costs, self._level, self._tree_extra = costs, level_cost, tree_extra
+        self._level_one = level_cost if level_one is None else level_one
         self._ingest = level_cost  # what ingesting a step's positions costs (measured with the rest)
         self._target: Optional["Model"] = None
         self._rows: dict[int, _RowState] = {}
@@ -175,10 +181,11 @@ class EagleDrafter(RowZeroAdapter):
 
     @classmethod
     def load(cls, path: Union[str, Path], *, gamma: Gamma = "auto", costs: Optional[Costs] = None,
-             level_cost: float = 0.0, tree_extra: float = 0.0, quant: Optional[str] = QUANT) -> "EagleDrafter":
+             level_cost: float = 0.0, tree_extra: float = 0.0, quant: Optional[str] = QUANT,
+             level_one: Optional[float] = None) -> "EagleDrafter":
         """A draft directory written by ``specdecode distill --method eagle`` (or exported for an engine)."""
         return cls(load_eagle(path), gamma=gamma, source=path, costs=costs, level_cost=level_cost,
-                   tree_extra=tree_extra, quant=quant)
+                   tree_extra=tree_extra, quant=quant, level_one=level_one)
 
     # -- setup -------------------------------------------------------------------------------------
     def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
@@ -208,15 +215,11 @@ class EagleDrafter(RowZeroAdapter):
             if self._fused:
                 self._ext, self._native = ext, native
                 mats = {name: getattr(rt, name) for name in ("fc", "wqkv", "wo", "w13", "w2", "lm_head")}
-                if self.quant is not None:
-                    try:
-                        qk = quantized_kernels(kernels, self.quant)
-                    except QuantUnavailableError as e:
-                        log.warning("eagle: the draft layer keeps %s weights (%s)", wdt, e)
-                    else:  # a level reads every weight once: half the bytes, about half the time
-                        mats = {name: quantize(w, self.quant) for name, w in mats.items()}
-                        self._lin, self._native = qk.linear, qk.native
-                        self.runtime = f"fused-{self.quant}"
+                # a level reads every weight once: half the bytes, about half the time
+                qk, mats, fmt = pack_draft(kernels, self.quant, mats, "eagle")
+                if fmt is not None:
+                    self._lin, self._native = qk.linear, qk.native
+                    self.runtime = f"fused-{fmt}"
                 self._fc = mats["fc"]
                 self._weights = ext.EagleLayer(rt.input_norm, rt.hidden_norm, mats["wqkv"], mats["wo"], rt.post_norm,
                                                mats["w13"], mats["w2"], rt.norm, mats["lm_head"])
@@ -234,6 +237,7 @@ class EagleDrafter(RowZeroAdapter):
         if self._costs is None:
             got = load_or_measure_eagle_costs(target, self)
             self._costs, self._level, self._tree_extra, self._ingest = got.costs, got.level, got.tree_extra, got.ingest
+            self._level_one = got.level_one
 
     def _row(self, row: int) -> _RowState:
         st = self._rows.get(row)
@@ -373,6 +377,24 @@ class EagleDrafter(RowZeroAdapter):
                 best_n, best_s = n, s
         return best_n, best_s
 
+    def _level_cost(self, m: int) -> float:
+        """A level of m nodes: measured at one node and at ``expand``, linear between."""
+        if self.expand <= 1:
+            return self._level_one
+        return self._level_one + (self._level - self._level_one) * (m - 1) / (self.expand - 1)
+
+    def _expansion(self, values: list[float], frontier: list[float], spent: float, cap: int) -> tuple[int, float]:
+        """(m, predicted speedup) for expanding the m best of ``frontier`` (values, best first) next: each
+        expanded node optimistically gets one child at the running top-1 acceptance, against the cost of
+        a level of m nodes. The smallest m of the best prediction: a node that adds nothing is not paid for."""
+        best_m, best_s = 0, 0.0
+        for m in range(1, len(frontier) + 1):
+            hyp = sorted(values + [v * self._top1 for v in frontier[:m]], reverse=True)[:cap]
+            got = self._speedup(hyp, spent + self._level_cost(m))[1]
+            if got > best_s * (1 + 1e-9):
+                best_m, best_s = m, got
+        return best_m, best_s
+
     def grow(self, row: int, ctx: DraftContext, logits: torch.Tensor) -> Draft:
         """The EAGLE-2 tree after ingestion (``logits``: the draft's law after the last verified position,
         whose output is bank row 0)."""
@@ -391,14 +413,13 @@ class EagleDrafter(RowZeroAdapter):
         prefix = len(st.positions)
         while depth < self.max_depth:
             order = sorted(range(len(tree.tokens)), key=lambda i: (-tree.values[i], tree.depths[i]))[:cap]
-            best_n, best_s = self._speedup([tree.values[i] for i in order], spent)
+            now = [tree.values[i] for i in order]
+            best_n, best_s = self._speedup(now, spent)
             frontier = sorted((i for i in range(len(tree.tokens)) if tree.depths[i] == depth),
                               key=lambda i: -tree.values[i])[: self.expand]
-            # optimistic: every frontier node gets one more child, at the running top-1 acceptance
-            hyp = sorted([tree.values[i] for i in order] + [tree.values[i] * self._top1 for i in frontier],
-                         reverse=True)[:cap]
-            m = len(frontier)
-            if (not frontier or self._speedup(hyp, spent + self._level)[1] <= best_s or len(tree.tokens) >= 4 * cap
+            m, gain = self._expansion(now, [tree.values[i] for i in frontier], spent, cap)
+            frontier = frontier[:m]
+            if (not frontier or gain <= best_s or len(tree.tokens) >= 4 * cap
                     or scratch + m > SCRATCH or used + m > BANK):
                 break
             # one level: the frontier nodes through the draft layer, attending to prefix + ancestors
@@ -420,7 +441,7 @@ class EagleDrafter(RowZeroAdapter):
             used += m
             scratch += m
             self._top1 = 0.95 * self._top1 + 0.05 * statistics.fmean(top1)
-            spent += self._level
+            spent += self._level_cost(m)
             depth += 1
         order = sorted(range(len(tree.tokens)), key=lambda i: (-tree.values[i], tree.depths[i]))[:cap]
         best_n, best_s = self._speedup([tree.values[i] for i in order], spent)
@@ -454,7 +475,8 @@ class EagleDrafter(RowZeroAdapter):
 @dataclass(frozen=True)
 class EagleCosts:
     """What tree sizing needs, relative to a one-token target pass: ``costs`` (v(n) of tree passes),
-    ``level`` (one tree level, the draft's weights warm from the ingestion before it), ``tree_extra``
+    ``level`` (one tree level of ``expand`` nodes, the draft's weights warm from the ingestion before it),
+    ``level_one`` (a level of one node), ``tree_extra``
     (a tree step's extra over a chain step) and ``ingest`` (ingesting a step's few verified
     positions right after the target's pass, its weights cold)."""
 
@@ -462,6 +484,7 @@ class EagleCosts:
     level: float
     tree_extra: float
     ingest: float
+    level_one: float  # a level of one node (a chain's)
 
 
 _MEMO: dict[str, EagleCosts] = {}
@@ -479,6 +502,7 @@ def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, 
     dev, clock = target.device, cost_clock(target)
     samples: dict[int, list[float]] = {n: [] for n in _COST_SIZES}
     level_s: list[float] = []
+    one_s: list[float] = []
     ingest_s: list[float] = []
     chain_s: list[float] = []
     tree_s: list[float] = []
@@ -512,9 +536,13 @@ def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, 
             t1 = clock()
             toks, src, slot0, pos, anc = level
             drafter._children(drafter._layer(st, toks, drafter._bank, src, 1, slot0, pos, anc))
+            t2 = clock()
+            drafter._children(drafter._layer(st, toks[:1], drafter._bank, src[:1], 1 + m, slot0 + m, pos[:1],
+                                             [1]))  # the next level of a chain: one node
             if r >= WARMUP_ROUNDS:
                 ingest_s.append(t1 - t0)
-                level_s.append(clock() - t1)
+                level_s.append(t2 - t1)
+                one_s.append(clock() - t2)
             for _ in range(PAIRS):
                 t0 = clock()
                 float(target.run(probe[:, :6], cache, return_hidden=True, hidden_layers=layers).logits[0, -1, 0])
@@ -541,13 +569,13 @@ def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, 
     level = statistics.median(level_s)
     extra = max(0.0, statistics.median(tree_s) - statistics.median(chain_s)) / times[0]
     return EagleCosts(Costs.from_times(times, level, len(ids), reps), level / times[0], extra,
-                      statistics.median(ingest_s) / times[0])
+                      statistics.median(ingest_s) / times[0], statistics.median(one_s) / times[0])
 
 
 def load_or_measure_eagle_costs(target: "Model", drafter: EagleDrafter) -> EagleCosts:
     """``measure_eagle_costs``, cached on disk per machine, threads, target and draft shape."""
     c = drafter.cfg
-    key = _fingerprint([target], f"eagle-tree-v3|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={drafter.expand}"
+    key = _fingerprint([target], f"eagle-tree-v4|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={drafter.expand}"
                                  f"|topk={drafter.topk}|layers={c.aux_layers}|{drafter.runtime}")
     if key in _MEMO:
         return _MEMO[key]
@@ -556,7 +584,7 @@ def load_or_measure_eagle_costs(target: "Model", drafter: EagleDrafter) -> Eagle
         try:
             d = json.loads(path.read_text())
             _MEMO[key] = EagleCosts(Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"])), float(d["level"]),
-                                    float(d["tree_extra"]), float(d["ingest"]))
+                                    float(d["tree_extra"]), float(d["ingest"]), float(d["level_one"]))
             return _MEMO[key]
         except (ValueError, KeyError, TypeError):
             pass
@@ -566,7 +594,7 @@ def load_or_measure_eagle_costs(target: "Model", drafter: EagleDrafter) -> Eagle
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**asdict(got.costs), "level": got.level, "tree_extra": got.tree_extra,
-                                    "ingest": got.ingest}))
+                                    "ingest": got.ingest, "level_one": got.level_one}))
     except OSError:
         pass
     return got

@@ -32,7 +32,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -45,6 +45,7 @@ __all__ = [
     "dequantize",
     "is_packed",
     "load_quant_extension",
+    "pack_draft",
     "packed_dtype",
     "quant_isa",
     "quantize",
@@ -233,3 +234,21 @@ def quantized_kernels(dense: Kernels, fmt: str) -> Kernels:
     # build of this kernel would steer gamma="auto" by another kernel's speed
     return replace(dense, linear=linear, native=(int(ext.linear_address()), bf16_dot),
                    mode=f"{fmt}-{ext.isa()}.{source_key([_SOURCE])[:8]}+{dense.mode}")
+
+
+def pack_draft(dense: Kernels, fmt: Optional[str], mats: Mapping[str, torch.Tensor], who: str
+               ) -> tuple[Kernels, dict[str, torch.Tensor], Optional[str]]:
+    """A drafter's matrices packed as ``fmt`` with the kernels that read them: (kernels, packed, fmt).
+
+    Right after a target pass a draft's weights come from memory, not cache, so half the bytes is
+    about half the draft's time (Medusa's heads: 0.136 -> 0.083 of a target pass). A draft's rounding
+    changes what is proposed, never what is accepted. Where the quantized kernel cannot run (no fast
+    kernel, not the CPU), the dense matrices and kernels come back with fmt None, after one warning."""
+    if fmt is None:
+        return dense, dict(mats), None
+    try:
+        kernels = quantized_kernels(dense, fmt)
+    except QuantUnavailableError as e:
+        logger.warning("%s: the draft keeps its dense weights (%s)", who, e)
+        return dense, dict(mats), None
+    return kernels, {name: quantize(w, fmt) for name, w in mats.items()}, fmt
