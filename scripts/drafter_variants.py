@@ -1,5 +1,5 @@
 """Variants of the EAGLE and Medusa drafters side by side, in one process: drafts, tree shapes, edge
-calibrations, run-time weight formats.
+calibrations, run-time weight formats (and training-free layer skip with gamma auto against plain).
 
 The bench compares drafters by name; this compares settings that have no flag of their own, on the
 same prompts, each prompt run by every variant in turn (order reversed on odd passes), the drafters
@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import specdecode
+from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.eagle import EagleDrafter, EdgeCalibration
 from specdecode.drafters.medusa import MedusaDrafter
 
@@ -57,6 +58,9 @@ def full_levels(d: EagleDrafter) -> EagleDrafter:
 def variants(args: argparse.Namespace) -> dict[str, object]:
     """Plain decoding, then every (EAGLE directory, shape) pair or every Medusa variant."""
     out: dict[str, object] = {"plain": None}
+    if args.kind == "layerskip":  # the training-free self-draft with its cost model's gamma
+        out["layerskip auto"] = build_drafter("layerskip", DrafterOptions(gamma="auto"))
+        return out
     if args.kind == "medusa":
         for v in args.medusa.split(","):
             shape, fmt = v.split("-")
@@ -82,7 +86,8 @@ def variants(args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["eagle", "medusa"], help="the drafter whose variants are compared")
+    ap.add_argument("kind", choices=["eagle", "medusa", "layerskip"],
+                    help="the drafter whose variants are compared (layerskip: gamma auto against plain)")
     ap.add_argument("--shapes", default="1x1,2x2,4x4", help="tree shapes KxE, KxEp or KxEf (default: %(default)s)")
     ap.add_argument("--target", default="models/code-target")
     ap.add_argument("--heads-eagle", default="models/code-eagle",
