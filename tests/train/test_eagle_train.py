@@ -98,3 +98,25 @@ def test_training_time_test_masks_match_tree_attention() -> None:
     outs2 = net.unroll(aux2, emb2, 3)
     assert torch.allclose(outs[k][0, p], outs2[k][0, p], atol=1e-5)
     assert not torch.allclose(outs[0][0, p], outs2[0][0, p], atol=1e-3)
+
+
+def test_eagle_warm_frac_trains_depth_one_first(tmp_path: Path, quick_target: Path, corpus_dir: Path, monkeypatch,
+                                                capsys) -> None:
+    """--eagle-warm-frac F: the first F of the steps train step 0 alone (the target's features), the rest
+    the full training-time test; a share outside [0, 1) is refused by the parser, naming the flag."""
+    import specdecode.train.eagle as te
+
+    depths: list[int] = []
+    real = te.ttt_loss
+
+    def spy(*args):
+        depths.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(te, "ttt_loss", spy)
+    assert _eagle(quick_target, corpus_dir, tmp_path / "e", tmp_path / "r", "--eagle-warm-frac", "0.5") == 0
+    assert depths == [1] * 5 + [2] * 5  # QUICK: 10 steps, training-time-test depth 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        _eagle(quick_target, corpus_dir, tmp_path / "e2", tmp_path / "r2", "--eagle-warm-frac", "1.5")
+    assert "--eagle-warm-frac" in capsys.readouterr().err

@@ -49,6 +49,7 @@ EVAL_DEPTH = 6
 class EagleTrainConfig(SelfDistillConfig):
     out: str = "models/code-eagle"
     depth: int = 3  # training-time-test steps
+    warm_frac: float = 0.0  # share of the schedule at depth 1 first (the features only: more positions per CPU-second)
     ffn: Optional[int] = None  # the draft layer's MLP width (default: half the target's)
     aux_layers: Optional[tuple[int, ...]] = None  # the target layers read, 0-based outputs (default: EAGLE-3's)
     steps: int = 100000
@@ -163,6 +164,8 @@ def evaluate_eagle(target: Model, net: EagleNet, prompts: torch.Tensor, new_toke
 def train_eagle(cfg: EagleTrainConfig) -> EagleTrainResult:
     if cfg.depth < 1:
         raise ValueError(f"--eagle-depth must be at least 1, got {cfg.depth}")
+    if not 0.0 <= cfg.warm_frac < 1.0:
+        raise ValueError(f"--eagle-warm-frac must be in [0, 1), got {cfg.warm_frac}")
     run = start_run(cfg)
     run_dir, device, governor = run.run_dir, run.device, run.governor
     t_start = time.time()
@@ -203,17 +206,17 @@ def train_eagle(cfg: EagleTrainConfig) -> EagleTrainResult:
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rows = torch.randint(0, n, (cfg.batch_size,), generator=g)
         s_tok = tokens[rows].to(device)
+        depth = 1 if state.progress < cfg.warm_frac else cfg.depth  # the schedule's: steps, CPU or wall time
         with autocast(device, cfg.amp):
             loss, agree = ttt_loss(net, emb, feats[rows].to(device).float(), s_tok, lp[rows].to(device),
-                                   to_pos[idx[rows].long()].to(device), cfg.depth)
+                                   to_pos[idx[rows].long()].to(device), depth)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
         opt.step()
-        if not agree_ema:
-            agree_ema.extend(agree)
-        else:
-            agree_ema[:] = [0.9 * a + 0.1 * b for a, b in zip(agree_ema, agree)]
+        if len(agree_ema) < len(agree):  # the first step, or the first at full depth
+            agree_ema[:] = agree_ema + agree[len(agree_ema):]
+        agree_ema[: len(agree)] = [0.9 * a + 0.1 * b for a, b in zip(agree_ema, agree)]
         budget.after_step(step)
         return loss.item(), cfg.batch_size * t_len
 

@@ -53,6 +53,7 @@ class LoopState:
     tok_s: float = 0.0  # EMA of training tokens per second
     stopped: bool = False  # --stop-after ended this invocation before the run was done
     t0: float = 0.0  # wall clock when this invocation's loop started
+    progress: float = 0.0  # the schedule's progress (0..1) at the step running now: steps or time, the further
 
     def elapsed(self) -> float:
         """Seconds trained so far, this invocation and earlier ones together."""
@@ -112,6 +113,7 @@ def train_loop(cfg: LoopConfig, desc: str, state: LoopState, opt: torch.optim.Op
                 log(f"time budget of {cfg.max_minutes} min reached at step {step}")
                 break
             progress = max(progress, elapsed / budget_s)
+        state.progress = progress
         lr = cosine_lr(step, progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = lr
