@@ -49,7 +49,7 @@ def _fraction(text: str) -> float:
     except ValueError:
         x = -1.0
     if not 0.0 <= x < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a share of the training steps from 0 up to (not including) 1, "
+        raise argparse.ArgumentTypeError(f"expected a share of the training schedule from 0 up to (not including) 1, "
                                          f"such as 0.5, got {text!r}")
     return x
 
