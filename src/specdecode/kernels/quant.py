@@ -45,6 +45,7 @@ __all__ = [
     "dequantize",
     "is_packed",
     "load_quant_extension",
+    "pack_blocks",
     "pack_draft",
     "packed_dtype",
     "quant_isa",
@@ -132,6 +133,22 @@ def quantize(w: torch.Tensor, fmt: str) -> torch.Tensor:
         df = d.float().unsqueeze(-1)
         v = torch.where(df != 0, blocks / torch.where(df != 0, df, torch.ones(())), torch.zeros(()))
         q = (v.round() + 8).clamp(0, 15).to(torch.uint8)  # [n, nb, 32], v in 0..15
+    return pack_blocks(q.view(torch.int8) if fmt == "int8" else q, d, fmt)
+
+
+def pack_blocks(q: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Pack integer blocks as stored (no rounding): the layout ``quantize`` produces.
+
+    ``q`` [N, nb, 32]: int8 values (int8) or 0..15 (int4, uint8; the weight is ``(q - 8) * d``);
+    ``d`` [N, nb] fp16 scales. This is how GGUF's Q8_0 and Q4_0 blocks enter the kernel
+    unchanged: their arithmetic is ours."""
+    if fmt not in QUANT_FORMATS:
+        raise ValueError(f"unknown quantized format {fmt!r}; use one of {', '.join(QUANT_FORMATS)}")
+    n, nb = d.shape
+    kp = nb * 32
+    q = q.reshape(n, nb, 32).contiguous()
+    q = q.view(torch.uint8) if fmt == "int8" else q.to(torch.uint8)
+    d = d.to(torch.float16)
     scales = d.contiguous().view(torch.uint8).view(n, nb, 2)
     rb = _row_bytes(fmt, kp)
     full = n // GROUP * GROUP
