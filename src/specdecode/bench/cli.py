@@ -72,6 +72,19 @@ def parse_int_list(text: str, what: str) -> list[int]:
     return sorted(out)
 
 
+def parse_per_category(text: str) -> int:
+    """--per-category: a positive count, or 'all' (0: every prompt, where a workload has a default)."""
+    if text.strip().lower() == "all":
+        return 0
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'all', got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 or 'all', got {n}")
+    return n
+
+
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from ..cli import parse_draft_vocab
     from .runners import DEFAULT_METHODS, REGISTRY
@@ -87,8 +100,10 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--heads", help="Medusa heads directory for the medusa methods (default with the bundled target: "
                                    "bundled models/code-medusa), or an EAGLE-3 directory for the eagle method "
                                    "(default: bundled models/code-eagle)")
-    b.add_argument("--workload", help="JSONL file with id, category, prompt, max_new_tokens per line "
-                                      "(default: the bundled held-out stdlib workload)")
+    b.add_argument("--workload", help="JSONL file with id, category, prompt (or chat messages), max_new_tokens per "
+                                      "line, or a shipped one by name: stdlib, mixed, repetitive, or real (chat "
+                                      "prompts in the target's template: code, chat, edit, summarize, reasoning; "
+                                      "8 per category unless --per-category) (default: stdlib)")
     b.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated method families; known: {', '.join(REGISTRY)} (default: %(default)s)")
     b.add_argument("--gammas", help=f"draft lengths to sweep for 'draft'; 'auto' adds the draft-auto method "
@@ -103,7 +118,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--lookup-max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches (default: 3)")
     b.add_argument("--lookup-min-ngram", type=int, default=1, help="shortest n-gram (ours; default: 1)")
     b.add_argument("--reps", type=int, help=f"timed repetitions of every run (default: {FULL.reps}; quick: {QUICK.reps})")
-    b.add_argument("--per-category", type=int, help="use only the first N prompts of each category")
+    b.add_argument("--per-category", type=parse_per_category,
+                   help="use only the first N prompts of each category; 'all' for every one")
     b.add_argument("--max-new-tokens", type=int, help="cap every prompt's token budget at this")
     b.add_argument("--stop-at-eos", action="store_true",
                    help="stop at end-of-sequence (default: generate the full budget so all methods emit the "
@@ -278,7 +294,7 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
         lookup_tokens=parse_int_list(args.lookup_tokens or d.lookup_tokens, "--lookup-tokens"),
         peer_gammas=parse_int_list(args.peer_gammas or d.peer_gammas, "--peer-gammas"),
         reps=args.reps if args.reps is not None else d.reps,
-        per_category=args.per_category if args.per_category is not None else d.per_category,
+        per_category=_per_category(args, d),
         max_new_tokens=args.max_new_tokens if args.max_new_tokens is not None else d.max_new_tokens,
         cost_repeats=args.cost_repeats if args.cost_repeats is not None else d.cost_repeats,
         threads=args.threads if args.threads is not None else (1 if args.quick else 0),
@@ -290,6 +306,17 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     return s
+
+
+def _per_category(args: argparse.Namespace, d: Defaults) -> Optional[int]:
+    """--per-category, 'all' (0) meaning every prompt; the real workload's default keeps a full run in hours."""
+    from .real import REAL_PER_CATEGORY
+
+    if args.per_category is not None:
+        return args.per_category or None
+    if d is FULL and getattr(args, "workload", None) == "real":
+        return REAL_PER_CATEGORY
+    return d.per_category
 
 
 def adaptive_threads() -> int:
@@ -309,8 +336,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        resolve_heads_path, resolve_target)
     from ..costmodel import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
-    from .runners import BenchContext, build_methods, prepare_prompts, run_all, warm_up
-    from .workloads import DEFAULT_WORKLOAD, load_workloads, select
+    from .real import prepare_real_prompts
+    from .runners import BenchContext, build_methods, run_all, warm_up
+    from .workloads import load_workloads, resolve_workload, select
 
     started = time.time()
     st = resolve_settings(args)
@@ -326,7 +354,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     torch.set_num_threads(st.threads or adaptive_threads())
     threads = torch.get_num_threads()
 
-    workload_path = Path(args.workload) if args.workload else DEFAULT_WORKLOAD
+    workload_path = resolve_workload(args.workload)
     workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
     target_path = resolve_target(args)
     draft_path = resolve_draft_path(args, needed=not args.target)  # the bundled pair unless --target is given
@@ -356,7 +384,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         methods += peer_methods
         skipped += peer_skipped
     memory["after_loading_peers_mib"] = _maxrss_mib()
-    prompts = prepare_prompts(workloads, target, draft)
+    prompts, template_info = prepare_real_prompts(workloads, target, draft)  # chat records in the target's template
     window = min(target.max_seq_len, draft.max_seq_len) if draft else target.max_seq_len
     for p in prompts:
         if p.truncated or p.max_new_tokens < p.requested_new_tokens:
@@ -405,7 +433,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "weight_dtype": target.weight_format, "target": str(target.path), "draft": str(draft.path) if draft else None,
         "target_parameters": target.num_parameters(), "draft_parameters": draft.num_parameters() if draft else None,
         "workload_file": str(workload_path),
-        "workload_sha1": hashlib.sha1(workload_path.read_bytes()).hexdigest(),
+        "workload_sha1": hashlib.sha1(workload_path.read_bytes()).hexdigest(), **template_info,
         "methods": families, "gammas": gammas, "lookup_tokens": lookup_tokens, "peer_gammas": peer_gammas,
         "lookup_ngram": [args.lookup_min_ngram, args.lookup_max_ngram], "reps": reps, "quick": args.quick,
         "ignore_eos": not args.stop_at_eos, "greedy": sampling.greedy, "sampling": dataclasses.asdict(sampling),

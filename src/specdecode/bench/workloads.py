@@ -1,5 +1,9 @@
 """Benchmark workloads: JSONL records (id, category, prompt, max_new_tokens) built from held-out code.
 
+A record may carry ``messages`` (a chat: role/content objects) instead of ``prompt``;
+the bench renders it with the target's chat template (``bench/real.py``), and
+``prompt`` holds a plain rendering for readers that want text (see ``plain_chat``).
+
 The prompts come only from the held-out split of the training corpus
 (``specdecode.train.data.held_out_files``) so a measured acceptance rate is not
 inflated by the models having memorised the text. The files are generated once
@@ -13,14 +17,18 @@ import ast
 import json
 import random
 import textwrap
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from ..config import ConfigError
 
 WORKLOAD_DIR = Path(__file__).parent / "workloads"
 DEFAULT_WORKLOAD = WORKLOAD_DIR / "stdlib-heldout-v1.jsonl"
+REAL_WORKLOAD = WORKLOAD_DIR / "real-v1.jsonl"
+# --workload NAME: the shipped files by short name (an existing file of that name wins)
+NAMED_WORKLOADS = {"stdlib": DEFAULT_WORKLOAD, "mixed": WORKLOAD_DIR / "mixed-heldout-v1.jsonl",
+                   "repetitive": WORKLOAD_DIR / "repetitive-heldout-v1.jsonl", "real": REAL_WORKLOAD}
 
 COMPLETION, EDITING, LONG = "completion", "editing", "long"
 CATEGORIES = (COMPLETION, EDITING, LONG)
@@ -33,9 +41,42 @@ class Workload:
     prompt: str
     max_new_tokens: int
     source: str = ""  # where the text came from (file:line), for humans
+    messages: Optional[tuple[tuple[str, str], ...]] = None  # (role, content) turns of a chat prompt
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        rec: dict[str, Any] = asdict(self)
+        if self.messages is None:
+            del rec["messages"]  # plain-text records stay as they were
+        else:
+            del rec["prompt"]  # derived from the messages when read back
+            rec["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        return json.dumps(rec, ensure_ascii=False)
+
+
+def plain_chat(messages: Sequence[tuple[str, str]]) -> str:
+    """A chat as text, as server/chat.py's PLAIN_TEMPLATE renders it (no jinja needed to read a file)."""
+    return "".join(f"{r.capitalize()}: {c}\n" for r, c in messages) + "Assistant:"
+
+
+def resolve_workload(name: Optional[str]) -> Path:
+    """--workload: a JSONL path, or a shipped workload's short name (stdlib, mixed, repetitive, real)."""
+    if name is None:
+        return DEFAULT_WORKLOAD
+    p = Path(name)
+    if p.is_file() or name not in NAMED_WORKLOADS:
+        return p
+    return NAMED_WORKLOADS[name]
+
+
+def _messages(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: messages must be a non-empty list of {{role, content}} objects")
+    out = []
+    for m in value:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ConfigError(f"{where}: each message needs string 'role' and 'content', got {m!r}")
+        out.append((m["role"], m["content"]))
+    return tuple(out)
 
 
 def load_workloads(path: str | Path) -> list[Workload]:
@@ -54,19 +95,23 @@ def load_workloads(path: str | Path) -> list[Workload]:
             raise ConfigError(f"{p}:{i}: not valid JSON ({e.msg})") from e
         if not isinstance(rec, dict):
             raise ConfigError(f"{p}:{i}: each line must be a JSON object")
-        missing = [k for k in ("id", "category", "prompt", "max_new_tokens") if k not in rec]
+        text = "messages" if "messages" in rec else "prompt"
+        missing = [k for k in ("id", "category", text, "max_new_tokens") if k not in rec]
         if missing:
-            raise ConfigError(f"{p}:{i}: missing field(s) {missing}; need id, category, prompt, max_new_tokens")
+            raise ConfigError(f"{p}:{i}: missing field(s) {missing}; need id, category, prompt (or messages), "
+                              "max_new_tokens")
         n = rec["max_new_tokens"]
         if not isinstance(n, int) or n < 1:
             raise ConfigError(f"{p}:{i}: max_new_tokens must be a positive integer, got {n!r}")
-        if not isinstance(rec["prompt"], str) or not rec["prompt"]:
+        messages = _messages(rec["messages"], f"{p}:{i}") if text == "messages" else None
+        prompt = plain_chat(messages) if messages else rec["prompt"]
+        if not isinstance(prompt, str) or not prompt:
             raise ConfigError(f"{p}:{i}: prompt must be a non-empty string")
         wid = str(rec["id"])
         if wid in seen:
             raise ConfigError(f"{p}:{i}: duplicate id {wid!r}")
         seen.add(wid)
-        out.append(Workload(wid, str(rec["category"]), rec["prompt"], n, str(rec.get("source", ""))))
+        out.append(Workload(wid, str(rec["category"]), prompt, n, str(rec.get("source", "")), messages))
     if not out:
         raise ConfigError(f"workload file {p} holds no records")
     return out
@@ -86,7 +131,7 @@ def select(workloads: Sequence[Workload], per_category: Optional[int] = None,
             continue
         counts[w.category] = counts.get(w.category, 0) + 1
         n = w.max_new_tokens if max_new_tokens is None else min(w.max_new_tokens, max_new_tokens)
-        out.append(Workload(w.id, w.category, w.prompt, n, w.source))
+        out.append(replace(w, max_new_tokens=n))
     return out
 
 
