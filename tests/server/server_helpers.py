@@ -73,3 +73,37 @@ def serve(models: Models, draft: Optional[Model], config: ServerConfig, drafter:
         running.stop()
 
 
+class HealthProbe:
+    """Polls /health from a thread on its own connection and records each latency."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self._stop = url, threading.Event()
+        self.latencies: list[float] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as c:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                assert c.get(self.url + "/health").status_code == 200
+                self.latencies.append(time.perf_counter() - t0)
+                time.sleep(0.01)
+
+    def __enter__(self) -> "HealthProbe":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.thread.join(30)
+
+
+def baseline_latency(url: str) -> float:
+    """The machine's own /health latency now (CI machines are busy): the bound is on what a request adds."""
+    with httpx.Client(timeout=30) as c:
+        lat = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            c.get(url + "/health")
+            lat.append(time.perf_counter() - t0)
+    return max(lat)

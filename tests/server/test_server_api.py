@@ -177,17 +177,17 @@ def test_seeded_sampling_equals_generate_with_the_same_drafter(server: RunningSe
 def test_chain_rule_extension_reaches_the_decode_request(server: RunningServer, models: Models) -> None:
     """``chain_rule`` (block by default, or token) is a per-request extension: validated, then carried
     to the core's Request; a seeded token-by-token request reproduces ``generate`` with that rule."""
-    from specdecode.server.app import _build_specs
+    from specdecode.server.translate import build_specs
     from specdecode.server.protocol import CompletionRequest
 
     for given, expected in ((None, "block"), ("block", "block"), ("token", "token")):
         body = {"model": MODEL_NAME, "prompt": "def", "max_tokens": 4, "temperature": 1.0, "chain_rule": given}
         req = CompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-        assert _build_specs(server.state, req, [1, 2], 4, None, "prompt", None, None)[0].verify.chain_rule == expected
+        assert build_specs(server.state, req, [1, 2], 4, None, "prompt", None, None)[0].verify.chain_rule == expected
     for given, expected in ((None, "auto"), ("rejection", "rejection"), ("coupled", "coupled")):
         body = {"model": MODEL_NAME, "prompt": "def", "max_tokens": 4, "accept_rule": given}
         req = CompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-        assert _build_specs(server.state, req, [1, 2], 4, None, "prompt", None, None)[0].verify.accept_rule == expected
+        assert build_specs(server.state, req, [1, 2], 4, None, "prompt", None, None)[0].verify.accept_rule == expected
     # a seeded request defaults to the coupled rule; ask for rejection sampling to exercise the token chain rule
     ref = specdecode.generate(models.target, PROMPTS[1], specdecode.DraftModelDrafter(models.target, 4),
                               max_new_tokens=24, temperature=0.9, seed=7, chain_rule="token", accept_rule="rejection")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from typing import Iterator
 
@@ -12,7 +11,7 @@ import pytest
 
 from specdecode.server.config import ServerConfig
 
-from server_helpers import MODEL_NAME, Models, RunningServer, serve
+from server_helpers import MODEL_NAME, HealthProbe, Models, RunningServer, baseline_latency, serve
 
 
 @pytest.fixture(scope="module")
@@ -20,43 +19,8 @@ def limited(models: Models) -> Iterator[RunningServer]:
     yield from serve(models, None, ServerConfig(max_batch_size=2), drafter="ngram")  # default 4 MB limit
 
 
-class HealthProbe:
-    """Polls /health from a thread on its own connection and records each latency."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.latencies, self._stop = url, [], threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as c:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                assert c.get(self.url + "/health").status_code == 200
-                self.latencies.append(time.perf_counter() - t0)
-                time.sleep(0.01)
-
-    def __enter__(self) -> "HealthProbe":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.thread.join(30)
-
-
-def _baseline(url: str) -> float:
-    """The machine's own /health latency now (CI machines are busy): the bound is on what a request adds."""
-    with httpx.Client(timeout=30) as c:
-        lat = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            c.get(url + "/health")
-            lat.append(time.perf_counter() - t0)
-    return max(lat)
-
-
 def test_a_10mb_body_gets_a_quick_413_and_health_stays_fast(limited: RunningServer) -> None:
-    base = _baseline(limited.url)
+    base = baseline_latency(limited.url)
     body = b'{"model": "' + MODEL_NAME.encode() + b'", "prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}'
     with HealthProbe(limited.url) as probe:
         time.sleep(0.1)
@@ -105,7 +69,7 @@ def test_tokenising_a_huge_prompt_does_not_block_health(models: Models) -> None:
     for running in serve(models, None, ServerConfig(max_batch_size=2, max_body_bytes=16 * 1024 * 1024),
                          drafter="ngram"):
         running.state.max_token_chars = 0
-        base = _baseline(running.url)
+        base = baseline_latency(running.url)
         prompt = "def fib(n): return n " * 150_000  # ~3 MB, about a million tokens
         with HealthProbe(running.url) as probe:
             t0 = time.perf_counter()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Optional
 
 from ..config import ConfigError, _help
 
 SPECULATION_MODES = ("auto", "always")
+API_KEY_ENV = "SPECDECODE_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -17,7 +19,15 @@ class ServerConfig:
     host: str = field(default="127.0.0.1", metadata=_help("address to listen on (loopback by default)"))
     port: int = field(default=8000, metadata=_help("TCP port to listen on"))
     api_key: Optional[str] = field(
-        default=None, metadata=_help("require 'Authorization: Bearer KEY' on /v1/*; unset = no auth"))
+        default=None, metadata=_help("require 'Authorization: Bearer KEY' on /v1/*; unset = no auth, unless "
+                                     "--api-key-file or $SPECDECODE_API_KEY gives one (a key here shows in `ps`)"))
+    api_key_file: Optional[str] = field(
+        default=None, metadata=_help("read the API key from this file (its first line) instead of --api-key"))
+    allowed_hosts: Optional[str] = field(
+        default=None, metadata=_help("without an API key, requests must name this server in their Host header "
+                                     "(localhost, 127.0.0.1, [::1], the --host address; any IP when bound to all "
+                                     "addresses), which stops DNS rebinding; comma-separated extra names here, "
+                                     "or '*' for any"))
     max_batch_size: int = field(
         default=16, metadata=_help("requests decoded together: rows of the batched KV cache"))
     max_queue: int = field(
@@ -52,5 +62,26 @@ class ServerConfig:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if not self.drain_timeout >= 0:
             raise ConfigError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
+        if self.allowed_hosts is not None and any(not h.strip() for h in self.allowed_hosts.split(",")):
+            raise ConfigError(f"allowed_hosts must be comma-separated host names, got {self.allowed_hosts!r}")
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError(f"max_context must be >= 2, got {self.max_context}")
+
+
+def resolve_api_key(config: ServerConfig, environ: Mapping[str, str]) -> ServerConfig:
+    """The config with its key from ``api_key``, else ``api_key_file``, else $SPECDECODE_API_KEY in
+    ``environ`` (a key on the command line shows in ``ps``; the other two do not)."""
+    if config.api_key is not None and config.api_key_file is not None:
+        raise ConfigError("give the API key once: --api-key or --api-key-file, not both")
+    key = config.api_key
+    if key is None and config.api_key_file is not None:
+        try:
+            key = Path(config.api_key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--api-key-file {config.api_key_file}: cannot read it ({e.__class__.__name__}); "
+                              "give a readable UTF-8 file holding the key") from None
+        if not key:
+            raise ConfigError(f"--api-key-file {config.api_key_file} is empty; put the key in it")
+    if key is None and environ.get(API_KEY_ENV, "").strip():
+        key = environ[API_KEY_ENV].strip()
+    return replace(config, api_key=key, api_key_file=None)

@@ -5,11 +5,17 @@ error: bodies over the limit are refused before they are buffered (413), POSTs
 must say ``Content-Type: application/json`` (415; a cross-site form or
 ``text/plain`` post cannot trigger a completion without a CORS preflight),
 NaN/Infinity, absurdly long numbers, deep nesting and lone surrogates (which
-the tokeniser cannot take) are 400s that name where they are.
+the tokeniser cannot take) are 400s that name where they are. A body must be
+UTF-8 without a byte-order mark (RFC 8259), and a request that carries both
+``Content-Length`` and ``Transfer-Encoding`` is refused (the two framings can
+disagree: request smuggling behind a proxy). Parsing millions of tiny items
+holds the GIL for seconds even in a worker thread, so ``check_item_count``
+bounds them first, at C speed, from the raw bytes.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any, Awaitable, Callable, MutableMapping, Optional
 
@@ -46,6 +52,11 @@ class BodyLimit:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _has_both_framings(scope):
+            await send_json(send, 400, error_json(
+                "the request carries both Content-Length and Transfer-Encoding; send exactly one of them",
+                "ambiguous_framing"), close=True)  # the body's end is unknown: the connection cannot be reused
+            return
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
@@ -70,7 +81,7 @@ class BodyLimit:
                     return
                 size += len(msg.get("body", b""))
                 more = msg.get("more_body", False)
-            await _send_json(send, 413, error_json(
+            await send_json(send, 413, error_json(
                 f"request body is larger than this server's limit of {self.limit} bytes "
                 "(raise it with `specdecode serve --max-body-bytes N`)", "body_too_large"),
                 close=more)
@@ -88,6 +99,11 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+def _has_both_framings(scope: Scope) -> bool:
+    names = {k.lower() for k, _ in scope.get("headers", [])}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
 def _content_length(scope: Scope) -> Optional[int]:
     for k, v in scope.get("headers", []):
         if k == b"content-length":
@@ -98,7 +114,7 @@ def _content_length(scope: Scope) -> Optional[int]:
     return None
 
 
-async def _send_json(send: Send, status: int, body: bytes, close: bool) -> None:
+async def send_json(send: Send, status: int, body: bytes, close: bool) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))
@@ -119,18 +135,46 @@ def _no_constants(name: str) -> Any:
     raise BadBody(f"request body is not valid JSON: {name} is not a JSON number", "invalid_json")
 
 
+def decode_utf8(raw: bytes) -> str:
+    """The body as text: UTF-8 only, no byte-order mark (json.loads would guess UTF-16/32 and skip a BOM).
+    Lone surrogates pass here so that ``check_tree`` can name the field holding one."""
+    if raw.startswith(codecs.BOM_UTF8):
+        raise BadBody("request body starts with a byte-order mark (EF BB BF); send the JSON as UTF-8 without "
+                      "a BOM", "invalid_json")
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in raw[:4]:
+        raise BadBody("request body is UTF-16 or UTF-32; send the JSON as UTF-8", "invalid_json")
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as e:
+        raise BadBody(f"request body is not valid UTF-8 (bad byte at offset {e.start}); send the JSON as UTF-8",
+                      "invalid_json") from e
+
+
+def check_item_count(raw: bytes, limit: int, why: str) -> None:
+    """Refuse a body of more than ``limit`` JSON items (array elements and object members) before parsing:
+    ``json.loads`` and validation hold the GIL throughout, about a second per million tiny items, which
+    would stall the event loop even from a worker thread. Costs a few milliseconds for 4 MiB."""
+    if raw.count(b",") < limit:  # commas inside strings count too: an upper bound, nearly always enough
+        return
+    plain = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then escaped quotes
+    strings = plain.count(b'"') // 2
+    # an item holds at most two strings (a key and its value); items are separated by commas outside strings
+    if strings // 2 > limit or b"".join(plain.split(b'"')[::2]).count(b",") >= limit:
+        raise BadBody(f"request body holds more than {limit} JSON items (array elements and object members); "
+                      f"{why}", "too_many_items", status=400)
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Decode a body into a dict, refusing what Python's json would accept but a request cannot hold."""
+    text = decode_utf8(raw)
     try:
-        obj = json.loads(raw, parse_constant=_no_constants)
+        obj = json.loads(text, parse_constant=_no_constants)
     except BadBody:
         raise
     except RecursionError as e:
         raise BadBody(f"request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)", "invalid_json") from e
     except json.JSONDecodeError as e:
         raise BadBody(f"request body is not valid JSON: {e}", "invalid_json") from e
-    except UnicodeDecodeError as e:
-        raise BadBody("request body is not valid UTF-8 JSON", "invalid_json") from e
     except ValueError as e:  # e.g. an integer literal with thousands of digits
         raise BadBody("request body is not valid JSON: a number in it is too long", "invalid_json") from e
     if not isinstance(obj, dict):

@@ -134,14 +134,26 @@ class Scheduler:
                 raise SchedulerClosedError("the server is shutting down")
             free_rows = self.max_batch_size - len(self.core.rows)
             if len(self._pending) >= self.max_queue + max(0, free_rows):
-                raise QueueFullError(f"server busy: {len(self.core.rows)} requests running and "
-                                     f"{len(self._pending)} waiting (max_queue={self.max_queue}); retry later")
+                running, waiting = len(self.core.rows), len(self._pending)
+                raise QueueFullError(f"server busy: it holds {running + waiting} requests ({running} decoding, "
+                                     f"{waiting} waiting to start), its limit of {self.max_batch_size} decoding "
+                                     f"(--max-batch-size) plus {self.max_queue} queued (--max-queue); retry after "
+                                     "the Retry-After delay, or start the server with a larger --max-queue")
             self._pending.append(handle)
             self._cond.notify()
 
     @property
     def draining(self) -> bool:
         return self._stopping
+
+    @property
+    def drained(self) -> bool:
+        """Draining, and the engine has ended every request (finished, or failed at the drain deadline)."""
+        return self._stopping and (self._thread is None or not self._thread.is_alive())
+
+    @property
+    def drain_deadline(self) -> float:
+        return self._drain_deadline
 
     def begin_drain(self, timeout_s: float) -> None:
         """Stop admitting (new requests: SchedulerClosedError; waiting ones fail with "shutdown" now);

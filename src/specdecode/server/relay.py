@@ -1,0 +1,126 @@
+"""Core events -> HTTP: a non-streaming answer collected, or server-sent events relayed as they come."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..engine import FinishEvent, StepEvent
+from .choices import ChoiceGroup
+from .protocol import error_body
+from .translate import ClientGone, failure_error, summary, usage_all, usage_one
+
+log = logging.getLogger("specdecode.server")
+
+
+@dataclass
+class Choice:
+    fin: FinishEvent
+    flags: list[bool]
+    logprobs: list[dict[str, Any]]  # formatted per step event
+
+
+LogprobFormat = Callable[[int, StepEvent], Optional[dict[str, Any]]]
+
+
+async def collect(group: ChoiceGroup, request: Request, lp: LogprobFormat) -> list[Choice]:
+    """Wait for every choice of a non-streaming request, cancelling them all if the client goes away."""
+    n = len(group.handles)
+    flags: list[list[bool]] = [[] for _ in range(n)]
+    lps: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    fins: dict[int, FinishEvent] = {}
+    tokens = 0
+    next_check = time.monotonic() + 0.25
+    try:
+        while len(fins) < n:
+            got = await group.next_event(0.25)
+            if time.monotonic() >= next_check:  # events may never pause, so check on a clock
+                next_check = time.monotonic() + 0.25
+                if await request.is_disconnected():
+                    raise ClientGone(f"request {group.handles[0].id} cancelled after {tokens} tokens")
+            if got is None:
+                continue
+            i, ev = got
+            if isinstance(ev, StepEvent):
+                flags[i].extend(ev.from_draft)
+                tokens += len(ev.token_ids)
+                formatted = lp(i, ev)
+                if formatted is not None:
+                    lps[i].append(formatted)
+            elif isinstance(ev, FinishEvent):
+                fins[i] = ev
+                group.close(i)
+            else:
+                raise failure_error(ev)
+        return [Choice(fins[i], flags[i], lps[i]) for i in range(n)]
+    except BaseException:
+        group.cancel()
+        raise
+
+
+ChunkFn = Callable[[int, str, Optional[str], Optional[dict[str, Any]], Optional[dict[str, Any]]], dict[str, Any]]
+
+
+def sse_response(group: ChoiceGroup, chunk: ChunkFn, lp: LogprobFormat, first: Optional[list[dict[str, Any]]],
+         include_usage: bool, rid: str, created: int, model: str, obj: str,
+         token_text: Callable[[int], str]) -> StreamingResponse:
+    """Server-sent events: one chunk per target pass and choice (``index``), carrying per-token origin in
+    ``specdecode`` (and, for a drafted chain, the first proposal the target rejected: the page's per-pass card)."""
+
+    def line(payload: Any) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    async def events() -> AsyncIterator[bytes]:
+        done = False
+        n = len(group.handles)
+        fins: dict[int, FinishEvent] = {}
+        sent = 0
+        try:
+            for c in first or []:
+                yield line(c)
+            while True:
+                got = await group.next_event(1.0)
+                if got is None:
+                    continue
+                i, ev = got
+                if isinstance(ev, StepEvent):
+                    from_draft = ev.from_draft + [False] * (len(ev.pieces) - len(ev.from_draft))
+                    sent += len(ev.token_ids)
+                    n_acc = sum(ev.from_draft)
+                    rejected = (token_text(ev.proposed[n_acc]) if ev.proposed is not None and n_acc < len(ev.proposed)
+                                and len(ev.token_ids) == n_acc + 1 else None)
+                    yield line(chunk(i, ev.text, None, {"pieces": ev.pieces, "from_draft": from_draft,
+                                                        "token_ids": ev.token_ids,
+                                                        "drafted": ev.drafted, "rejected": rejected}, lp(i, ev)))
+                elif isinstance(ev, FinishEvent):
+                    fins[i] = ev
+                    group.close(i)
+                    yield line(chunk(i, "", ev.reason, {**summary(ev, []), "usage": usage_one(ev)}, None))
+                    if len(fins) < n:
+                        continue
+                    if include_usage:
+                        yield line({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                                    "usage": usage_all([fins[k] for k in range(n)])})
+                    done = True
+                    yield b"data: [DONE]\n\n"
+                    return
+                else:
+                    e = failure_error(ev)
+                    done = True
+                    group.cancel()
+                    yield line(error_body(e.message, e.type, e.param, e.code))
+                    yield b"data: [DONE]\n\n"
+                    return
+        finally:
+            if not done:  # the client went away: free the rows now
+                group.cancel()
+                log.info("client disconnected from stream %d after %d tokens; cancelled", group.handles[0].id, sent)
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
