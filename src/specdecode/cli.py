@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
 # when present so a missing optional dependency never breaks `generate`.
-SUBCOMMAND_MODULES = ("specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli",
+SUBCOMMAND_MODULES = ("specdecode.chat_cli", "specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli",
                       "specdecode.drafters.calibrate")
 
 REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -43,10 +43,11 @@ class CLIError(Exception):
 def add_model_args(p: argparse.ArgumentParser) -> None:
     from .drafters.registry import REGISTRY
 
-    p.add_argument("--target", help=f"target model directory or cached hub id (default: bundled models/{DEFAULT_TARGET})")
+    p.add_argument("--target", help="target model: a Hugging Face directory, a .gguf file, a cached hub id, or a name "
+                                    f"`specdecode pull` fetched (default: bundled models/{DEFAULT_TARGET})")
     p.add_argument("--draft", help=f"draft model directory (default with --drafter model: bundled models/{DEFAULT_DRAFT})")
     p.add_argument("--drafter", choices=tuple(REGISTRY), default=None,
-                   help="how tokens are proposed (default: model): "
+                   help="how tokens are proposed (default: model with the bundled target, else auto): "
                         + "; ".join(f"{name} = {spec.help}" for name, spec in REGISTRY.items()))
     p.add_argument("--gamma", type=parse_gamma, default="auto",
                    help="draft tokens proposed per target pass, or 'auto': chosen each step from the measured "
@@ -182,7 +183,8 @@ def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> ob
     from .drafters import build_drafter as build
     from .drafters.registry import get_spec
 
-    name = args.drafter or "model"
+    # the bundled target's default is its distilled draft; any other target's is auto, which needs no artifact
+    name = args.drafter or ("auto" if args.target and not getattr(args, "draft", None) else "model")
     spec = get_spec(name)
     # auto takes the bundled draft model beside the bundled target (it fits no other); --draft for others
     return build(name, drafter_options(args, load, spec.needs_draft_model or (spec.uses_draft_model and not args.target)))
@@ -252,7 +254,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        drafter_name = (args.drafter or "model") if drafter is not None else "none (plain decoding)"
+        drafter_name = (args.drafter or ("auto" if args.target and not args.draft else "model")) if drafter else "none"
         legend = f" | {GREEN}green{RESET} = accepted draft tokens" if colour else ""
         print(f"[{drafter_name}] {finish.stats.summary()} | finish: {finish.reason}{legend}", file=sys.stderr)
     return 0

@@ -50,21 +50,25 @@ class QuantState:
     logical: dict[str, int] = field(default_factory=dict)
 
 
-def quantize_module(module: nn.Module, fmt: str, sources: Optional[dict[str, torch.Tensor]] = None) -> QuantState:
+def quantize_module(module: nn.Module, fmt: str, sources: Optional[dict[str, torch.Tensor]] = None,
+                    packed: Optional[dict[str, torch.Tensor]] = None) -> QuantState:
     """Pack every matrix of the decoder layers (``layers.*``) and a copy of the output matrix as ``fmt``.
 
     ``sources`` (parameter name -> dense matrix) quantizes from those instead of the module's own
-    weights (a quantized copy of a model whose matrices are already packed). Embeddings, norms and
-    biases stay as they are."""
+    weights (a quantized copy of a model whose matrices are already packed). ``packed`` (parameter
+    name, or "head" for the output matrix -> packed ``fmt`` tensor) is used as it is: a GGUF's
+    Q8_0/Q4_0 blocks, which must not be rounded twice. Embeddings, norms and biases stay as they are."""
+    packed = packed or {}
     logical: dict[str, int] = {}
     for name, p in list(module.named_parameters()):
         if not name.startswith("layers.") or p.dim() != 2:
             continue
         dense = sources[name] if sources is not None else p
         owner = module.get_submodule(name.rsplit(".", 1)[0])
-        setattr(owner, name.rsplit(".", 1)[1], nn.Parameter(quantize(dense, fmt), requires_grad=False))
+        w = packed[name] if name in packed else quantize(dense, fmt)
+        setattr(owner, name.rsplit(".", 1)[1], nn.Parameter(w, requires_grad=False))
         logical[name] = dense.numel()
-    head = quantize(module.output_matrix(), fmt)
+    head = packed["head"] if "head" in packed else quantize(module.output_matrix(), fmt)
     return QuantState(fmt, head, logical)
 
 
@@ -119,8 +123,10 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
     quant = quantize_module(module, fmt, sources)
     module.eval().requires_grad_(False)
     install_kernels(module, kernels)
-    return Model(module, cfg, model.tokenizer, sorted(model.eos_token_ids), model.path, model.max_seq_len,
+    copy = Model(module, cfg, model.tokenizer, sorted(model.eos_token_ids), model.path, model.max_seq_len,
                  model.dtype, quant)
+    copy.chat_template, copy.bos_token, copy.eos_token = model.chat_template, model.bos_token, model.eos_token
+    return copy
 
 
 def _dense_kernels(model: "Model") -> Kernels:
@@ -155,6 +161,11 @@ class Model:
         # storage dtype of the dense matrices (with quantized weights: the embedding table's)
         self.weight_dtype = next(p for p in module.parameters() if p.dim() == 2 and p.dtype.is_floating_point).dtype
         self.quant = quant
+        # the checkpoint's chat template (GGUF metadata, or tokenizer_config.json / chat_template.jinja),
+        # None when it has none; bos/eos texts are what templates may print
+        self.chat_template: Optional[str] = None
+        self.bos_token = ""
+        self.eos_token = ""
 
     @property
     def weight_format(self) -> str:
@@ -298,8 +309,13 @@ class Model:
 def resolve_model_path(path_or_id: str) -> Path:
     """A local directory, or a hub id found in the local Hugging Face cache (no network here)."""
     p = Path(path_or_id).expanduser()
-    if p.is_dir():
+    if p.is_dir() or (p.is_file() and p.suffix == ".gguf"):
         return p
+    from .catalog import resolve_named_model
+
+    named = resolve_named_model(path_or_id)
+    if named is not None:
+        return named
     hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub").expanduser()
     if "/" in path_or_id and not p.exists():
         repo = hub / ("models--" + path_or_id.replace("/", "--"))
@@ -313,11 +329,17 @@ def resolve_model_path(path_or_id: str) -> Path:
                 return candidates[-1]
     raise ModelNotFoundError(
         f"model {path_or_id!r} not found: it is not a local directory and not in the Hugging Face cache ({hub}). "
-        "Pass the path of a directory holding config.json and *.safetensors (this tool never downloads)."
+        "Pass the path of a directory holding config.json and *.safetensors, or of a .gguf file (this tool never "
+        "downloads by itself; `specdecode pull NAME` fetches a catalogued model)."
     )
 
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".gguf":
+        from .gguf import load_tensors, read_gguf
+
+        ckpt, tensors = read_gguf(path)
+        return load_tensors(ckpt, tensors, None)[0]
     index = path / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -394,12 +416,33 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     check_matmul(matmul)
     if weight_dtype is not None and not isinstance(weight_dtype, torch.dtype):
         check_weight_dtype(weight_dtype)
-    fmt = weight_dtype if isinstance(weight_dtype, str) and weight_dtype in QUANT_FORMATS else None
     root = resolve_model_path(str(path))
+    if root.is_file():
+        from .gguf import load_gguf_model
+
+        return load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul)
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{root} has no config.json; is it a Hugging Face model directory?")
     cfg = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    tok_file = root / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
+    model = assemble_model(cfg, _load_weights(root), str(root), tokenizer, _eos_ids(root, cfg), device, dtype,
+                           weight_dtype, fast=fast, matmul=matmul)
+    from ..chat import read_chat_template
+
+    model.chat_template, model.bos_token, model.eos_token = read_chat_template(root)
+    return model
+
+
+def assemble_model(cfg: ModelConfig, raw: dict[str, torch.Tensor], path: str, tokenizer: Optional[Tokenizer],
+                   eos_ids: Sequence[int], device: str, dtype: str | torch.dtype,
+                   weight_dtype: str | torch.dtype | None, *, fast: bool, matmul: str,
+                   packed: Optional[dict[str, torch.Tensor]] = None) -> Model:
+    """A ``Model`` from transformers-named weights ``raw`` (any source: safetensors, GGUF).
+
+    ``packed``: matrices already packed as ``weight_dtype``'s blocks (see ``quantize_module``)."""
+    fmt = weight_dtype if isinstance(weight_dtype, str) and weight_dtype in QUANT_FORMATS else None
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but no CUDA GPU is available; use --device cpu")
@@ -411,23 +454,20 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     cls = GPT2Model if cfg.family == "gpt2" else LlamaModel
     with torch.device("meta"):
         module = cls(cfg, max_len)
-    raw = _load_weights(root)
-    stored = next(iter(raw.values())).dtype
+    stored = next(v for v in raw.values() if v.dim() == 2).dtype
     wdt = resolve_weight_dtype("auto" if fmt else weight_dtype, dt, stored, dev, kernels.fast)
     sd = cls.convert_hf_state_dict(raw, cfg)
     sd = {k: v.to(device=dev, dtype=wdt if v.dim() == 2 else dt) for k, v in sd.items()}
     module.load_state_dict(sd, strict=False, assign=True)
     missing = [n for n, p in module.named_parameters() if p.is_meta]
     if missing:
-        raise ValueError(f"checkpoint {root} lacks weights for {missing[:5]}")
+        raise ValueError(f"checkpoint {path} lacks weights for {missing[:5]}")
     if cfg.family == "llama":  # buffers were created on meta; rebuild them for real
         from .llama import rope_tables
 
         cos, sin = rope_tables(cfg, max_len)
         module.rope_cos, module.rope_sin = cos.to(dev), sin.to(dev)
     module.eval().requires_grad_(False)
-    quant = quantize_module(module, fmt) if fmt is not None else None
+    quant = quantize_module(module, fmt, packed=packed) if fmt is not None else None
     install_kernels(module, kernels)
-    tok_file = root / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-    return Model(module, cfg, tokenizer, _eos_ids(root, cfg), str(root), max_len, dt, quant)
+    return Model(module, cfg, tokenizer, eos_ids, path, max_len, dt, quant)

@@ -1,0 +1,389 @@
+"""GGUF files as an input format: config, tensors, tokenizer and chat template from one file.
+
+We read the file's header ourselves (a few lines; see ``_Cursor``) and let the ``gguf`` package,
+llama.cpp's own Python library, dequantize the block formats we have no kernel for. What we add is
+the mapping onto our runtime:
+
+- **Config** from the ``{arch}.*`` metadata (llama, mistral and qwen2; others are refused by name).
+- **Tensors.** F32/F16/BF16 are used as stored. Q8_0 and Q4_0 are llama.cpp's blocks of 32 with an
+  fp16 scale, which is exactly our int8/int4 arithmetic, so with ``weight_dtype`` int8/int4 they are
+  packed for our kernel as stored, without re-rounding (``kernels.quant.pack_blocks``). Every other
+  type (Q4_1, Q5_0/1, K-quants...) is dequantized by ``gguf.quants.dequantize`` and then held in the
+  ``weight_dtype`` asked for.
+- **q/k rows.** llama.cpp's converter permutes the q and k rows of llama-family models for its RoPE
+  layout (pairs interleaved); we use transformers' layout (halves), so the rows are put back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .config import UnsupportedModelError
+
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# llama.cpp permutes q/k rows for these (its LlamaModel converter); qwen2 keeps transformers' layout
+_PERMUTED = {"llama", "mistral"}
+DENSE_TYPES = ("F32", "F16", "BF16")
+STORED_AS = {"Q8_0": "int8", "Q4_0": "int4"}  # block types our kernel reads as stored
+
+_LAYER = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF we can run: the message names the architecture, tensor or key."""
+
+
+@dataclass
+class Blocks:
+    """A Q8_0/Q4_0 matrix as stored: integer blocks ``q`` [N, K/32, 32] and fp16 scales ``d`` [N, K/32]."""
+
+    fmt: str
+    q: torch.Tensor
+    d: torch.Tensor
+
+    def rows(self, index: torch.Tensor) -> "Blocks":
+        return Blocks(self.fmt, self.q[index], self.d[index])
+
+
+@dataclass
+class GGUFCheckpoint:
+    """What a GGUF file holds, in Hugging Face terms."""
+
+    path: Path
+    meta: dict[str, Any]
+    hf_config: dict[str, Any]
+    types: dict[str, str] = field(default_factory=dict)  # HF tensor name -> GGUF type name
+
+    @property
+    def matrix_types(self) -> set[str]:
+        """The types of the decoder layers' matrices (what decides the default weight format)."""
+        return {t for n, t in self.types.items() if n.startswith("model.layers.") and n.endswith("proj.weight")}
+
+    def default_weight_format(self) -> Optional[str]:
+        """int8/int4 when every layer matrix is Q8_0/Q4_0 (kept as stored); int8 for other block types
+        (a 4/5/6-bit source gains an 8-bit rounding of ~0.5% of its step, far below its own error,
+        and runs at 8.5 bits a weight); None (dense, as stored) for F32/F16/BF16 files."""
+        kinds = self.matrix_types
+        if len(kinds) == 1 and next(iter(kinds)) in STORED_AS:
+            return STORED_AS[next(iter(kinds))]
+        if kinds and not kinds <= set(DENSE_TYPES):
+            return "int8"
+        return None
+
+    @property
+    def eos_ids(self) -> list[int]:
+        ids = [self.meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                          "tokenizer.ggml.eom_token_id")]
+        return sorted({int(i) for i in ids if i is not None})
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        t = self.meta.get("tokenizer.chat_template")
+        return t if isinstance(t, str) and t.strip() else None
+
+    def token_text(self, key: str) -> str:
+        i, tokens = self.meta.get(key), self.meta.get("tokenizer.ggml.tokens") or []
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
+
+
+def is_gguf(path: str | Path) -> bool:
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with p.open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+@dataclass
+class _Tensor:
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: list[int]  # GGUF order: innermost dimension first
+    data: np.ndarray  # [rows, row bytes] for block types, else the values in numpy order
+
+
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+            12: "<f8"}
+
+
+class _Cursor:
+    """Reads GGUF's little-endian key/value section from a memory map.
+
+    Why not ``gguf.GGUFReader``: it builds a numpy view per array element, which takes 5-15 s for a
+    49k-token vocabulary; plain slicing takes a fraction of a second."""
+
+    def __init__(self, buf: np.ndarray) -> None:
+        self.buf, self.pos = buf, 0
+
+    def scalar(self, kind: int) -> Any:
+        dt = np.dtype(_SCALARS[kind])
+        v = self.buf[self.pos: self.pos + dt.itemsize].view(dt)[0]
+        self.pos += dt.itemsize
+        return bool(v) if kind == 7 else v.item()
+
+    def string(self) -> str:
+        n = self.scalar(10)
+        s = self.buf[self.pos: self.pos + n].tobytes().decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, kind: int) -> Any:
+        if kind == 8:
+            return self.string()
+        if kind != 9:
+            return self.scalar(kind)
+        item, n = self.scalar(4), self.scalar(10)
+        if item == 8:
+            return [self.string() for _ in range(n)]
+        if item == 9:
+            return [self.value(9) for _ in range(n)]
+        dt = np.dtype(_SCALARS[item])
+        arr = self.buf[self.pos: self.pos + n * dt.itemsize].view(dt)
+        self.pos += n * dt.itemsize
+        return [bool(x) for x in arr] if item == 7 else arr.tolist()
+
+
+def _parse(path: Path) -> tuple[dict[str, Any], list[_Tensor]]:
+    import gguf
+
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    c = _Cursor(buf)
+    if buf[:4].tobytes() != b"GGUF":
+        raise GGUFError(f"{path} is not a GGUF file (no GGUF magic)")
+    c.pos = 4
+    version = c.scalar(4)
+    if version not in (2, 3):
+        raise GGUFError(f"{path.name}: GGUF version {version} is not supported (2 and 3 are)")
+    n_tensors, n_kv = c.scalar(10), c.scalar(10)
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = c.string()
+        meta[key] = c.value(c.scalar(4))
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string()
+        dims = [c.scalar(10) for _ in range(c.scalar(4))]
+        kind, offset = c.scalar(4), c.scalar(10)
+        infos.append((name, dims, kind, offset))
+    align = int(meta.get("general.alignment", 32))
+    start = (c.pos + align - 1) // align * align
+    tensors = []
+    for name, dims, kind, offset in infos:
+        try:
+            qtype = gguf.GGMLQuantizationType(kind)
+        except ValueError as e:
+            raise UnsupportedModelError(f"{path.name}: tensor {name} has GGUF type {kind}, unknown to the installed "
+                                        "gguf package; upgrade it (pip install -U gguf)") from e
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+        row_bytes = dims[0] // block * size
+        raw = buf[start + offset: start + offset + rows * row_bytes]
+        if qtype.name in DENSE_TYPES:
+            np_dt = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qtype.name]
+            data = raw.view(np_dt).reshape(list(reversed(dims)))
+        else:
+            data = raw.reshape(rows, row_bytes)
+        tensors.append(_Tensor(name, qtype, dims, data))
+    return meta, tensors
+
+
+def read_gguf(path: str | Path) -> tuple[GGUFCheckpoint, list[_Tensor]]:
+    """The checkpoint's metadata in HF terms, and its tensors (memory-mapped) for ``load_tensors``."""
+    p = Path(path)
+    try:
+        meta, tensors = _parse(p)
+    except (ValueError, IndexError, OSError) as e:
+        if isinstance(e, (GGUFError, UnsupportedModelError)):
+            raise
+        raise GGUFError(f"{p} is not a readable GGUF file ({type(e).__name__}: {e})") from e
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedModelError(f"GGUF architecture {arch!r} ({p.name}) is not supported; supported: "
+                                    f"{', '.join(GGUF_ARCHITECTURES)}")
+    ckpt = GGUFCheckpoint(p, meta, _hf_config(p, arch, meta, {t.name for t in tensors}))
+    ckpt.types = {_hf_name(t.name, p): t.tensor_type.name for t in tensors if t.name != "rope_freqs.weight"}
+    return ckpt, tensors
+
+
+def _hf_config(path: Path, arch: str, meta: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    def need(key: str) -> Any:
+        if f"{arch}.{key}" not in meta:
+            raise GGUFError(f"{path.name} lacks the metadata key {arch}.{key}; is it a complete {arch} GGUF?")
+        return meta[f"{arch}.{key}"]
+
+    if "rope_freqs.weight" in names:
+        raise UnsupportedModelError(f"{path.name} carries rope_freqs (llama3-style RoPE scaling in GGUF), which is "
+                                    "not supported from GGUF; load the Hugging Face checkpoint instead")
+    n_heads = int(need("attention.head_count"))
+    dim = int(need("embedding_length"))
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    cfg: dict[str, Any] = {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "vocab_size": int(meta.get(f"{arch}.vocab_size") or len(tokens) or 0),
+        "hidden_size": dim,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv") or n_heads),
+        "head_dim": int(meta.get(f"{arch}.attention.key_length") or dim // n_heads),
+        "max_position_embeddings": int(meta.get(f"{arch}.context_length") or 2048),
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon") or 1e-6),
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base") or 10000.0),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+    if not cfg["vocab_size"]:
+        raise GGUFError(f"{path.name} states no vocabulary size ({arch}.vocab_size or tokenizer.ggml.tokens)")
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise UnsupportedModelError(f"{path.name}: RoPE scaling {scaling!r} is not supported from GGUF; "
+                                        "supported: none, linear")
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if window:
+        cfg["sliding_window"] = int(window)
+    return cfg
+
+
+def _hf_name(name: str, path: Path) -> str:
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER:
+        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP:
+        return f"{_TOP[parts[0]]}.{parts[1]}"
+    raise UnsupportedModelError(f"{path.name}: tensor {name!r} has no counterpart in our llama-family model")
+
+
+def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (pairs -> halves within each head)."""
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def _blocks(t: _Tensor, fmt: str) -> Blocks:
+    raw = torch.from_numpy(np.array(t.data)).view(torch.uint8)  # [N, nb * block bytes]
+    n = raw.shape[0]
+    size = 34 if fmt == "int8" else 18
+    b = raw.reshape(n, -1, size)
+    d = b[..., :2].contiguous().view(torch.float16).reshape(n, -1)
+    if fmt == "int8":
+        q = b[..., 2:].contiguous().view(torch.int8)
+    else:  # byte j: element j in the low nibble, element j + 16 in the high one
+        nib = b[..., 2:]
+        q = torch.cat([nib & 15, nib >> 4], dim=-1)
+    return Blocks(fmt, q, d)
+
+
+def _dense(t: _Tensor) -> torch.Tensor:
+    """A dense tensor: float types as stored, other block types dequantized by the ``gguf`` package."""
+    name = t.tensor_type.name
+    if name in ("F32", "F16"):
+        return torch.from_numpy(np.array(t.data))
+    if name == "BF16":
+        return torch.from_numpy(np.array(t.data).view(np.int16)).view(torch.bfloat16)
+    import gguf
+
+    try:
+        arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
+    except NotImplementedError as e:
+        raise UnsupportedModelError(f"tensor {t.name}: GGUF type {name} cannot be dequantized by the installed "
+                                    "gguf package; upgrade it (pip install -U gguf)") from e
+    return torch.from_numpy(arr).reshape([int(d) for d in reversed(t.shape)])
+
+
+def load_tensors(ckpt: GGUFCheckpoint, tensors: list[_Tensor], fmt: Optional[str]
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
+    """Every tensor as a dense HF-named tensor, plus those stored in ``fmt``'s blocks as ``Blocks``.
+
+    The dense copy of a block matrix is its exact dequantization (what transformers computes with)."""
+    arch = ckpt.meta["general.architecture"]
+    cfg = ckpt.hf_config
+    dense: dict[str, torch.Tensor] = {}
+    blocks: dict[str, Blocks] = {}
+    for t in tensors:
+        if t.name == "rope_freqs.weight":
+            continue
+        name = _hf_name(t.name, ckpt.path)
+        kind = t.tensor_type.name
+        if kind in STORED_AS:
+            b = _blocks(t, STORED_AS[kind])
+            w = (b.q.float() - (8 if b.fmt == "int4" else 0)) * b.d.float().unsqueeze(-1)
+            w = w.reshape(b.q.shape[0], -1)
+            if fmt == b.fmt:
+                blocks[name] = b
+        else:
+            w = _dense(t)
+        heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}.get(
+            name.split(".")[-2]) if arch in _PERMUTED else None
+        if heads is not None:
+            idx = _unpermute_index(w.shape[0], heads)
+            w = w[idx]
+            if name in blocks:
+                blocks[name] = blocks[name].rows(idx)
+        dense[name] = w
+    return dense, blocks
+
+
+def fuse_blocks(blocks: dict[str, Blocks], fused_names: dict[str, list[str]]) -> dict[str, Blocks]:
+    """Our fused matrices (q|k|v, gate|up) from their parts' blocks, when every part is in ``blocks``."""
+    out: dict[str, Blocks] = {}
+    for ours, parts in fused_names.items():
+        if all(p in blocks for p in parts):
+            bs = [blocks[p] for p in parts]
+            out[ours] = Blocks(bs[0].fmt, torch.cat([b.q for b in bs]), torch.cat([b.d for b in bs]))
+    return out
+
+
+def llama_fused_names(n_layers: int) -> dict[str, list[str]]:
+    """Our llama module's matrix names -> the HF matrices each is made of (``convert_hf_state_dict``)."""
+    out: dict[str, list[str]] = {}
+    for i in range(n_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out[f"layers.{i}.wqkv"] = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
+        out[f"layers.{i}.wo"] = [a + "o_proj.weight"]
+        out[f"layers.{i}.w13"] = [m + "gate_proj.weight", m + "up_proj.weight"]
+        out[f"layers.{i}.w2"] = [m + "down_proj.weight"]
+    return out
+
+
+def load_gguf_model(path: Path, device: str, dtype: str | torch.dtype, weight_dtype: str | torch.dtype | None, *,
+                    fast: bool, matmul: str) -> Any:
+    """``load_model`` for a GGUF file (see the module docstring for what happens to each tensor type).
+
+    ``weight_dtype`` "auto" (the default) keeps Q8_0/Q4_0 files in int8/int4 as stored, holds other block
+    types in int8 (``GGUFCheckpoint.default_weight_format``) and dense files as ``load_model`` would."""
+    from ..kernels.quant import QUANT_FORMATS, pack_blocks
+    from .config import ModelConfig
+    from .gguf_tokenizer import tokenizer_from_gguf
+    from .loading import assemble_model
+
+    ckpt, tensors = read_gguf(path)
+    cfg = ModelConfig.from_hf(ckpt.hf_config)
+    if weight_dtype in (None, "auto") and torch.device(device).type == "cpu":
+        weight_dtype = ckpt.default_weight_format() or weight_dtype
+    fmt = weight_dtype if isinstance(weight_dtype, str) and weight_dtype in QUANT_FORMATS else None
+    dense, blocks = load_tensors(ckpt, tensors, fmt)
+    packed: dict[str, torch.Tensor] = {}
+    if fmt is not None:
+        fused = fuse_blocks(blocks, llama_fused_names(cfg.n_layers))
+        packed = {name: pack_blocks(b.q, b.d, fmt) for name, b in fused.items()}
+        head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+        if head in blocks:
+            packed["head"] = pack_blocks(blocks[head].q, blocks[head].d, fmt)
+    model = assemble_model(cfg, dense, str(path), tokenizer_from_gguf(ckpt.meta), ckpt.eos_ids, device, dtype,
+                           weight_dtype, fast=fast, matmul=matmul, packed=packed)
+    model.chat_template = ckpt.chat_template
+    model.bos_token = ckpt.token_text("tokenizer.ggml.bos_token_id")
+    model.eos_token = ckpt.token_text("tokenizer.ggml.eos_token_id")
+    return model
