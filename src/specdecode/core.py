@@ -28,12 +28,12 @@ from .cache import ContextLengthError
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from .constraints import check_request, row_state
 from .logprobs import TokenLogprob, check_logprobs, token_logprobs
-from .costmodel import cost_clock
+from .costmodel import cost_clock, store_costs
 from .drafters.base import BatchDrafter, Draft, DraftContext
 from .metrics import GenerationStats
 from .models import Model
 from .ops import argmax_list
-from .policy import GammaPolicy, RowPlan
+from .policy import GammaPolicy, RowEvidence, RowPlan
 from .sampling import CoupledNoise, make_generator, probs_from_logits
 from .verify import (CHAIN_RULES, VerifyResult, coupled_verify, coupled_verify_tree, greedy_verify, greedy_verify_tree,
                      rejection_sample_tree, tree_levels)
@@ -147,10 +147,10 @@ def prompt_ids(target: Model, prompt: Prompt) -> list[int]:
 class Request:
     """What one sequence asks of the core (already validated).
 
-    ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` caps the draft
+    ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` is the draft
     length (None: the drafter's own γ, or the policy's maximum when that is "auto"). ``adaptive``
-    lets the γ policy choose up to that cap each step (None: when the drafter's γ is "auto");
-    False drafts the cap whenever there is room. ``verify`` picks the sampled rule (by default the
+    lets the γ policy choose up to that length each step (None: when the drafter's γ is "auto" and
+    the request names no ``gamma``: an explicit γ is honoured); False drafts it whenever there is room. ``verify`` picks the sampled rule (by default the
     Gumbel-max coupling for a seeded request, else block verification)."""
 
     prompt_ids: list[int]
@@ -185,6 +185,9 @@ class Row:
         self.eos = frozenset() if request.generation.ignore_eos else target.eos_token_ids
         self.constraint = row_state(request.constraint, request.logit_bias, target.vocab_size)
         self.stats = GenerationStats(prompt_tokens=self.n_prompt)
+        # this request's own acceptance evidence and probe schedule (the drafter's history: a prior)
+        self.evidence = RowEvidence(drafter.acceptance) if drafter is not None else None
+        self.probing = False  # this pass drafts because the row's probe schedule said so
         self.hidden: Optional[torch.Tensor] = None
         self.layers: Optional[dict[int, torch.Tensor]] = None  # residual after layer i, same tokens as hidden
         self.generated: list[int] = []
@@ -289,7 +292,7 @@ class DecodeCore:
             drafter = self._prepare(request.drafter)
         gamma = drafter.gamma if drafter is not None else 0
         cap = request.gamma or (gamma if isinstance(gamma, int) else self.policy.max_gamma)
-        adaptive = request.adaptive if request.adaptive is not None else gamma == "auto"
+        adaptive = request.adaptive if request.adaptive is not None else (gamma == "auto" and request.gamma is None)
         if request.constraint is not None or request.logit_bias:
             check_request(request, self.target)
         if request.logprobs is not None:
@@ -335,6 +338,8 @@ class DecodeCore:
         self.cache.reset(last)
         for d in self._drafter_list:
             d.reset_row(last)
+        for costs in self.policy.take_refined().values():  # cached costs the live passes contradicted
+            store_costs(costs)
 
     def clear(self) -> None:
         """Drop every row (after an engine error: nothing in the caches is trusted)."""
@@ -354,15 +359,24 @@ class DecodeCore:
         plans = []
         for r in rows:
             d = r.drafter
-            if d is None:
+            if d is None or r.evidence is None:
                 plans.append(_PLAIN)
                 continue
             cap = max(0, min(r.gamma_cap, r.room() - 1, room_ctx))
-            alpha = d.acceptance.alpha if r.adaptive else 0.0
+            alpha = r.evidence.alpha if r.adaptive else 0.0
             plans.append(RowPlan(self._names[id(d)], cap, r.adaptive, alpha, getattr(d, "sizes_itself", False)))
         # online costs only feed the policy's choice for adaptive rows; a clock read is a syscall
         self._clock = self._cost_clock if any(p.auto for p in plans) else time.perf_counter
-        return self.policy.choose(plans)
+        lengths = self.policy.choose(plans)
+        for i, (r, p) in enumerate(zip(rows, plans)):
+            ev = r.evidence
+            if ev is None:
+                continue
+            # a row the policy leaves plain drafts on its own probe schedule (first pass, then sparser)
+            r.probing = p.auto and p.cap > 0 and lengths[i] == 0 and ev.probe_due()
+            if r.probing:
+                lengths[i] = self.policy.probe_length(p, ev.fresh_alpha)
+        return lengths
 
     def _propose(self, lengths: list[int]) -> list[Draft]:
         rows = self.rows
@@ -371,6 +385,10 @@ class DecodeCore:
         self._forced.clear()
         for i, (r, g) in enumerate(zip(rows, lengths)):
             if r.drafter is not None:
+                ev = r.evidence
+                resuming = ev is not None and ev.plain > 0  # drafting after plain passes: a probe for the drafter
+                if ev is not None:
+                    ev.step(g, r.probing)
                 group = groups.setdefault(self._names[id(r.drafter)], {})
                 if r.constraint is not None:  # tokens the grammar forces: a free draft, no drafter step
                     room = min(r.room() - 1, self.cache.max_len - max(self.cache.lengths[: len(rows)]) - 1)
@@ -380,14 +398,13 @@ class DecodeCore:
                         self._forced.add(i)
                         continue
                 if g > 0:
-                    group[i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden, target_cache=self.cache,
-                                            noise=r.noise, constraint=r.constraint, layers=r.layers)
+                    group[i] = DraftContext(r.tokens, g, r.sampling, r.gen, r.hidden, probe=resuming,
+                                            target_cache=self.cache, noise=r.noise, constraint=r.constraint,
+                                            layers=r.layers)
         for name, contexts in groups.items():
             d = self.drafters[name]
             depth = max((c.max_tokens for c in contexts.values()), default=0)
-            if d.acceptance.mark(depth):
-                for c in contexts.values():
-                    c.probe = True
+            d.acceptance.mark(depth)
             if not contexts:
                 continue
             t0 = self._clock()
@@ -486,7 +503,9 @@ class DecodeCore:
                 r.constraint.commit(accepted + [res.next_token])
             if r.drafter is not None and g > 0 and i not in self._forced:
                 r.drafter.on_verified_row(i, res.n_accepted)
-                r.drafter.acceptance.update(g, res.n_accepted)
+                r.drafter.acceptance.update(g, res.n_accepted)  # the drafter's history: the next rows' prior
+                if r.evidence is not None:
+                    r.evidence.update(g, res.n_accepted)
                 r.stats.record_source(d.source or self._names[id(r.drafter)], g, res.n_accepted)
             if hidden is not None:
                 sel = kept if kept is not None else slice(0, res.n_accepted + 1)

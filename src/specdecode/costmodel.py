@@ -4,8 +4,11 @@ E(α, γ) = (1 − α^(γ+1)) / (1 − α) is Leviathan et al.'s expected tokens
 target pass; c is the draft pass cost relative to a target pass; v(γ) is what
 a target pass over γ+1 tokens costs relative to a pass over one token (≈1 on a
 GPU, 2–4 in eager PyTorch on a CPU: the hardware's share of the speedup).
-v and c are measured once per machine, model pair, dtype and thread count,
-and cached on disk so later runs start at once.
+v and c are measured once per machine, model pair, dtype and thread count, quickly (a few
+passes at a few widths, ``QUICK_REPS``/``QUICK_WIDTHS``: about a second, not minutes), and
+cached on disk so later runs start at once. Neither figure is trusted for long: the γ policy
+(``policy.py``) checks both against every pass it runs and replaces a cache file whose figures
+the live passes contradict (``store_costs``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -32,6 +35,8 @@ MAX_GAMMA = 15
 DEFAULT_CONTEXT = 192  # context tokens when no real prompt is given (see measure_costs)
 DRAFT_RUN = 4  # draft steps per timing sample (a typical γ)
 WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches
+QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refines it from live passes)
+QUICK_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # pass widths it times; the others are interpolated
 log = logging.getLogger(__name__)
 
 
@@ -67,17 +72,18 @@ class Costs:
     draft_s: Optional[float] = None  # median seconds of one draft step (None: no draft model)
     context_len: int = 0  # tokens in the cache during the measurement
     repeats: int = 0  # timed samples per size
+    key: str = ""  # the cost cache entry these came from ("" for costs not cached), for ``store_costs``
 
     @classmethod
     def from_times(cls, target_s: Sequence[float], draft_s: Optional[float], context_len: int,
-                   repeats: int) -> "Costs":
+                   repeats: int, key: str = "") -> "Costs":
         """c and v from median pass times. v is kept as measured, not forced monotonic: the kernel's
         row blocking makes some widths genuinely cheaper than their neighbours (v(3) < v(2) on the
         bundled target); only v >= 1 is imposed, since a wider pass cannot really be cheaper."""
         t1 = target_s[0]
         v = (1.0,) + tuple(max(1.0, t / t1) for t in target_s[1:])
         return cls(c=draft_s / t1 if draft_s is not None else 0.0, v=v, target_s=tuple(target_s), draft_s=draft_s,
-                   context_len=context_len, repeats=repeats)
+                   context_len=context_len, repeats=repeats, key=key)
 
     def v_at(self, gamma: int) -> float:
         """v(γ); beyond the measured range, extrapolated linearly from the last two points."""
@@ -119,10 +125,12 @@ def cost_clock(model: "Model") -> Callable[[], float]:
 
 def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,
                   draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
-                  draft_layers: Optional[tuple[int, ...]] = None) -> Costs:
-    """Median times of target passes over 1..max_gamma+1 new tokens and of a draft step (c = 0
-    without a draft model), with the engine's own forward calls: tokens appended to a prefilled
-    cache, logits read back, then rolled back, as a decode step does.
+                  draft_layers: Optional[tuple[int, ...]] = None, widths: Optional[Sequence[int]] = None,
+                  statistic: Callable[[list[float]], float] = statistics.median) -> Costs:
+    """Times (``statistic`` of ``reps`` samples; the median by default) of target passes over
+    1..max_gamma+1 new tokens and of a draft step (c = 0 without a draft model), with the engine's
+    own forward calls: tokens appended to a prefilled cache, logits read back, then rolled back, as
+    a decode step does. ``widths``: time only these pass widths and interpolate the others.
 
     ``draft_head`` is the draft's restricted output matrix when it drafts over a subset of the
     vocabulary. ``context``: the tokens in the cache (real ones, e.g. the workload's mean prompt);
@@ -144,7 +152,7 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
     dev, clock = target.device, cost_clock(target)
     prompt = torch.tensor([ids], device=dev)
     probe = torch.tensor([(ids * -(-n_max // len(ids)))[:n_max]], device=dev)  # real tokens; values barely matter
-    sizes = list(range(1, n_max + 1))
+    sizes = sorted({n for n in (widths or range(1, n_max + 1)) if 1 <= n <= n_max} | {1, n_max})
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     d_samples: list[float] = []
     with torch.inference_mode():
@@ -172,8 +180,20 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
                     d_cache.trim(1)
                 if r >= WARMUP_ROUNDS:
                     d_samples.append((clock() - t0) / DRAFT_RUN)
-    return Costs.from_times([statistics.median(samples[n]) for n in sizes],
-                            statistics.median(d_samples) if d_samples else None, len(ids), reps)
+    return Costs.from_times(interpolate({n: statistic(samples[n]) for n in sizes}, n_max),
+                            statistic(d_samples) if d_samples else None, len(ids), reps)
+
+
+def interpolate(points: dict[int, float], n: int) -> list[float]:
+    """Values at 1..n, linear between the given widths (which include 1 and n)."""
+    xs = sorted(points)
+    out = []
+    for w in range(1, n + 1):
+        hi = next(x for x in xs if x >= w)
+        lo = max(x for x in xs if x <= w)
+        f = 0.0 if hi == lo else (w - lo) / (hi - lo)
+        out.append(points[lo] + f * (points[hi] - points[lo]))
+    return out
 
 
 def _fingerprint(models: Sequence[Optional["Model"]], extra: str = "") -> str:
@@ -210,33 +230,83 @@ def cache_dir() -> Path:
 _MEMO: dict[str, Costs] = {}
 
 
-def load_or_measure_costs(target: "Model", draft: Optional["Model"],
-                          draft_head: Optional[torch.Tensor] = None,
-                          draft_layers: Optional[tuple[int, ...]] = None) -> Costs:
-    """Costs for this machine and pair, measured on first use and cached as JSON (``draft_head``: the
-    draft's restricted output matrix, whose size changes c; ``draft_layers``: a layer-skip draft's
-    layers of ``draft``)."""
-    extra = f"draft_head={None if draft_head is None else tuple(draft_head.shape)}"
-    if draft_layers is not None:
-        extra += f"|draft_layers={','.join(map(str, draft_layers))}"
-    key = _fingerprint([target, draft], extra)
+def cached_costs(key: str) -> Optional[Costs]:
+    """The costs stored under ``key`` (this process's copy, else the cache file), or None."""
     if key in _MEMO:
         return _MEMO[key]
     path = cache_dir() / f"{key}.json"
-    if path.is_file():
-        try:
-            d = json.loads(path.read_text())
-            _MEMO[key] = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
-                               target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
-                               context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)))
-            return _MEMO[key]
-        except (ValueError, KeyError, TypeError):
-            pass  # a corrupt cache file is re-measured
-    log.info("gamma=auto: measuring target pass costs v(k) and draft cost c (once per machine and model pair)")
-    costs = _MEMO[key] = measure_costs(target, draft, draft_head=draft_head, draft_layers=draft_layers)
+    if not path.is_file():
+        return None
     try:
+        d = json.loads(path.read_text())
+        costs = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
+                      target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
+                      context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)), key=key)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a corrupt cache file is re-measured
+    if not costs.v or costs.v[0] != 1.0 or costs.c < 0 or any(not x >= 1.0 for x in costs.v):
+        return None  # figures no measurement can give: re-measured
+    _MEMO[key] = costs
+    return costs
+
+
+def store_costs(costs: Costs) -> None:
+    """Keep ``costs`` under its key, in this process and on disk (a read-only home only costs a
+    re-measurement next time). The γ policy calls this with live figures that contradicted the file."""
+    if not costs.key:
+        return
+    _MEMO[costs.key] = costs
+    try:
+        path = cache_dir() / f"{costs.key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(costs)))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(costs)))
+        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
     except OSError:
-        pass  # a read-only home only costs a re-measurement next time
+        pass
+
+
+def costs_key(target: "Model", draft: Optional["Model"], draft_head: Optional[torch.Tensor] = None,
+              draft_layers: Optional[tuple[int, ...]] = None, extra: str = "") -> str:
+    """The cost cache key of this pair (see ``load_or_measure_costs``); ``extra`` names anything
+    else that changes the draft step (an exit adapter)."""
+    parts = f"draft_head={None if draft_head is None else tuple(draft_head.shape)}"
+    if draft_layers is not None:
+        parts += f"|draft_layers={','.join(map(str, draft_layers))}"
+    return _fingerprint([target, draft], parts + (f"|{extra}" if extra else ""))
+
+
+def quick_costs(target: "Model", draft: Optional["Model"], draft_head: Optional[torch.Tensor] = None,
+                draft_layers: Optional[tuple[int, ...]] = None, key: str = "") -> Costs:
+    """The first-start measurement: ``QUICK_REPS`` rounds over ``QUICK_WIDTHS``, the minimum of each
+    (load only adds time, and the live passes correct what a few samples miss)."""
+    t0 = time.perf_counter()
+    costs = measure_costs(target, draft, draft_head=draft_head, draft_layers=draft_layers, reps=QUICK_REPS,
+                          widths=QUICK_WIDTHS, statistic=min)
+    log.info("gamma=auto: measured v(k) and c in %.1f s (refined from the live passes)", time.perf_counter() - t0)
+    times = no_dearer_than_wider(costs.target_s)
+    return replace(Costs.from_times(times, costs.draft_s, costs.context_len, costs.repeats), key=key)
+
+
+def no_dearer_than_wider(times: Sequence[float]) -> list[float]:
+    """Each width's time capped by every wider one's: a pass over fewer tokens cannot really cost more,
+    so a narrower width that reads dearer was hit by load (on a loaded 2-core machine one width of a
+    3-sample minimum read 7.5x the one-token pass while its neighbours read 1-3x)."""
+    out = list(times)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+def load_or_measure_costs(target: "Model", draft: Optional["Model"],
+                          draft_head: Optional[torch.Tensor] = None,
+                          draft_layers: Optional[tuple[int, ...]] = None) -> Costs:
+    """Costs for this machine and pair, measured quickly on first use and cached as JSON (``draft_head``:
+    the draft's restricted output matrix, whose size changes c; ``draft_layers``: a layer-skip
+    draft's layers of ``draft``)."""
+    key = costs_key(target, draft, draft_head, draft_layers)
+    costs = cached_costs(key)
+    if costs is None:
+        costs = quick_costs(target, draft, draft_head, draft_layers, key)
+        store_costs(costs)
     return costs

@@ -1,12 +1,19 @@
-"""The kernel build folder is keyed by content: checkouts and versions never rebuild each other's kernels."""
+"""The kernel build folder is keyed by source and build environment: checkouts of one version in one
+environment share a build, and two environments (a development venv and a service's install) never
+rebuild each other's kernels."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from specdecode.kernels.build import CFLAGS, build_dir, source_key
+from specdecode.kernels import build
+from specdecode.kernels.build import CFLAGS, build_dir, source_key, stable_source, toolchain
 
 SOURCE = "#include <torch/extension.h>\nint f() { return 1; }\n"
 
@@ -24,6 +31,9 @@ def test_two_checkouts_of_one_version_share_a_build(tmp_path: Path, monkeypatch:
     b = _checkout(tmp_path / "site-packages" / "kernels", SOURCE)
     assert build_dir("ext", [a]) == build_dir("ext", [b])
     assert build_dir("ext", [a]).parent == tmp_path / "cache"
+    # and ninja sees one source path from both: the copy inside the folder
+    d = build_dir("ext", [a])
+    assert stable_source(d, a) == stable_source(d, b) == d / "src" / "smallm_linear.cpp"
 
 
 def test_two_versions_get_their_own_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,9 +51,95 @@ def test_flags_change_the_key(tmp_path: Path) -> None:
     assert source_key([src]) != source_key([src], CFLAGS, ("-lfoo",))
 
 
+def test_the_toolchain_names_what_reaches_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sysconfig
+
+    import torch
+
+    tools = toolchain()
+    assert os.path.dirname(torch.__file__) in tools and torch.__version__ in tools
+    assert os.path.join(os.path.dirname(torch.__file__), "include") in tools  # torch's include path
+    assert sysconfig.get_paths()["include"] in tools and sys.version in tools
+    monkeypatch.setenv("CXX", "clang++")
+    assert toolchain()[0] == "clang++"
+
+
+def test_two_environments_get_their_own_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulated: every input of the toolchain in turn differs between two environments."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    src = _checkout(tmp_path / "k", SOURCE)
+    base = toolchain()
+    dirs = {build_dir("ext", [src], tools=base)}
+    for i in range(len(base)):
+        other = list(base)
+        other[i] = other[i] + "-elsewhere"
+        dirs.add(build_dir("ext", [src], tools=other))
+    assert len(dirs) == len(base) + 1
+    assert build_dir("ext", [src], tools=base) == build_dir("ext", [src])  # the default is this environment
+
+
+def test_the_source_copy_is_written_once(tmp_path: Path) -> None:
+    src = _checkout(tmp_path / "k", SOURCE)
+    d = tmp_path / "build"
+    copy = stable_source(d, src)
+    os.utime(copy, (1_000_000, 1_000_000))
+    assert stable_source(d, src) == copy and copy.stat().st_mtime == 1_000_000  # untouched: ninja sees no change
+    src.write_text(SOURCE + "// edited\n")
+    assert stable_source(d, src).read_text().endswith("// edited\n")
+
+
 def test_the_shipped_kernels_have_distinct_stable_keys() -> None:
     kernels = Path(__file__).resolve().parents[2] / "src" / "specdecode" / "kernels"
     sources = sorted(kernels.glob("*.cpp"))
     assert sources
     keys = [source_key([s]) for s in sources]
     assert len(set(keys)) == len(keys) and keys == [source_key([s]) for s in sources]
+
+
+TINY = """#include <pybind11/pybind11.h>
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("one", [] { return 1; }); }
+"""
+
+BUILD = textwrap.dedent("""
+    import sys, pathlib, torch
+    from specdecode.kernels.build import build_extension, build_dir
+    src = pathlib.Path(sys.argv[1])
+    assert build_extension("specdecode_envtest", src).one() == 1
+    print(torch.__file__)
+    print(build_dir("specdecode_envtest", [src]))
+""")
+
+
+@pytest.mark.slow
+def test_two_real_environments_alternate_without_rebuilding(tmp_path: Path) -> None:
+    """Two environments whose torch lives at different paths (the second reaches this one's torch through
+    a symlinked site folder, as a venv with its own install would, with other include paths): each builds
+    once, then alternating runs compile nothing."""
+    import torch
+
+    site_b = tmp_path / "env-b" / "site-packages"
+    site_b.mkdir(parents=True)
+    (site_b / "torch").symlink_to(Path(torch.__file__).resolve().parent, target_is_directory=True)
+    src = tmp_path / "envtest.cpp"
+    src.write_text(TINY)
+    script = tmp_path / "build.py"
+    script.write_text(BUILD)
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
+    env.pop("PYTHONPATH", None)
+
+    def run(pythonpath: str) -> tuple[str, Path]:
+        e = dict(env, PYTHONPATH=pythonpath) if pythonpath else env
+        out = subprocess.run([sys.executable, str(script), str(src)], env=e, capture_output=True, text=True,
+                             timeout=600, check=True).stdout.split("\n")
+        return out[0], Path(out[1])
+
+    torch_a, dir_a = run("")
+    torch_b, dir_b = run(str(site_b))
+    assert torch_a != torch_b and dir_a != dir_b  # two environments: two folders
+    stamps = {d: (next(d.glob("*.so")).stat().st_mtime_ns, (d / ".ninja_log").read_text()) for d in (dir_a, dir_b)}
+    for _ in range(2):
+        assert run("")[1] == dir_a and run(str(site_b))[1] == dir_b
+    for d, (so, log) in stamps.items():
+        assert next(d.glob("*.so")).stat().st_mtime_ns == so and (d / ".ninja_log").read_text() == log, \
+            f"{d.name} was rebuilt"
+    assert build  # the module under test

@@ -123,3 +123,85 @@ def test_self_sizing_rows_get_their_cap_or_nothing() -> None:
     assert 0 < mixed[0] and mixed[1] == 7
     useless = p.choose([RowPlan("model", 8, True, 0.0), RowPlan("medusa", 7, True, 0.0, sizes_itself=True)])
     assert useless == [0, 0]
+
+
+# -- issue #30: live timings over cached ones, evidence per row, probes per request ------------------
+def test_a_spike_of_load_never_sets_an_estimate() -> None:
+    from specdecode.policy import WINDOW, Timings
+
+    t = Timings()
+    for i in range(WINDOW - 1):
+        t.add(0.010)
+    t.add(0.336)  # one pass of a busy machine
+    assert t.estimate == 0.010
+
+
+def test_a_pessimistic_cached_c_is_tested_and_replaced_by_the_live_one() -> None:
+    p = GammaPolicy()
+    p.set_offline("model", Costs(c=1.5, v=tuple([1.0] * 16), key="k"))  # a cache written under load
+    assert p.choose(plans(1, cap=8, alpha=0.8)) == [0]
+    p.record_target(1, 1, 0.010)
+    p.record_draft("model", 1, 1, 0.001)  # one probe's timing: c = 0.1 live
+    assert p.choose(plans(1, cap=8, alpha=0.8))[0] > 0  # the cheaper figure counts until TRUST timings
+    for _ in range(4):
+        p.record_target(1, 1, 0.010)
+        p.record_target(1, 5, 0.020)  # and verifying 5 tokens costs 2x, not the cached 1x
+    for _ in range(4):
+        p.record_draft("model", 1, 4, 0.004)
+    refined = p.take_refined()
+    assert set(refined) == {"model"} and refined["model"].c == pytest.approx(0.1) and refined["model"].key == "k"
+    assert refined["model"].v[4] == pytest.approx(2.0) and refined["model"].v[3] == 1.0 and p.take_refined() == {}
+    assert p.offline("model") == refined["model"]
+
+
+def test_an_optimistic_cached_c_gives_way_to_trusted_live_timings() -> None:
+    p = GammaPolicy()
+    p.set_offline("model", Costs(c=0.01, v=tuple([1.0] * 16)))
+    for _ in range(3):
+        p.record_target(1, 1, 0.010)
+        p.record_draft("model", 1, 1, 0.012)  # the draft really costs more than the target
+    assert p.choose(plans(1, cap=8, alpha=0.8))[0] > 0  # not yet trusted: the cheaper figure
+    p.record_draft("model", 1, 1, 0.012)
+    assert p.choose(plans(1, cap=8, alpha=0.8)) == [0]
+
+
+def test_a_rows_evidence_takes_the_drafters_history_as_a_bounded_prior() -> None:
+    from specdecode.policy import RowEvidence
+
+    fresh = RowEvidence(Acceptance())
+    assert fresh.alpha == pytest.approx(0.7)
+    bad, good = Acceptance(), Acceptance()
+    for _ in range(1000):
+        bad.update(4, 0)
+        good.update(4, 4)
+    assert 0.5 < RowEvidence(bad).alpha < 0.7 < RowEvidence(good).alpha < 0.8
+    row = RowEvidence(bad)
+    for _ in range(3):
+        row.update(4, 4)
+    assert row.alpha > 0.8  # the request's own evidence dominates at once
+
+
+def test_a_row_probes_on_its_own_schedule() -> None:
+    from specdecode.policy import PROBE_GAPS, RowEvidence
+
+    row = RowEvidence(Acceptance())
+    assert row.probe_due()  # its first pass, whatever came before
+    row.step(3, probe=True)
+    passes = []
+    for k in range(200):
+        if row.probe_due():
+            passes.append(k)
+            row.step(1, probe=True)
+        else:
+            row.step(0, probe=False)
+    gaps = [b - a - 1 for a, b in zip([-1] + passes, passes)]
+    assert gaps[:4] == [PROBE_GAPS[0] * PROBE_GAPS[1] ** i for i in range(4)]
+
+
+def test_a_probe_drafts_what_a_fresh_drafter_would() -> None:
+    p = GammaPolicy()
+    p.set_offline("model", Costs(c=0.05, v=tuple([1.0] * 16)))
+    fresh = p.choose(plans(1, cap=8, alpha=0.7))[0]
+    assert fresh > 1 and p.probe_length(RowPlan("model", 8, True, 0.05), 0.7) == fresh
+    p.set_offline("model", Costs(c=1.5, v=tuple([1.0] * 16)))
+    assert p.probe_length(RowPlan("model", 8, True, 0.05), 0.7) == 1  # nothing pays: the cheapest probe

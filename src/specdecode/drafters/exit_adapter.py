@@ -38,7 +38,7 @@ from torch import nn
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..costmodel import Costs, cost_clock
+from ..costmodel import Costs, cached_costs, cost_clock, costs_key, store_costs
 from ..kernels import Kernels
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from ..models.config import ModelConfig
@@ -370,13 +370,36 @@ class ExitAdapterDrafter(LayerSkipDrafter):
 
     def costs_for(self, target: "Model") -> Optional[Costs]:
         """The early exit's measured costs with the adapter's step (timed here) added to c, and the
-        output layer's saving over the proposal vocabulary taken off."""
+        output layer's saving over the proposal vocabulary taken off; cached under a key of their
+        own (with the adapter's files and run-time format), so the γ policy's corrections of them
+        never rewrite the plain early exit's figures."""
+        if self.gamma != "auto":
+            return None
+        if target is not self._target:
+            self.prepare_rows(target, 1, target.max_seq_len)
+        if self.plan is None:
+            return None
+        key = costs_key(target, target, draft_layers=self.plan.layers, extra=self._stamp())
+        cached = cached_costs(key)
+        if cached is not None:
+            return cached
         costs = super().costs_for(target)
         if costs is None or costs.target_s == ():
             return costs
         if self._extra_s is None or self._extra_s[0] is not target:
             self._extra_s = (target, self._adapter_seconds(target))
-        return dataclasses.replace(costs, c=max(0.0, costs.c + self._extra_s[1] / costs.target_s[0]))
+        out = dataclasses.replace(costs, c=max(0.0, costs.c + self._extra_s[1] / costs.target_s[0]), key=key)
+        store_costs(out)
+        return out
+
+    def _stamp(self) -> str:
+        """What identifies this adapter's draft step for the cost cache: its files and run-time format."""
+        w = Path(self.where) / WEIGHTS_FILE
+        try:
+            files = f"{w.resolve()}:{w.stat().st_size}:{int(w.stat().st_mtime)}"
+        except OSError:  # built in memory (tests): its shape stands in
+            files = json.dumps(asdict(self.config), sort_keys=True, default=str)
+        return f"exit-adapter={files}|quant={self.quant}"
 
     def _adapter_seconds(self, target: "Model", reps: int = 30) -> float:
         """Median time of an adapter step on one token over a 128-token adapter cache (layer, final norm,

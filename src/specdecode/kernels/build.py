@@ -1,6 +1,12 @@
-"""Compile a one-file C++ torch extension on first use, cached per source, flags, torch and Python.
+"""Compile a one-file C++ torch extension on first use, cached per source and build environment.
 
-Shared by the package's CPU kernels. ``build_extension`` returns the module, or
+Shared by the package's CPU kernels. torch's loader writes a ``build.ninja`` that names the
+source's path, the compiler, torch's and Python's include paths and torch's library path, and
+ninja rebuilds whenever that file changes: two virtualenvs (or checkouts) sharing one build
+folder rebuild each other's kernels on every alternate run (~40 s each on 2 cores, and every
+other process's timings are wrong meanwhile). So the folder is keyed by everything that reaches
+the command line (``toolchain``) plus the source's bytes, and the source is compiled from a copy
+inside the folder, so its path is the same for every checkout. ``build_extension`` returns the module, or
 raises ``ExtensionBuildError`` with one readable line (the compiler's first
 complaint, not ninja's echo of the command) that callers log once before
 falling back to eager PyTorch.
@@ -12,12 +18,14 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sys
+import sysconfig
 import time
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -32,26 +40,58 @@ CFLAGS = ("-O3", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 
 
-def source_key(sources: Sequence[Path], cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS) -> str:
-    """Hash of what decides the binary: source bytes, flags, torch and Python (12 hex digits)."""
+def toolchain(cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS) -> tuple[str, ...]:
+    """What reaches the build's command lines besides the source: compiler, flags, torch's version,
+    install path, include and library paths, its C++ ABI, and Python's version and include path.
+    Each differs between two environments on one machine whenever their binaries would."""
+    from torch.utils import cpp_extension as ext
+
+    try:
+        includes = ext.include_paths("cpu")
+    except TypeError:  # torch < 2.4: include_paths(cuda=False)
+        includes = ext.include_paths()
+    try:
+        libraries = ext.library_paths("cpu")
+    except TypeError:
+        libraries = ext.library_paths()
+    abi = str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", ""))
+    return (os.environ.get("CXX", "c++"), *cflags, "|", *ldflags, "|", torch.__version__, os.path.dirname(torch.__file__),
+            *includes, "|", *libraries, "|", abi, sys.version, sysconfig.get_paths().get("include", ""))
+
+
+def source_key(sources: Sequence[Path], cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS,
+               tools: Optional[Sequence[str]] = None) -> str:
+    """Hash of what decides the binary (12 hex digits): the sources' names and bytes and the
+    ``toolchain`` (``tools``, given: that instead of this environment's)."""
     h = hashlib.sha256()
     for src in sources:
         h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
-    h.update("\0".join([*cflags, "|", *ldflags, torch.__version__, sys.version]).encode())
+    h.update("\0".join(toolchain(cflags, ldflags) if tools is None else tools).encode())
     return h.hexdigest()[:12]
 
 
 def build_dir(name: str, sources: Sequence[Path] = (), cflags: Sequence[str] = CFLAGS,
-              ldflags: Sequence[str] = LDFLAGS) -> Path:
-    """``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/specdecode/torch_extensions``, one folder per source hash.
-
-    Keyed by content, not by name: two checkouts or versions on one machine (a development tree
-    and an installed copy) each keep their own build instead of rebuilding each other's (~40 s each).
-    torch's own versioning inside a folder only compares against the last build made there."""
+              ldflags: Sequence[str] = LDFLAGS, tools: Optional[Sequence[str]] = None) -> Path:
+    """``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/specdecode/torch_extensions``, one folder per source and
+    build environment (``source_key``): a development venv and a service's install each keep their
+    own build, and two checkouts of one version in one environment share theirs."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     base = Path(root).expanduser() if root else Path("~/.cache/specdecode/torch_extensions").expanduser()
     tag = re.sub(r"[^A-Za-z0-9]+", "_", f"torch{torch.__version__}_py{sys.version_info[0]}{sys.version_info[1]}")
-    return base / f"{name}_{tag}_{source_key(sources, cflags, ldflags)}"
+    return base / f"{name}_{tag}_{source_key(sources, cflags, ldflags, tools)}"
+
+
+def stable_source(directory: Path, source: Path) -> Path:
+    """A copy of ``source`` inside its build folder (written only when missing or different): the path
+    ninja sees is then the same from every checkout, and an unchanged copy keeps its mtime."""
+    copy = directory / "src" / source.name
+    data = source.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != data:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        tmp = copy.with_suffix(copy.suffix + f".{os.getpid()}.tmp")
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, copy)  # atomic: a concurrent build never reads half a file
+    return copy
 
 
 def summarise(exc: BaseException) -> str:
@@ -94,7 +134,7 @@ def build_extension(name: str, source: Path) -> ModuleType:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                module = load(name=name, sources=[str(source)], extra_cflags=list(CFLAGS),
+                module = load(name=name, sources=[str(stable_source(directory, source))], extra_cflags=list(CFLAGS),
                               extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=False)
         finally:
             torch_log.setLevel(level)

@@ -1,0 +1,130 @@
+"""Issue #30 item 1 at the library level: neither junk requests nor a pessimistic cost cache switch
+speculation off for the requests after them (the sequence an outside probe ran against a server)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Iterator, Sequence, Union
+
+import pytest
+
+import specdecode.costmodel as cm
+import specdecode.drafters.model as drafter_module
+from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.costmodel import Costs, cached_costs
+from specdecode.metrics import GenerationStats
+from specdecode.models import Model, load_model
+from specdecode.policy import GammaPolicy
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+PROMPT = "def fib(n):"
+# the bundled pair as measured on a quiet 2-core EPYC: a cheap draft, verification nearly flat to 8 tokens
+FIXED = Costs(c=0.06, v=(1.0,) * 8 + tuple(1.0 + 0.08 * k for k in range(1, 9)))
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (MODELS / "code-draft" / "config.json").is_file(), reason="bundled models absent")]
+
+
+class FrozenCosts(GammaPolicy):
+    """Live timings ignored: choices then depend on the evidence alone, so two runs compare exactly."""
+
+    def record_target(self, batch: int, width: int, seconds: float) -> None:
+        pass
+
+    def record_draft(self, drafter: str, rows: int, depth: int, seconds: float) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Model, Model]:
+    return load_model(MODELS / "code-target"), load_model(MODELS / "code-draft")
+
+
+@pytest.fixture
+def fixed_costs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: FIXED)
+    yield
+
+
+def new_core(pair: tuple[Model, Model], policy: Union[GammaPolicy, None] = None) -> DecodeCore:
+    return DecodeCore(pair[0], {"model": drafter_module.DraftModelDrafter(pair[1])}, max_rows=4, policy=policy)
+
+
+def run(core: DecodeCore, prompt: Union[str, Sequence[int]], max_tokens: int, gamma: Union[int, None] = None
+        ) -> GenerationStats:
+    """One greedy request through the core, as the server runs it; its stats."""
+    ids = core.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    core.add(Request(ids, SamplingConfig(temperature=0.0), GenerationConfig(max_new_tokens=max_tokens), "model",
+                     gamma=gamma))
+    while core.rows:
+        for _, ev in core.step():
+            if isinstance(ev, FinishEvent):
+                return ev.stats
+    raise AssertionError("no finish event")
+
+
+def near(got: int, want: int, tol: float = 0.10) -> bool:
+    return abs(got - want) <= tol * want
+
+
+def test_three_junk_requests_leave_the_next_request_as_a_fresh_one(pair: tuple[Model, Model],
+                                                                   fixed_costs: None) -> None:
+    fresh = run(new_core(pair, FrozenCosts()), PROMPT, 64)
+    core = new_core(pair, FrozenCosts())
+    junk = [run(core, "x", 2) for _ in range(3)]
+    assert all(j.drafted == 1 and j.accepted == 0 for j in junk)  # the issue's junk: one draft token, rejected
+    after = run(core, PROMPT, 64)
+    assert fresh.drafted > 40 and fresh.accepted > 30
+    assert near(after.accepted, fresh.accepted) and near(after.drafted, fresh.drafted), (after, fresh)
+
+
+def test_a_hundred_random_junk_requests_leave_the_next_request_as_a_fresh_one(pair: tuple[Model, Model],
+                                                                              fixed_costs: None) -> None:
+    fresh = run(new_core(pair, FrozenCosts()), PROMPT, 64)
+    core = new_core(pair, FrozenCosts())
+    rng = random.Random(0)
+    for _ in range(100):
+        run(core, [rng.randrange(pair[0].vocab_size) for _ in range(rng.randint(1, 6))], rng.randint(1, 3))
+    history = core.drafters["model"].acceptance
+    assert history.accepted / history.evaluated < 0.4  # the drafter's record is bad ...
+    after = run(core, PROMPT, 64)
+    assert near(after.accepted, fresh.accepted) and near(after.drafted, fresh.drafted), (after, fresh)  # ... a prior only
+
+
+def test_an_explicit_gamma_is_honoured(pair: tuple[Model, Model], fixed_costs: None) -> None:
+    core = new_core(pair, FrozenCosts())
+    for _ in range(30):
+        run(core, "x", 2)
+    s = run(core, PROMPT, 40, gamma=4)
+    assert s.drafted >= 4 * (s.target_passes - 2)  # every pass with room drafts the 4 tokens asked for
+
+
+def test_a_pessimistic_cost_cache_is_corrected_by_the_live_passes(pair: tuple[Model, Model], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every cached file says c = 1.5 (no γ pays); by the 8th request the live timings have taken over,
+    and the file the live passes contradicted is rewritten."""
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "good"))
+    fresh = run(new_core(pair), PROMPT, 64)
+
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "bad"))
+    new_core(pair).drafters["model"].costs_for(pair[0])  # writes the cache file ...
+    files = list((tmp_path / "bad" / "costs").glob("*.json"))
+    assert len(files) == 1
+    for f in files:  # ... which a measurement under load then spoils
+        d = json.loads(f.read_text())
+        f.write_text(json.dumps(dict(d, c=1.5)))
+    monkeypatch.setattr(cm, "_MEMO", {})
+    core = new_core(pair)
+    key = files[0].stem
+    assert core.policy.offline("model") is not None and core.policy.offline("model").c == 1.5  # type: ignore[union-attr]
+    stats = [run(core, PROMPT, 64) for _ in range(8)]
+    assert near(stats[7].accepted, fresh.accepted), (stats[7], fresh)
+    assert stats[0].drafted > 0  # the first request already probes, and the probe's timing counts at once
+    monkeypatch.setattr(cm, "_MEMO", {})
+    rewritten = cached_costs(key)
+    assert rewritten is not None and rewritten.c < 0.5  # the live figure replaced the spoiled one on disk
