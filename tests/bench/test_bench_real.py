@@ -182,3 +182,23 @@ def test_bench_workload_real(tiny_dirs: dict[str, Path], tmp_path: Path, templat
     pos = names["lookup/k3"]["categories"]["reasoning"]["acceptance_by_output_position"]
     assert pos["bucket_tokens"] == 64 and len(pos["drafted"]) <= 1
     assert (out / "acceptance_by_output_position.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_per_category_defaults_for_the_real_workload() -> None:
+    import argparse
+
+    from specdecode.bench.cli import add_subcommands, resolve_settings
+
+    ap = argparse.ArgumentParser()
+    add_subcommands(ap.add_subparsers())
+
+    def per_category(*flags: str) -> Optional[int]:
+        return resolve_settings(ap.parse_args(["bench", *flags])).per_category
+
+    assert per_category("--workload", "real") == 8  # a full run: 8 of each category
+    assert per_category("--workload", "real", "--per-category", "all") is None  # every prompt
+    assert per_category("--workload", "real", "--per-category", "3") == 3
+    assert per_category("--workload", "real", "--quick") == 1
+    assert per_category() is None and per_category("--per-category", "all") is None  # others: all, as before
+    with pytest.raises(SystemExit):
+        ap.parse_args(["bench", "--per-category", "0"])
