@@ -15,7 +15,8 @@ import pytest
 from specdecode.bench import heldout
 from specdecode.bench.real import (REAL_CATEGORIES, build_real_workloads, chat_formatter, prepare_real_prompts,
                                    read_humaneval, render_workloads)
-from specdecode.bench.report import by_output_position, long_categories
+from specdecode.bench.positions import (by_output_position, format_output_position, long_categories,
+                                        plot_output_position)
 from specdecode.bench.workloads import (REAL_WORKLOAD, Workload, load_workloads, resolve_workload, save_workloads,
                                         select)
 from specdecode.config import ConfigError
@@ -127,6 +128,21 @@ def test_acceptance_by_output_position() -> None:
                "methods": [{"categories": {"chat": {"new_tokens_mean": 90}, "code": {"new_tokens_mean": 300}}}]}
     assert long_categories(summary) == ["code"]
     assert long_categories({**summary, "categories": ["reasoning", "chat", "overall"]}) == ["reasoning"]
+
+
+def test_output_position_table_and_plot(tmp_path: Path) -> None:
+    from specdecode.bench.report import _save
+
+    pos = by_output_position([[(4, 4)] * 40], bucket=64)  # 200 tokens: buckets from 0, 64, 128, 192
+    methods = [{"name": "plain", "status": "ok", "categories": {"reasoning": {}}},
+               {"name": "lookup/k4", "status": "ok", "categories": {"reasoning": {"acceptance_by_output_position": pos}}}]
+    summary = {"categories": ["chat", "reasoning", "overall"], "methods": methods}
+    table = format_output_position(summary)
+    assert table.splitlines()[0].startswith("reasoning: acceptance") and "192" in table.splitlines()[1]
+    assert table.splitlines()[2].split() == ["lookup/k4", "1.00", "1.00", "1.00", "1.00"]
+    assert format_output_position({**summary, "categories": ["chat", "overall"]}) == ""  # no long category data
+    png = _save(plot_output_position(summary), tmp_path / "p.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_heldout_check_finds_copied_prompts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..costmodel import Costs, expected_tokens, predicted_speedup
+from .positions import by_output_position, format_output_position, plot_output_position
 from .runners import Method, MethodFailure, PreparedPrompt, RunRecord, Skipped
 from .stats import Counts, counts_from_steps, first_mismatch, mean_std
 
@@ -24,8 +25,6 @@ BASELINE = "plain"
 FP32_BASELINE = "eager-plain"  # the reference for runs in fp32 arithmetic (eager path, transformers)
 DRAFT_MODEL_FAMILIES = frozenset({"draft", "draft-auto"})  # c from the measured draft forward
 NO_TOKEN_RUNTIMES = frozenset({"llama.cpp"})  # runtimes whose runs report timings, not token ids
-OUTPUT_BUCKET = 64  # output tokens per bucket of acceptance by output position
-LONG_CATEGORIES = ("long", "reasoning")  # plotted by output position (else the longest-running category)
 
 
 @dataclass(frozen=True)
@@ -153,31 +152,6 @@ def _category_metrics(m: Method, rs: Sequence[RunRecord], ids: set[str], reps: S
     return out
 
 
-def by_output_position(traces: Sequence[Sequence[tuple[int, int]]], bucket: int = OUTPUT_BUCKET
-                       ) -> dict[str, Any]:
-    """Accepted / drafted draft tokens per ``bucket`` of output position, pooled over runs.
-
-    Whether acceptance holds up deep into a long answer is what a long chain asks; a
-    pass counts in the bucket of the first token it emits (the tokens before it plus
-    one). Passes with no draft count nowhere, so plain decoding has empty buckets.
-    """
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for steps in traces:
-        pos = 0
-        for d, a in steps:
-            b = pos // bucket
-            if d:
-                if b >= len(drafted):
-                    drafted.extend([0] * (b + 1 - len(drafted)))
-                    accepted.extend([0] * (b + 1 - len(accepted)))
-                drafted[b] += d
-                accepted[b] += a
-            pos += a + 1
-    return {"bucket_tokens": bucket, "drafted": drafted, "accepted": accepted,
-            "acceptance": [a / d if d else None for a, d in zip(accepted, drafted)]}
-
-
 def _unfixed_draft_costs(counts: Counts, draft_s: float, costs: Costs) -> dict[str, Any]:
     """c, v and the predicted speedup of a method whose draft size varies per pass (trees, γ auto).
 
@@ -246,6 +220,9 @@ def format_table(summary: dict[str, Any]) -> str:
             row.append(f"{_pm(d.get('speedup'))} ({_f(d.get('tau'))})")
         rows2.append(row)
     lines += ["", _grid(head2, rows2)]
+    by_position = format_output_position(summary)
+    if by_position:
+        lines += ["", by_position]
     for m in summary["methods"]:
         if m["status"] != "ok":
             lines.append(f"{m['status']}: {m['name']}: {m['reason']}")
@@ -302,7 +279,7 @@ def _series(summary: dict[str, Any], family: str, cat: str, key: str) -> tuple[l
 
 def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     """speedup_vs_gamma.png, tau_vs_theory.png, acceptance_by_position.png, acceptance_by_output_position.png
-    (empty panels say why)."""
+    (positions.py) (empty panels say why)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -372,44 +349,8 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_ylim(0, 1.02)
         _label(ax, f"{fam}: acceptance by draft position", "draft position i", "P(token i accepted | drafted)")
     paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
-    paths.append(_plot_output_position(summary, out_dir / "acceptance_by_output_position.png"))
+    paths.append(_save(plot_output_position(summary), out_dir / "acceptance_by_output_position.png"))
     return paths
-
-
-def long_categories(summary: dict[str, Any]) -> list[str]:
-    """The categories to follow by output position: the long ones, else the one with the longest outputs."""
-    cats = [c for c in summary["categories"] if c != OVERALL]
-    named = [c for c in cats if c in LONG_CATEGORIES]
-    if named or not cats:
-        return named
-    lengths = {c: max((m["categories"].get(c, {}).get("new_tokens_mean") or 0 for m in summary["methods"]),
-                      default=0) for c in cats}
-    return [max(cats, key=lambda c: lengths[c])]
-
-
-def _plot_output_position(summary: dict[str, Any], path: Path) -> Path:
-    """Acceptance (accepted / drafted) per bucket of output position, one line per speculative method."""
-    import matplotlib.pyplot as plt
-
-    cats = long_categories(summary) or [OVERALL]
-    fig, axes = plt.subplots(1, len(cats), figsize=(5.6 * len(cats), 3.8), squeeze=False, sharey=True)
-    for ax, cat in zip(axes[0], cats):
-        drawn = 0
-        for m in summary["methods"]:
-            d = m["categories"].get(cat, {}).get("acceptance_by_output_position") if m["status"] == "ok" else None
-            if not d or not any(d["drafted"]):
-                continue
-            b = d["bucket_tokens"]
-            pts = [(i * b + b / 2, a) for i, a in enumerate(d["acceptance"]) if a is not None]
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=m["name"])
-            drawn += 1
-        if not drawn:
-            ax.text(0.5, 0.5, "no speculative method drafted here", ha="center", va="center", transform=ax.transAxes)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlim(left=0)
-        _label(ax, f"{cat}: acceptance over the answer", f"output position (tokens, {OUTPUT_BUCKET}-token buckets)",
-               "accepted / drafted")
-    return _save(fig, path)
 
 
 def _label(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
