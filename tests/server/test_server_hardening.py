@@ -167,3 +167,14 @@ def test_a_too_long_conversation_is_named_in_good_grammar(keyless: RunningServer
     assert r.status_code == 400 and err["code"] == "context_length_exceeded", err
     assert err["message"].startswith("the conversation in messages has "), err
     assert "the messages has" not in err["message"]
+
+
+def test_an_oversized_response_format_is_refused_before_compiling(keyless: RunningServer) -> None:
+    from specdecode.server.translate import MAX_SCHEMA_ITEMS
+
+    schema = {"enum": [[]] * (MAX_SCHEMA_ITEMS + 1)}
+    body = {**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    r = httpx.post(keyless.url + "/v1/completions", json=body, timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "response_format", err
+    assert f"more than {MAX_SCHEMA_ITEMS} items" in err["message"] and "simplify it" in err["message"], err

@@ -42,6 +42,9 @@ PARSE_IN_THREAD_BYTES = 64 * 1024  # bigger bodies are decoded and validated off
 # JSON items a body may hold: a message is ~4 (an element and its members), a token id 1, and a
 # response_format schema, logit_bias and the rest fit in the base
 ITEMS_BASE, ITEMS_PER_TOKEN = 65536, 8
+# a response_format this big already takes seconds to compile, and llguidance's parser fails on some
+# (1000 object properties) mid-decode; OpenAI's own limits are 5000 properties and 1000 enum values
+MAX_SCHEMA_ITEMS = 4096
 
 
 class ApiError(Exception):
@@ -194,7 +197,12 @@ def tokenize_prompt(state: ServerState, prompt: Union[str, list[int]], param: st
 
 
 def compile_constraint(state: ServerState, req: Any) -> Optional[Constraint]:
-    """``response_format`` compiled for the target (runs in a worker thread: a schema can take a while)."""
+    """``response_format`` compiled for the target (runs in a worker thread: a schema can take a while;
+    compiling, and the grammar's masks while decoding, grow with its size, hence the bound first)."""
+    if req.response_format is not None and count_items(req.response_format, MAX_SCHEMA_ITEMS) > MAX_SCHEMA_ITEMS:
+        raise ApiError(400, f"response_format: the schema holds more than {MAX_SCHEMA_ITEMS} items (object members, "
+                            "array elements, enum values); this server compiles schemas up to that size; simplify it",
+                       param="response_format", code="invalid_value")
     try:
         constraint = constraint_from_response_format(state.scheduler.target, req.response_format)
     except ConfigError as e:
@@ -208,6 +216,19 @@ def compile_constraint(state: ServerState, req: Any) -> Optional[Constraint]:
         raise ApiError(400, "ignore_eos cannot be combined with response_format: the format ends the output with "
                             "the end-of-sequence token; drop ignore_eos", param="ignore_eos", code="invalid_value")
     return constraint
+
+
+def count_items(obj: Any, limit: int) -> int:
+    """Object members and array elements in a parsed JSON value, counted until past ``limit``."""
+    n, stack = 0, [obj]
+    while stack and n <= limit:
+        node = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            n += 1
+            if isinstance(child, (dict, list)):
+                stack.append(child)
+    return n
 
 
 def build_specs(state: ServerState, req: Any, ids: list[int], max_tokens: Optional[int],
