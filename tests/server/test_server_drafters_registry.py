@@ -87,3 +87,9 @@ def test_every_registered_drafter_serves_with_default_flags_and_equals_plain(bun
         plain = [complete(client, p, "none") for p in prompts]
         for name in REGISTRY:
             assert [complete(client, p, name) for p in prompts] == plain, name
+        # as with `serve --drafter layerskip-adapter`: a request without a drafter field gets the default
+        bundled_server.state.default_drafter = "layerskip-adapter"
+        r = client.post(bundled_server.url + "/v1/completions", json={
+            "model": health["model"], "prompt": prompts[0], "max_tokens": 12, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain[0], r.text
+        assert r.json()["usage"]["speculative"]["drafted_by"].keys() <= {"layerskip-adapter"}, r.json()["usage"]
