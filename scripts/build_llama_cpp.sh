@@ -11,6 +11,7 @@
 # Env:   LLAMA_CPP_PYTHON_VERSION  pin the sdist (default: newest; the docs used 0.3.36)
 #        JOBS                      parallel compile jobs (default 2)
 #        PIP                       pip to download with (default: .venv/bin/pip, else pip)
+#        LLAMA_CPP_CLI=1           also build llama-cli (needs the server code: much longer)
 # Then:  specdecode bench --llama-cpp DEST ...
 set -euo pipefail
 
@@ -23,9 +24,14 @@ if [[ -z "$PIP" ]]; then
 fi
 SPEC="llama-cpp-python"
 if [[ -n "${LLAMA_CPP_PYTHON_VERSION:-}" ]]; then SPEC="llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}"; fi
-# The tools the bench runs (plain timing, speculative decoding, quantization), plus plain
-# generation and the tokenizer for checking a conversion by hand.
-TARGETS=(llama-bench llama-speculative-simple llama-quantize llama-simple llama-tokenize)
+# The tools the bench runs (plain timing, speculative and lookup decoding, quantization),
+# plus plain generation and the tokenizer for checking a file by hand. `llama-completion`
+# is the one-shot generator that older llama.cpp called `llama-cli`: from 0.3.3x on,
+# `llama-cli` is a chat front end over the server code and only builds with
+# LLAMA_BUILD_SERVER=ON (set LLAMA_CPP_CLI=1 to build it too; it takes several times longer).
+TARGETS=(llama-bench llama-speculative-simple llama-lookup llama-quantize llama-completion llama-simple llama-tokenize)
+BUILD_SERVER=OFF
+if [[ "${LLAMA_CPP_CLI:-0}" == "1" ]]; then TARGETS+=(llama-cli); BUILD_SERVER=ON; fi
 
 mkdir -p "$DEST"
 if [[ ! -f "$DEST/convert_hf_to_gguf.py" ]]; then
@@ -47,14 +53,14 @@ if [[ ! -f "$DEST/convert_hf_to_gguf.py" ]]; then
     rm -rf "$TMP"
 fi
 
-if [[ ! -f "$DEST/build/CMakeCache.txt" ]]; then
+if [[ ! -f "$DEST/build/CMakeCache.txt" ]] || ! grep -q "^LLAMA_BUILD_SERVER:BOOL=$BUILD_SERVER" "$DEST/build/CMakeCache.txt"; then
     echo "== configuring (Release, GGML_NATIVE=ON, CPU only)"
     cmake -S "$DEST" -B "$DEST/build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \
         -DGGML_NATIVE=ON \
         -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_SERVER=$BUILD_SERVER \
         -DLLAMA_OPENSSL=OFF
 fi
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from specdecode.bench import llamacpp
+from specdecode.bench import llamacpp, llamacpp_gguf
 from specdecode.bench.llamacpp_convert import GPT2_REGEX, is_gpt2_pretokenizer, pretokenizer_name
 from specdecode.cli import main
-from specdecode.config import ConfigError
+from specdecode.config import ConfigError, SamplingConfig
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,3 +256,112 @@ def test_converter_takes_tokenizer_json_without_a_sentencepiece_model(tmp_path: 
     (tmp_path / "tokenizer.model").write_bytes(b"")
     FakeTextModel(tmp_path)._set_vocab_sentencepiece(add_to_gguf=False)
     assert calls == ["sentencepiece add=False"]
+
+
+# ---------------------------------------------------------------------------
+# GGUF targets and lookup decoding (llamacpp_gguf.py), with stand-in binaries
+# ---------------------------------------------------------------------------
+
+def _stub_build(tmp_path: Path) -> llamacpp.LlamaCppBuild:
+    """A build whose tools are shell stand-ins: llama-quantize records its arguments and copies its input,
+    the speculative tools print the captured summary."""
+    bins = tmp_path / "bin"
+    bins.mkdir(parents=True)
+    captured = DATA / "llama_speculative_simple.txt"
+    (bins / llamacpp.QUANT_BIN).write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/quantize-calls\n'
+                                           'for a in "$@"; do case "$a" in --*) ;; *) set -- "$@" "$a";; esac; done\n'
+                                           'n=$#; eval src=\\${$((n-2))}; eval dst=\\${$((n-1))}; cp "$src" "$dst"\n')
+    for b in (llamacpp.BENCH_BIN, llamacpp.SPEC_BIN, llamacpp_gguf.LOOKUP_BIN):
+        (bins / b).write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/{b}.args\ncat {captured}\n")
+    for b in bins.iterdir():
+        b.chmod(0o755)
+    return llamacpp.LlamaCppBuild(tmp_path, bins, "stub 1")
+
+
+def test_formats_for_gguf_and_hf_targets(tmp_path: Path) -> None:
+    from gguf_util import tiny_gguf
+
+    hf, g = tiny_gguf(tmp_path, "Q8_0")
+    assert llamacpp_gguf.default_formats(str(g)) == "file"
+    assert llamacpp_gguf.default_formats(str(hf)) == "bf16,q8_0,q4_0"
+    assert llamacpp_gguf.parse_formats("file, q4_0,q8_0,q4_0", True) == ["file", "q4_0", "q8_0"]
+    assert llamacpp_gguf.parse_formats("file,bf16,q8_0", False) == ["bf16", "q8_0"]  # file = the BF16 conversion
+    with pytest.raises(ConfigError, match="--llama-cpp-formats.*q5_k"):
+        llamacpp_gguf.parse_formats("file,q5_k", True)
+    assert llamacpp_gguf.file_type(g) == "q8_0"
+
+
+def test_gguf_target_runs_as_is_and_requantizes_with_allow_requantize(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gguf_util import tiny_gguf
+    from specdecode.models import load_model
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    _, g = tiny_gguf(tmp_path, "Q4_1")
+    build = _stub_build(tmp_path)
+    target = load_model(str(g))
+    methods, skipped, files = llamacpp_gguf.build_methods(build, target, None, ["file", "q8_0", "q4_1"], [3], [4],
+                                                          1, SamplingConfig())
+    names = [m.name for m in methods]
+    # the file itself (named by its type), a Q8_0 made from it; q4_1 is the file's own type: no second copy
+    assert names == ["llama.cpp/q4_1", "llama.cpp-lookup/q4_1/k4", "llama.cpp/q8_0", "llama.cpp-lookup/q8_0/k4",
+                     "llama.cpp/q4_1", "llama.cpp-lookup/q4_1/k4"]
+    assert methods[0].gguf == g  # type: ignore[attr-defined]
+    calls = (tmp_path / "quantize-calls").read_text().splitlines()
+    assert len(calls) == 1 and calls[0].startswith(f"--allow-requantize {g} ") and calls[0].endswith(" Q8_0")
+    q8 = Path(files[f"{target.name}/q8_0"])
+    assert q8.is_file() and str(q8).startswith(str(tmp_path / "cache" / "llama.cpp"))
+    assert llamacpp_gguf.requantized(build, g, "q8_0") == q8  # cached: llama-quantize not run again
+    assert len((tmp_path / "quantize-calls").read_text().splitlines()) == 1
+    assert [s.name for s in skipped] == ["llama.cpp-spec/q4_1/g3", "llama.cpp-spec/q8_0/g3", "llama.cpp-spec/q4_1/g3"]
+    assert all("no draft model" in s.reason for s in skipped)
+
+
+def test_lookup_runs_llama_lookup_without_a_persistent_cache(tmp_path: Path) -> None:
+    from gguf_util import tiny_gguf
+    from specdecode.models import load_model
+
+    _, g = tiny_gguf(tmp_path, "Q8_0")
+    build = _stub_build(tmp_path)
+    target = load_model(str(g))
+    m = llamacpp_gguf.LlamaCppLookup(build, g, "q8_0", 4, 1, target)
+    assert (m.name, m.family, m.setting) == ("llama.cpp-lookup/q8_0/k4", "llama.cpp-lookup", 4)
+    out = m.run([5, 6, 7], 24)
+    assert len(out.token_ids) == 27 and out.seconds == pytest.approx(0.494)
+    args = (tmp_path / f"{llamacpp_gguf.LOOKUP_BIN}.args").read_text().split()
+    assert args[args.index("--spec-draft-n-max") + 1] == "4" and args[args.index("-n") + 1] == "23"
+    assert "-md" not in args and "-lcd" not in args and "--lookup-cache-dynamic" not in args
+    assert "--ignore-eos" in args and args[args.index("-m") + 1] == str(g)
+
+
+def test_prompt_text_keeps_bos_when_the_gguf_does_not_add_it(tmp_path: Path) -> None:
+    """The tiny GGUF says add_bos_token = false (as SmolLM2's does): a leading BOS of ours stays in the text."""
+    from gguf_util import tiny_gguf
+    from specdecode.models import load_model
+
+    _, g = tiny_gguf(tmp_path, "F16")
+    target = load_model(str(g))
+    bos = int(llamacpp_gguf.gguf_meta(g)["tokenizer.ggml.bos_token_id"])
+    m = llamacpp.LlamaCppSpeculative(_stub_build(tmp_path), g, g, "f16", 3, 1, target)
+    ids = [bos, 5, 6]
+    assert m.prompt_text(ids) == target.tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[union-attr]
+    stand_in = llamacpp.LlamaCppSpeculative(_stub_build(tmp_path / "x"), tmp_path / "none.gguf", g, "f16", 3, 1,
+                                            target)  # no file to read: the old rule (llama.cpp adds it)
+    eos = sorted(target.eos_token_ids)[0]
+    assert stand_in.prompt_text([eos, 5, 6]) == target.tokenizer.decode([5, 6], skip_special_tokens=False)  # type: ignore[union-attr]
+
+
+def test_comparison_pairs_lookup_with_our_lookup() -> None:
+    def entry(name: str, family: str, runtime: str, tps: float, setting: object = None) -> dict[str, object]:
+        return {"name": name, "family": family, "runtime": runtime, "setting": setting, "status": "ok",
+                "categories": {"overall": {"tokens_per_s": {"mean": tps}}}}
+
+    summary = {"methods": [entry("plain", "plain", "specdecode", 50.0),
+                           entry("lookup/k4", "lookup", "specdecode", 80.0, 4),
+                           entry("llama.cpp/q8_0", "llama.cpp-plain", "llama.cpp", 40.0),
+                           entry("llama.cpp-lookup/q8_0/k4", "llama.cpp-lookup", "llama.cpp", 64.0, 4)]}
+    rows = {r["llama_cpp"]: r for r in llamacpp.comparison(summary, "int8", [])}
+    assert rows["llama.cpp/q8_0"]["ours"] == "plain" and rows["llama.cpp/q8_0"]["same_weight_format"]
+    assert rows["llama.cpp/q8_0"]["ratio_ours_over_theirs"] == pytest.approx(1.25)
+    assert rows["llama.cpp-lookup/q8_0/k4"]["ours"] == "lookup/k4"
+    assert rows["llama.cpp-lookup/q8_0/k4"]["ratio_ours_over_theirs"] == pytest.approx(1.25)

@@ -128,12 +128,16 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                    help="torch threads for every method, fixed for the whole run; 0 = decide once at the start: "
                         "all cores if the machine is otherwise idle, else 1 (default: 0; quick: 1)")
     b.add_argument("--llama-cpp", metavar="DIR",
-                   help="also run llama.cpp (a build made by scripts/build_llama_cpp.sh, or its bin folder): the pair "
-                        "converted to GGUF, plain decoding (llama-bench) per --llama-cpp-formats and speculative "
-                        "decoding (llama-speculative-simple) per format and --peer-gammas, interleaved with ours on "
-                        "the same prompts, budgets and --threads (default: not run)")
-    b.add_argument("--llama-cpp-formats", default="bf16,q8_0,q4_0",
-                   help="GGUF weight formats for the llama.cpp runs (default: %(default)s)")
+                   help="also run llama.cpp (a build made by scripts/build_llama_cpp.sh, or its bin folder), "
+                        "interleaved with ours on the same prompts, budgets and --threads: plain decoding "
+                        "(llama-bench) per --llama-cpp-formats, speculative decoding (llama-speculative-simple) per "
+                        "format and --peer-gammas when there is a draft, and lookup decoding (llama-lookup) per "
+                        "--lookup-tokens when the lookup family runs. A GGUF --target runs as that very file; an HF "
+                        "directory is converted to GGUF first (default: not run)")
+    b.add_argument("--llama-cpp-formats", default=None,
+                   help="GGUF weight formats for the llama.cpp runs: 'file' (a GGUF target as given), bf16, f16, "
+                        "q8_0, q4_0 (made by llama-quantize, --allow-requantize from a quantized GGUF) "
+                        "(default: file for a GGUF target, bf16,q8_0,q4_0 for an HF directory)")
     add_dataclass_args(b, ModelLoadConfig)
     add_dataclass_args(b, SamplingConfig)  # every method samples alike; > 0 adds 'draft-token' beside 'draft'
     b.add_argument("--cost-repeats", type=int, help="timed rounds when measuring c and v(γ) (default: 20)")
@@ -329,6 +333,16 @@ def adaptive_threads() -> int:
     return cores if os.getloadavg()[0] < 0.75 else 1
 
 
+def _peer_source(target: str) -> Path:
+    """What --target names on disk (a catalogued name resolves to its GGUF), for choosing llama.cpp's formats."""
+    from ..models.loading import resolve_model_path
+
+    try:
+        return resolve_model_path(target)
+    except Exception:  # loading the target reports it properly a moment later
+        return Path(target)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
@@ -345,7 +359,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import llamacpp
 
     peer_build = llamacpp.locate(args.llama_cpp) if args.llama_cpp else None  # a bad path fails before loading
-    peer_formats = llamacpp.parse_formats(args.llama_cpp_formats)
     gammas, lookup_tokens, peer_gammas, reps = st.gammas, st.lookup_tokens, st.peer_gammas, st.reps
     sampling = from_args(SamplingConfig, args)
     families = list(st.families)
@@ -358,6 +371,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
     target_path = resolve_target(args)
     draft_path = resolve_draft_path(args, needed=not args.target)  # the bundled pair unless --target is given
+    from . import llamacpp_gguf
+
+    peer_source = str(_peer_source(target_path))  # checked before loading
+    peer_formats = llamacpp_gguf.parse_formats(args.llama_cpp_formats or llamacpp_gguf.default_formats(peer_source),
+                                               llamacpp_gguf.is_gguf_path(peer_source))
     load_before = os.getloadavg()[0]
     if load_before > (os.cpu_count() or 1):
         print(f"warning: the machine is busy (load average {load_before:.1f} on {os.cpu_count()} CPUs): timings will "
@@ -379,8 +397,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                      "peer_gammas": peer_gammas})
     peer_files: dict[str, str] = {}
     if peer_build is not None:
-        peer_methods, peer_skipped, peer_files = llamacpp.build_methods(
-            peer_build, target, draft, peer_formats, peer_gammas, threads, sampling, log=sys.stderr)
+        peer_methods, peer_skipped, peer_files = llamacpp_gguf.build_methods(
+            peer_build, target, draft, peer_formats, peer_gammas, lookup_tokens if "lookup" in families else [],
+            threads, sampling, log=sys.stderr)
         methods += peer_methods
         skipped += peer_skipped
     memory["after_loading_peers_mib"] = _maxrss_mib()

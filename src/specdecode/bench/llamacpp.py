@@ -21,6 +21,9 @@ the same pair, prompts, budgets and threads as ours, interleaved with our runs:
   remaining budget, so a run may emit up to γ tokens more than asked: tok/s counts the
   tokens it actually emitted.
 
+GGUF targets (the file itself, and its requantized forms), lookup decoding (``llama-lookup``) and
+the assembly of all llama.cpp methods live in ``llamacpp_gguf.py``.
+
 llama.cpp's tokens are not compared with ours (llama-bench does not use our prompt,
 and its arithmetic differs), so its rows have no exact-match figure.
 """
@@ -38,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..config import ConfigError, SamplingConfig
+from ..config import ConfigError
 from ..models import Model
-from .runners import Method, RunOutput, Skipped
+from .runners import Method, RunOutput
 
 RUNTIME = "llama.cpp"
 FORMATS = ("bf16", "q8_0", "q4_0")  # GGUF weight formats; bf16 from the converter, the others via llama-quantize
@@ -74,7 +77,7 @@ class LlamaCppBuild:
 
     def describe(self) -> dict[str, Any]:
         return {"checkout": str(self.checkout), "bin_dir": str(self.bin_dir), "version": self.version,
-                "binaries": {b: self.binary(b) is not None for b in (BENCH_BIN, SPEC_BIN, QUANT_BIN)}}
+                "binaries": {b: self.binary(b) is not None for b in (BENCH_BIN, SPEC_BIN, QUANT_BIN, "llama-lookup")}}
 
 
 def locate(path: str) -> LlamaCppBuild:
@@ -314,6 +317,20 @@ class SpecStats:
                 "prompt_token_mismatches": self.prompt_token_mismatches, "lost_summaries": self.lost_summaries}
 
 
+def _bos_rule(gguf: Path, eos_ids: Any) -> tuple[bool, frozenset[int]]:
+    """(whether llama.cpp adds BOS to the prompt, the ids a leading one of ours may be) for ``gguf``."""
+    meta: dict[str, Any] = {}
+    try:
+        from ..models.gguf import read_gguf
+
+        meta = read_gguf(gguf)[0].meta
+    except Exception:  # no file (a stand-in in tests) or an architecture we do not load: the old rule
+        pass
+    if "tokenizer.ggml.add_bos_token" in meta and "tokenizer.ggml.bos_token_id" in meta:
+        return bool(meta["tokenizer.ggml.add_bos_token"]), frozenset({int(meta["tokenizer.ggml.bos_token_id"])})
+    return True, frozenset(int(i) for i in eos_ids)
+
+
 class LlamaCppSpeculative:
     """llama-speculative-simple with the draft model, greedy, fixed γ, EOS ignored (see the module doc)."""
 
@@ -328,11 +345,16 @@ class LlamaCppSpeculative:
         self.binary = build.binary(SPEC_BIN)
         self.target_gguf, self.draft_gguf = target_gguf, draft_gguf
         self.stats = SpecStats()
+        self._bos: Optional[tuple[bool, frozenset[int]]] = None
 
     def prompt_text(self, prompt: list[int]) -> str:
-        """Our ids as text, special tokens spelled out (llama.cpp parses them back). The converted
-        tokenizer adds BOS itself, so a leading BOS/EOT of ours is left to it."""
-        ids = prompt[1:] if prompt and prompt[0] in self.target.eos_token_ids else prompt
+        """Our ids as text, special tokens spelled out (llama.cpp parses them back). Where the GGUF says
+        llama.cpp adds BOS itself (``tokenizer.ggml.add_bos_token``), a leading BOS of ours is left to it;
+        a GGUF without the key is taken to add it, so a leading BOS/EOT of ours is dropped."""
+        if self._bos is None:
+            self._bos = _bos_rule(self.target_gguf, self.target.eos_token_ids)
+        adds, bos_ids = self._bos
+        ids = prompt[1:] if adds and prompt and prompt[0] in bos_ids else prompt
         return self.target.tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[union-attr]
 
     def command(self, prompt_file: str, n_prompt: int, n_gen: int) -> list[str]:
@@ -367,50 +389,6 @@ class LlamaCppSpeculative:
         return RunOutput([-1] * r.n_predict, r.seconds, None)
 
 
-def build_methods(build: LlamaCppBuild, target: Model, draft: Optional[Model], formats: Sequence[str],
-                  gammas: Sequence[int], threads: int, sampling: SamplingConfig,
-                  log: Any = None) -> tuple[list[Method], list[Skipped], dict[str, str]]:
-    """llama.cpp plain per format, and speculative per format and γ when there is a draft; converts on
-    first use. Returns methods, skipped entries with reasons, and the GGUF files used."""
-    methods: list[Method] = []
-    skipped: list[Skipped] = []
-    files: dict[str, str] = {}
-
-    def convert(model: Model, fmt: str) -> Path:
-        if log is not None:
-            print(f"llama.cpp: converting {model.name} to {fmt.upper()} (cached after the first time)", file=log)
-        p = gguf_path(build, Path(model.path), fmt)
-        files[f"{model.name}/{fmt}"] = str(p)
-        return p
-
-    for fmt in formats:
-        try:
-            tgt = convert(target, fmt)
-        except (LlamaCppError, subprocess.TimeoutExpired, OSError) as e:
-            skipped.append(Skipped(f"llama.cpp/{fmt}", "llama.cpp-plain", RUNTIME, str(e)))
-            continue
-        methods.append(LlamaCppPlain(build, tgt, fmt, threads))
-        for g in gammas:
-            label = f"llama.cpp-spec/{fmt}/g{g}"
-            reason = None
-            if draft is None:
-                reason = "no draft model (pass --draft DIR)"
-            elif build.binary(SPEC_BIN) is None:
-                reason = f"no {SPEC_BIN} in {build.bin_dir} (scripts/build_llama_cpp.sh builds it)"
-            elif not sampling.greedy:
-                reason = "greedy only (llama.cpp's sampled speculation is another algorithm than ours)"
-            elif target.tokenizer is None:
-                reason = f"{target.path} has no tokenizer.json to turn our prompts into text"
-            if reason is None:
-                try:
-                    methods.append(LlamaCppSpeculative(build, tgt, convert(draft, fmt), fmt, g, threads, target))
-                    continue
-                except (LlamaCppError, subprocess.TimeoutExpired, OSError) as e:
-                    reason = str(e)
-            skipped.append(Skipped(label, "llama.cpp-spec", RUNTIME, reason))
-    return methods, skipped, files
-
-
 def start_timed_runs(methods: Sequence[Method]) -> None:
     """Forget what the untimed warm-up runs recorded, so acceptance figures cover the timed runs only."""
     for m in methods:
@@ -436,7 +414,8 @@ OUR_DTYPE_FOR = {"bf16": ("bfloat16", "bf16"), "q8_0": ("int8",), "q4_0": ("int4
 def comparison(summary: dict[str, Any], weight_dtype: str, methods: Sequence[Method]) -> list[dict[str, Any]]:
     """One row per llama.cpp method: its overall tok/s beside our counterpart's, ratio = ours / theirs.
 
-    Counterparts: our plain decoding for llama.cpp's plain runs; for speculative runs our draft model at
+    Counterparts: our plain decoding for llama.cpp's plain runs; our lookup at the same k for its lookup
+    runs; for speculative runs our draft model at
     the same γ, and our best speculative method. ``same_format`` says whether our weights are the format
     llama.cpp ran (our plain path runs ``weight_dtype``)."""
     tps = {m["name"]: (m["categories"].get("overall", {}).get("tokens_per_s") or {}).get("mean")
@@ -455,6 +434,8 @@ def comparison(summary: dict[str, Any], weight_dtype: str, methods: Sequence[Met
         same = weight_dtype.replace("torch.", "") in OUR_DTYPE_FOR.get(fmt, ())
         if m["family"] == "llama.cpp-plain":
             pairs = [("plain", tps.get("plain"))]
+        elif m["family"] == "llama.cpp-lookup":
+            pairs = [(f"lookup/k{m['setting']}", tps.get(f"lookup/k{m['setting']}"))]
         else:
             same_g = f"draft/g{m['setting']}"
             pairs = [(same_g, tps.get(same_g))] + ([(best, ours_spec[best])] if best and best != same_g else [])
