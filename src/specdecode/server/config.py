@@ -22,7 +22,8 @@ class ServerConfig:
         default=None, metadata=_help("require 'Authorization: Bearer KEY' on /v1/*; unset = no auth, unless "
                                      "--api-key-file or $SPECDECODE_API_KEY gives one (a key here shows in `ps`)"))
     api_key_file: Optional[str] = field(
-        default=None, metadata=_help("read the API key from this file (surrounding whitespace ignored) instead of --api-key"))
+        default=None, metadata=_help("read the API key from this file (surrounding whitespace ignored) instead "
+                                     "of --api-key"))
     allowed_hosts: Optional[str] = field(
         default=None, metadata=_help("without an API key, requests must name this server in their Host header "
                                      "(localhost, 127.0.0.1, [::1], the --host address; any IP when bound to all "
