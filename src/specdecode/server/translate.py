@@ -64,7 +64,6 @@ class ClientGone(Exception):
     """The client disconnected before its (non-streaming) answer was ready."""
 
 
-
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|literal|function-\w+|[A-Z]\w*)(\[.*\])?$")
 
 
@@ -337,7 +336,6 @@ def failure_error(f: Failure) -> ApiError:
     if f.kind == "shutdown":
         return ApiError(503, f.message, "server_error", code="shutting_down", retry_after=RETRY_AFTER_DRAIN_S)
     return ApiError(500, f.message, "server_error", code="internal_error")
-
 
 
 def token_text(state: ServerState, token: int) -> str:
