@@ -121,9 +121,9 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--per-category", type=parse_per_category,
                    help="use only the first N prompts of each category; 'all' for every one")
     b.add_argument("--max-new-tokens", type=int, help="cap every prompt's token budget at this")
-    b.add_argument("--stop-at-eos", action="store_true",
-                   help="stop at end-of-sequence (default: generate the full budget so all methods emit the "
-                        "same number of tokens)")
+    b.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=None,
+                   help="stop at end-of-sequence (default: on for the chat workload 'real', where text past the "
+                        "answer's end would inflate speedups; off otherwise, so all methods emit the full budget)")
     b.add_argument("--threads", type=int, default=None,
                    help="torch threads for every method, fixed for the whole run; 0 = decide once at the start: "
                         "all cores if the machine is otherwise idle, else 1 (default: 0; quick: 1)")
@@ -368,6 +368,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
 
     workload_path = resolve_workload(args.workload)
+    if args.stop_at_eos is None:  # greedy outputs are identical, so every method still emits the same tokens
+        args.stop_at_eos = args.workload == "real"
     workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
     target_path = resolve_target(args)
     draft_path = resolve_draft_path(args, needed=not args.target)  # the bundled pair unless --target is given
