@@ -365,3 +365,43 @@ def test_comparison_pairs_lookup_with_our_lookup() -> None:
     assert rows["llama.cpp/q8_0"]["ratio_ours_over_theirs"] == pytest.approx(1.25)
     assert rows["llama.cpp-lookup/q8_0/k4"]["ours"] == "lookup/k4"
     assert rows["llama.cpp-lookup/q8_0/k4"]["ratio_ours_over_theirs"] == pytest.approx(1.25)
+
+
+@pytest.mark.slow
+def test_bench_gguf_target_with_llama_cpp_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny Q8_0 GGUF as --target: llama.cpp plain on the file and on a Q4_0 made from it, and its lookup
+    decoding beside ours; no conversion step."""
+    from gguf_util import tiny_gguf
+
+    build = _build()
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    _, g = tiny_gguf(tmp_path, "Q8_0")
+    wl = tmp_path / "one.jsonl"
+    wl.write_text(json.dumps({"id": "c1", "category": "completion", "prompt": "def f(x):\n    return x + 1\n" * 4,
+                              "max_new_tokens": 16}) + "\n")
+    out = tmp_path / "out"
+    assert main(["bench", "--target", str(g), "--methods", "plain,lookup", "--lookup-tokens", "3", "--workload",
+                 str(wl), "--reps", "1", "--threads", "1", "--cost-repeats", "1", "--no-plots", "--no-progress",
+                 "--llama-cpp", str(build.checkout), "--llama-cpp-formats", "file,q4_0", "--out", str(out)]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    names = {m["name"]: m for m in data["methods"]}
+    for name in ("llama.cpp/q8_0", "llama.cpp/q4_0", "llama.cpp-lookup/q8_0/k3", "llama.cpp-lookup/q4_0/k3"):
+        assert names[name]["status"] == "ok", (name, names[name]["reason"])
+    assert data["llama_cpp"]["gguf"][f"{g.name}/q8_0"] == str(g)  # the very file
+    rows = {(r["llama_cpp"], r["ours"]): r for r in data["llama_cpp"]["comparison"]}
+    assert rows[("llama.cpp/q8_0", "plain")]["same_weight_format"]
+    assert rows[("llama.cpp-lookup/q8_0/k3", "lookup/k3")]["spec"]["prompt_token_mismatches"] == 0
+
+
+def test_decode_only_comparison_reads_llama_bench_tg_at_depth(tmp_path: Path) -> None:
+    from specdecode.bench import llamacpp_decode
+
+    stub = tmp_path / llamacpp.BENCH_BIN
+    stub.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\necho 'loading...'\n"
+                    "echo '[{\"n_prompt\": 0, \"n_gen\": 8, \"n_depth\": 32, \"samples_ns\": [100000000], "
+                    "\"model_type\": \"llama ?B Q4_0\", \"n_threads\": 1}]'\n")
+    stub.chmod(0o755)
+    t = llamacpp_decode.theirs(stub, "m.gguf", 1, 32, 8)
+    assert t["tokens_per_s"] == pytest.approx(80.0) and t["n_depth"] == 32
+    assert (tmp_path / "args").read_text().split() == ["-m", "m.gguf", "-t", "1", "-p", "0", "-n", "8", "-d", "32",
+                                                       "-r", "1", "-o", "json"]
