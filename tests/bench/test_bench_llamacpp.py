@@ -304,8 +304,7 @@ def test_gguf_target_runs_as_is_and_requantizes_with_allow_requantize(tmp_path: 
                                                           1, SamplingConfig())
     names = [m.name for m in methods]
     # the file itself (named by its type), a Q8_0 made from it; q4_1 is the file's own type: no second copy
-    assert names == ["llama.cpp/q4_1", "llama.cpp-lookup/q4_1/k4", "llama.cpp/q8_0", "llama.cpp-lookup/q8_0/k4",
-                     "llama.cpp/q4_1", "llama.cpp-lookup/q4_1/k4"]
+    assert names == ["llama.cpp/q4_1", "llama.cpp-lookup/q4_1/k4", "llama.cpp/q8_0", "llama.cpp-lookup/q8_0/k4"]
     assert methods[0].gguf == g  # type: ignore[attr-defined]
     calls = (tmp_path / "quantize-calls").read_text().splitlines()
     assert len(calls) == 1 and calls[0].startswith(f"--allow-requantize {g} ") and calls[0].endswith(" Q8_0")
@@ -313,7 +312,7 @@ def test_gguf_target_runs_as_is_and_requantizes_with_allow_requantize(tmp_path: 
     assert q8.is_file() and str(q8).startswith(str(tmp_path / "cache" / "llama.cpp"))
     assert llamacpp_gguf.requantized(build, g, "q8_0") == q8  # cached: llama-quantize not run again
     assert len((tmp_path / "quantize-calls").read_text().splitlines()) == 1
-    assert [s.name for s in skipped] == ["llama.cpp-spec/q4_1/g3", "llama.cpp-spec/q8_0/g3", "llama.cpp-spec/q4_1/g3"]
+    assert [s.name for s in skipped] == ["llama.cpp-spec/q4_1/g3", "llama.cpp-spec/q8_0/g3"]
     assert all("no draft model" in s.reason for s in skipped)
 
 

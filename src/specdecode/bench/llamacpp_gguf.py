@@ -161,6 +161,8 @@ def build_methods(build: lc.LlamaCppBuild, target: Model, draft: Optional[Model]
         except (lc.LlamaCppError, subprocess.TimeoutExpired, OSError, ValueError) as e:
             skipped.append(Skipped(f"llama.cpp/{fmt}", "llama.cpp-plain", lc.RUNTIME, str(e)))
             continue
+        if f"llama.cpp/{label}" in {m.name for m in methods}:
+            continue  # 'file' and the file's own type are one file
         methods.append(lc.LlamaCppPlain(build, tgt, label, threads))
         for g in gammas:
             reason = "no draft model (pass --draft DIR or FILE.gguf)" if draft is None else why_not_text(lc.SPEC_BIN)
