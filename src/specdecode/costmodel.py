@@ -284,17 +284,25 @@ def quick_costs(target: "Model", draft: Optional["Model"], draft_head: Optional[
     costs = measure_costs(target, draft, draft_head=draft_head, draft_layers=draft_layers, reps=QUICK_REPS,
                           widths=QUICK_WIDTHS, statistic=min)
     log.info("gamma=auto: measured v(k) and c in %.1f s (refined from the live passes)", time.perf_counter() - t0)
-    times = no_dearer_than_wider(costs.target_s)
+    times = plausible(costs.target_s)
     return replace(Costs.from_times(times, costs.draft_s, costs.context_len, costs.repeats), key=key)
 
 
-def no_dearer_than_wider(times: Sequence[float]) -> list[float]:
-    """Each width's time capped by every wider one's: a pass over fewer tokens cannot really cost more,
-    so a narrower width that reads dearer was hit by load (on a loaded 2-core machine one width of a
-    3-sample minimum read 7.5x the one-token pass while its neighbours read 1-3x)."""
+def plausible(times: Sequence[float], fixed: Sequence[bool] = ()) -> list[float]:
+    """Pass times by width (1, 2, ...) with what load added taken out, as far as physics tells: a pass
+    over n tokens costs at most n/m times a pass over m < n (the same work per token at worst), and
+    no more than a wider pass. On a loaded 2-core machine a 3-sample minimum read 7.5x the one-token
+    pass at width 2 while its neighbours read 1-3x, and 6x from width 5 on: left so, the wider
+    widths would never be tried and so never measured. ``fixed[i]``: keep width i + 1 as given (a
+    figure the live passes established), while it still bounds the others."""
     out = list(times)
+    keep = list(fixed) + [False] * (len(out) - len(fixed))
+    for i in range(1, len(out)):
+        if not keep[i]:
+            out[i] = min(out[i], out[i - 1] * (i + 1) / i)
     for i in range(len(out) - 2, -1, -1):
-        out[i] = min(out[i], out[i + 1])
+        if not keep[i]:
+            out[i] = min(out[i], out[i + 1])
     return out
 
 

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Optional, Protocol, Sequence
 
-from .costmodel import MAX_GAMMA, Costs, expected_tokens
+from .costmodel import MAX_GAMMA, Costs, expected_tokens, plausible
 
 SPECULATION_MARGIN = 1.08  # predicted tokens/s over plain decoding needed before speculating
 ALPHA_BUCKETS = 1024  # α resolution of the memoised single-row choice
@@ -230,7 +230,9 @@ class GammaPolicy:
             return got
         costs = self._offline[name]
         unit = self._unit(costs.v)
-        widths = tuple(blend(self._t.get((1, w)), unit * costs.v_at(w - 1)) for w in range(1, self.max_gamma + 2))
+        live = [self._t.get((1, w)) for w in range(1, self.max_gamma + 2)]
+        widths = tuple(plausible([blend(t, unit * costs.v_at(w)) for w, t in enumerate(live)],
+                                 [t is not None and t.n >= TRUST for t in live]))
         got = self._tables[name] = (widths, blend(self._draft.get((name, 1)), unit * costs.c))
         return got
 

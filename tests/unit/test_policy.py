@@ -205,3 +205,23 @@ def test_a_probe_drafts_what_a_fresh_drafter_would() -> None:
     assert fresh > 1 and p.probe_length(RowPlan("model", 8, True, 0.05), 0.7) == fresh
     p.set_offline("model", Costs(c=1.5, v=tuple([1.0] * 16)))
     assert p.probe_length(RowPlan("model", 8, True, 0.05), 0.7) == 1  # nothing pays: the cheapest probe
+
+
+def test_load_inflated_widths_are_bounded_by_their_neighbours() -> None:
+    from specdecode.costmodel import plausible
+
+    measured_under_load = [1.0, 7.51, 2.28, 3.15, 1.0, 3.25, 3.25]  # a 3-sample minimum on a busy 2-core machine
+    assert plausible(measured_under_load) == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 1.4])
+    assert plausible([1.0, 2.3, 2.4], fixed=[False, True, False]) == [1.0, 2.3, 2.4]  # live figures stay
+
+
+def test_a_pessimistic_wide_width_is_still_tried() -> None:
+    """A cache saying every pass over 5+ tokens costs 6x would keep γ ≤ 3 forever (those widths never
+    run, so never get measured); bounded by the measured narrower widths, they get tried."""
+    p = GammaPolicy()
+    p.set_offline("model", Costs(c=0.02, v=(1.0, 1.0, 1.0, 1.0) + (6.0,) * 12))
+    for _ in range(4):
+        for w in (1, 2, 3, 4):
+            p.record_target(1, w, 0.010)
+    assert p.target_seconds(1, 5, "model") == pytest.approx(0.0125)  # at most 5/4 of the measured 4-token pass
+    assert p.target_seconds(1, 9, "model") == pytest.approx(0.0225)
