@@ -146,6 +146,9 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--quick", action="store_true", help=QUICK_HELP)
     b.set_defaults(func=cmd_bench)
+    from .costs import add_parser as add_costs_parser  # `bench costs`: v(n) per weight format and kernel path
+
+    add_costs_parser(b.add_subparsers(dest="bench_command", metavar="{costs}"))
 
     t = sub.add_parser("theory", help="expected speedup of speculative decoding (Leviathan et al.'s model)",
                        description="E = (1-α^(γ+1))/(1-α) tokens per target pass; speedup = E/(γc + v), with "

@@ -1,0 +1,138 @@
+"""`specdecode bench costs`: v(n) of the target's verify pass per weight format, kernel path and thread count.
+
+v(n) = time of a target pass over n new tokens / time of a one-token pass (a decode step), with the
+engine's own forward calls on a warm cache (``costmodel.measure_costs``, the figures ``gamma="auto"``
+uses). Speculation pays only while v stays low: verifying a draft of gamma tokens costs v(gamma + 1)
+decode steps. So anyone can check on their own CPU how the bf16, int8 and int4 paths, and each SIMD
+path the kernels offer there (``--isas``), price a verification pass. Paths are timed round by round in
+alternating order in one process, the median kept, so background load hits every path alike; with
+1 thread the timer is this thread's CPU time.
+
+    specdecode bench costs [--target DIR] [--formats bf16,int8,int4] [--threads 1,2] [--max-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any, Optional
+
+import torch
+
+FORMATS = ("bf16", "int8", "int4")
+QUANT_PATHS = ("scalar", "avx2", "vnni512")  # the quantized kernel's paths (kernels/quant.py)
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    c = sub.add_parser("costs", help="v(1..16) of a verify pass per weight format and kernel path (this CPU)",
+                       description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--target", help="target model directory (default: bundled models/code-target)")
+    c.add_argument("--formats", default=",".join(FORMATS), help="weight formats (default: %(default)s)")
+    c.add_argument("--isas", default=None,
+                   help="kernel paths to compare, comma-separated, for each format where the CPU has them: "
+                        "bf16: avx2, avx512, avx512bf16; int8/int4: avx2, vnni512; 'auto' = the best "
+                        "(default: every SIMD path this CPU has)")
+    c.add_argument("--threads", default="1", help="torch thread counts, comma-separated (default: %(default)s)")
+    c.add_argument("--max-tokens", type=int, default=16, help="widest pass timed, in new tokens (default: 16)")
+    c.add_argument("--context", type=int, default=200, help="tokens already in the cache (default: 200)")
+    c.add_argument("--rounds", type=int, default=3, help="rounds over the paths, alternating order (default: 3)")
+    c.add_argument("--reps", type=int, default=5, help="timed samples per pass width per round (default: 5)")
+    c.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    c.set_defaults(func=cmd_costs)
+
+
+def _paths(fmt: str, wanted: Optional[list[str]]) -> list[str]:
+    """This CPU's SIMD paths for ``fmt``'s kernel (or the wanted ones it has, 'auto' always)."""
+    if fmt == "bf16":
+        from ..kernels import supported_isas
+
+        have = [i for i in supported_isas() if i != "scalar"] or ["auto"]
+    else:
+        from ..kernels.quant import load_quant_extension
+
+        best = load_quant_extension().best_isa()
+        have = [i for i in QUANT_PATHS[: QUANT_PATHS.index(best) + 1] if i != "scalar"] or ["auto"]
+    if wanted is None:
+        return have
+    return [i for i in wanted if i in have or i == "auto"]
+
+
+def _set_path(fmt: str, isa: str) -> None:
+    if fmt == "bf16":
+        from ..kernels import fast_linear_available, set_kernel_isa
+
+        if fast_linear_available():
+            set_kernel_isa(isa)
+    else:
+        from ..kernels.quant import set_quant_isa
+
+        set_quant_isa(isa)
+
+
+def measure(target: str, formats: list[str], isas: Optional[list[str]], threads: list[int], max_tokens: int,
+            context: int, rounds: int, reps: int, log=print) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """One row per (format, path, threads): median seconds of passes over 1..max_tokens new tokens and v(n)."""
+    from ..costmodel import measure_costs
+    from ..models import load_model
+
+    rows: list[dict[str, Any]] = []
+    before = torch.get_num_threads()
+    try:
+        for fmt in formats:
+            model = load_model(target, weight_dtype=fmt)
+            ids = [(300 + i) % model.vocab_size for i in range(context)]
+            paths = _paths(fmt, isas)
+            if not paths:
+                log(f"{fmt}: none of the paths {','.join(isas or [])} runs on this CPU; skipped")
+                continue
+            for nt in threads:
+                torch.set_num_threads(nt)
+                times: dict[str, list[tuple[float, ...]]] = {p: [] for p in paths}
+                for r in range(rounds):
+                    for isa in paths if r % 2 == 0 else paths[::-1]:
+                        _set_path(fmt, isa)
+                        c = measure_costs(model, None, max_gamma=max_tokens - 1, reps=reps, context=ids)
+                        times[isa].append(tuple(c.target_s))
+                for isa in paths:
+                    med = [statistics.median(t[n] for t in times[isa]) for n in range(max_tokens)]
+                    rows.append({"format": fmt, "isa": isa, "threads": nt, "pass_s": med,
+                                 "v": [m / med[0] for m in med], "kernels": model.kernels.describe()})
+                _set_path(fmt, "auto")
+            del model
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], max_tokens: int) -> str:
+    head = f"{'format':<7}{'path':<12}{'thr':>4}{'1-token ms':>11}  " + " ".join(f"{n:>5d}" for n in range(2, max_tokens + 1))
+    lines = [head, f"{'':<34}v(n): a pass over n new tokens / a one-token pass"]
+    for r in rows:
+        lines.append(f"{r['format']:<7}{r['isa']:<12}{r['threads']:>4}{1e3 * r['pass_s'][0]:>11.2f}  "
+                     + " ".join(f"{v:5.2f}" for v in r["v"][1:]))
+    return "\n".join(lines)
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    from ..cli import resolve_target
+    from .cli import parse_int_list
+    from ..config import ConfigError
+
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ConfigError(f"--formats: unknown {', '.join(bad)}; use some of {', '.join(FORMATS)}")
+    if args.max_tokens < 2:
+        raise ConfigError("--max-tokens must be at least 2")
+    isas = [i.strip() for i in args.isas.split(",") if i.strip()] if args.isas else None
+    threads = parse_int_list(args.threads, "--threads")
+    target = resolve_target(args)
+    rows = measure(target, formats, isas, threads, args.max_tokens, args.context, args.rounds, args.reps)
+    print(f"{target}: {args.context}-token context, median of {args.rounds} rounds x {args.reps} samples")
+    print(format_table(rows, args.max_tokens))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": target, "context": args.context, "rows": rows}, f, indent=2)
+    return 0
