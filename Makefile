@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test bench serve clean
+.PHONY: setup run test test-full lint bench serve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,21 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/specdecode generate --prompt-file examples/prompt.py --max-new-tokens 96 --gamma 4
 
+# Two tiers; every test is in exactly one (the `slow` marker, registered in pyproject.toml).
+# `make test`: the fast tier, budget <= 5 min of test time on a 2-core machine (about 3 min when quiet):
+# unit tests, a cheap exactness test per acceptance rule, greedy identity, a server smoke test.
 test: setup
-	$(PY) -m pytest -q -x --durations=15
+	$(PY) -m pytest -q -x -m "not slow" --durations=25
+
+# `make test-full`: the full tier (soak, fuzz, drain, browser page, training, long chi-square law tests,
+# slow end-to-end CLI and server runs); .ci/run runs it after `make test`. Budget <= 25 min on 2 cores.
+test-full: setup
+	$(PY) -m pytest -q -m slow --durations=25
+
+# Lint (not yet in .ci/run): the rule set is [tool.ruff] in pyproject.toml.
+lint: setup
+	$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff
+	$(PY) -m ruff check src tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -11,6 +11,8 @@ import pytest
 from specdecode.bench.runners import REGISTRY, BenchContext, Method, MethodSpec, OursMethod, RunOutput
 from specdecode.cli import main
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 PROMPTS = [
     ("c1", "completion", "def add(a, b):\n    '''Return the sum.'''\n", 12),
     ("e1", "editing", "# Before:\ndef fib(n):\n    if n < 2:\n        return n\n\n# After:\ndef fib(n):\n", 12),

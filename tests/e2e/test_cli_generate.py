@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import specdecode as sd
 
 PROMPT = "def fib(n):"
@@ -27,6 +29,7 @@ def test_json_output_equals_library(tiny_dirs: dict[str, Path]) -> None:
     assert out["stats"]["target_passes"] >= 1 and "alpha" in out["stats"] and "tau" in out["stats"]
 
 
+@pytest.mark.slow
 def test_stdin_prompt_ngram_and_summary(tiny_dirs: dict[str, Path]) -> None:
     p = run("generate", "--target", str(tiny_dirs["llama"]), "--drafter", "ngram", "--max-new-tokens", "8",
             "--ignore-eos", "--stream", stdin=PROMPT)
@@ -34,6 +37,7 @@ def test_stdin_prompt_ngram_and_summary(tiny_dirs: dict[str, Path]) -> None:
     assert "[ngram]" in p.stderr and "tok/s" in p.stderr and "tau" in p.stderr
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
     p = run("generate", "--target", str(tmp_path / "missing"), "--prompt", "x")
     assert p.returncode == 2 and p.stderr.startswith("specdecode: error: model") and "Traceback" not in p.stderr
@@ -45,6 +49,7 @@ def test_cli_errors_are_one_line(tiny_dirs: dict[str, Path], tmp_path: Path) -> 
     assert p.returncode == 2 and "cannot read --prompt-file" in p.stderr
 
 
+@pytest.mark.slow
 def test_chain_rule_flag_reaches_generate(tiny_dirs: dict[str, Path]) -> None:
     """--chain-rule token samples exactly as generate(..., chain_rule="token") with the same seed; a bad
     value is a one-line error naming the choices."""
@@ -60,6 +65,7 @@ def test_chain_rule_flag_reaches_generate(tiny_dirs: dict[str, Path]) -> None:
     assert p.returncode == 2 and "chain_rule must be one of block, token" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_draft_of_another_architecture_with_the_same_tokenizer(tiny_dirs: dict[str, Path]) -> None:
     """A GPT-2 draft for a llama target works when they share the tokenizer; output is the target's."""
     p = run("generate", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["gpt2_draft"]),

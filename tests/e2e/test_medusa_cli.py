@@ -31,6 +31,7 @@ def heads(tiny_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     return make_heads(tmp_path_factory.mktemp("medusa") / "heads", target.config.dim, target.vocab_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["medusa", "medusa-chain"])
 def test_generate_with_heads_equals_plain(drafter: str, tiny_dirs: dict[str, Path], heads: Path) -> None:
     p = run("generate", "--target", str(tiny_dirs["llama"]), "--drafter", drafter, "--heads", str(heads),

@@ -155,6 +155,7 @@ def test_block_step_law_is_algorithm_2(setting: SamplingConfig) -> None:
     assert gof_pvalue(samples, token) < 1e-6  # power: token-by-token's step law is a different one
 
 
+@pytest.mark.slow
 def test_block_deterministic_drafter_law() -> None:
     """q one-hot (a drafter without probabilities): still the target's law."""
     p = PrefixLaws(V, LENGTH + 3, SETTINGS[0], 5)
@@ -172,6 +173,7 @@ def test_block_deterministic_drafter_law() -> None:
     assert gof_pvalue(samples, {k: v / total for k, v in biased.items()}) < 1e-6
 
 
+@pytest.mark.slow
 def test_block_accepts_at_least_as_many_tokens_as_token_by_token() -> None:
     """Exact expectations on many random pairs, then the same p, q sampled many times with each rule."""
     cases = []
@@ -195,6 +197,7 @@ def test_block_accepts_at_least_as_many_tokens_as_token_by_token() -> None:
     assert z > 3, (means, z)
 
 
+@pytest.mark.slow
 def test_deterministic_drafter_accepts_the_same_as_token_by_token() -> None:
     """With q one-hot the accepted length has the same law under both rules: P(τ >= i) = Π p(X_j)."""
     p = PrefixLaws(V, LENGTH + 3, SETTINGS[0], 21)

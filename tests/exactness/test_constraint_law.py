@@ -22,6 +22,8 @@ from tiny import build_model
 
 from .chi2 import gof_pvalue
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 V, N, PROMPT, EOS = 8, 2000, [1, 2], 0
 TOKENS = [b"<eos>", b"a", b"b", b"c", b"ab", b"ca", b"x", b"bb"]
 REGEX = r"a[ab]*c|b"  # forbidden tokens at every step, forced EOS after "b" and after the final "c"

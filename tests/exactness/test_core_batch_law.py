@@ -14,6 +14,8 @@ from specdecode.core import DecodeCore, FinishEvent, Request
 from .chi2 import gof_pvalue
 from .test_generate_law import N, PROMPT, exact_law, models  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 @pytest.mark.parametrize("rule", ["rejection", "coupled"])
 def test_batched_rows_follow_the_target_law(models: tuple[sd.Model, sd.Model], rule: str) -> None:  # noqa: F811

@@ -82,6 +82,7 @@ def test_a_coupling_that_reuses_noise_across_positions_is_caught() -> None:
     assert gof_pvalue(samples, target.sequence_law(LENGTH)) < 1e-6
 
 
+@pytest.mark.slow
 def test_coupled_draws_are_the_target_law_per_position() -> None:
     """One position: argmax p / E over seeds is a draw from p (the exponential race), filters included."""
     for setting in SETTINGS:
@@ -111,6 +112,7 @@ def test_coupled_tree_follows_the_child_equal_to_the_target_draw() -> None:
 
 
 # -- end to end: generate() with real (tiny) models through the decode core ---------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,cfg", [
     ("model", SamplingConfig(temperature=1.0)),
     ("model", SamplingConfig(temperature=0.8, top_k=5, top_p=0.9)),

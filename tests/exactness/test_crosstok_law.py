@@ -20,6 +20,8 @@ from specdecode.drafters.crosstok import CrossTokenizerDrafter
 from .chi2 import gof_pvalue
 from .test_generate_law import PROMPT, N, V, exact_law
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 CHARS = "abcdefgh"
 PAIRS = [("a", "b"), ("c", "d"), ("e", "f"), ("g", "h")]
 

@@ -18,6 +18,8 @@ from eagle_util import FLAT, make_eagle
 from .chi2 import gof_pvalue
 from .test_generate_law import N, PROMPT, V, exact_law
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model, Path]:

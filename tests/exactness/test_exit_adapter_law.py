@@ -23,6 +23,8 @@ from tiny import build_model
 from .chi2 import gof_pvalue
 from .test_layerskip_law import exact_law
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 V, N, PROMPT, EXIT = 8, 2500, [1, 2], 1
 
 

@@ -16,6 +16,8 @@ from tiny import build_model
 
 from .chi2 import gof_pvalue
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 V, N, PROMPT = 8, 2500, [1, 2]
 
 

@@ -17,6 +17,8 @@ from medusa_util import make_heads
 from .chi2 import gof_pvalue
 from .test_generate_law import N, PROMPT, V, exact_law
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model, Path]:

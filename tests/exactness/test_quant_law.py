@@ -18,6 +18,8 @@ from specdecode.sampling import probs_from_logits
 from .chi2 import gof_pvalue
 from .test_generate_law import PROMPT, N, V, exact_law
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model, sd.Model]:

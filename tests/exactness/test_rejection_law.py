@@ -57,6 +57,7 @@ def test_output_law_is_target_law(setting: SamplingConfig, gamma: int) -> None:
     assert gof_pvalue(samples, product_law(q)) < 1e-6
 
 
+@pytest.mark.slow
 def test_deterministic_drafter_law() -> None:
     torch.manual_seed(7)
     p = probs_from_logits(torch.randn(LENGTH + 1, V), SamplingConfig(temperature=1.0))

@@ -14,6 +14,8 @@ from specdecode.drafters.suffix import SuffixDrafter
 from .chi2 import gof_pvalue
 from .test_generate_law import PROMPT, N, V, exact_law
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 FREE = Costs(c=0.0, v=(1.0,) * 64)  # every node pays: wide trees from the first match
 
 

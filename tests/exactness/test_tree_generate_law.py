@@ -15,6 +15,8 @@ from specdecode.sampling import draw, probs_from_logits
 from .chi2 import gof_pvalue
 from .test_generate_law import N, PROMPT, exact_law, models  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 WIDTHS = (2, 2)  # 2 children of the pending token, 2 children each: 6 nodes
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 import specdecode
 from specdecode.cli import build_parser
@@ -31,6 +32,7 @@ def test_bad_server_flag_is_a_one_line_error(capsys) -> None:  # type: ignore[no
     assert "max_batch_size must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_serve_subprocess_answers_then_shuts_down_on_sigterm(models: Models) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

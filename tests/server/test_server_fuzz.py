@@ -22,6 +22,8 @@ from specdecode.server.config import ServerConfig  # noqa: E402
 from server_helpers import MODEL_NAME, Models, RunningServer, serve  # noqa: E402
 from test_server_hostile import check_error_response  # noqa: E402
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "stop", "seed", "n", "stream", "stream_options", "drafter", "gamma", "chain_rule", "ignore_eos",
           "logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "logit_bias", "echo", "suffix",

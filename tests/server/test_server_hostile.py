@@ -19,6 +19,8 @@ from specdecode.server.config import ServerConfig
 
 from server_helpers import MODEL_NAME, Models, RunningServer, serve
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 OK = {"model": MODEL_NAME, "prompt": "def", "max_tokens": 2, "temperature": 0}
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 JSON = {"content-type": "application/json"}

@@ -64,6 +64,7 @@ def test_a_prompt_too_long_for_the_window_is_refused_before_tokenising(limited: 
     assert time.perf_counter() - t0 < 5  # tokenising would take far longer on a busy machine; this is a sanity cap
 
 
+@pytest.mark.slow
 def test_tokenising_a_huge_prompt_does_not_block_health(models: Models) -> None:
     """Without the early check (max_token_chars = 0) a 3 MB prompt is tokenised for seconds: off the loop."""
     for running in serve(models, None, ServerConfig(max_batch_size=2, max_body_bytes=16 * 1024 * 1024),

@@ -11,6 +11,8 @@ import specdecode
 
 from server_helpers import Models, RunningServer
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]

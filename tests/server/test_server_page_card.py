@@ -16,6 +16,8 @@ from specdecode.server.config import ServerConfig
 from server_helpers import MODEL_NAME, Models, RunningServer, serve
 from test_server_page import ARGS, CHROMIUM
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 PROMPT = "def fib(n):"
 
 

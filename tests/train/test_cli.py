@@ -8,6 +8,8 @@ import pytest
 
 from specdecode.train.cli import add_subcommands, main
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdecode")

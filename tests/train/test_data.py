@@ -9,6 +9,8 @@ import pytest
 
 from specdecode.train import data as D
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def test_folder_glob_and_file_specs(corpus_dir: Path) -> None:
     by_dir = D.list_corpus([str(corpus_dir)])

@@ -12,6 +12,8 @@ from specdecode.models import load_model
 from specdecode.train.cli import main as train_cli
 from specdecode.train.distill import bucket_divergence
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def _distill(target: Path, corpus: Path, out: Path, run: Path, *extra: str) -> int:
     return train_cli(["distill", "--quick", "--target", str(target), "--corpus", str(corpus), "--out", str(out),

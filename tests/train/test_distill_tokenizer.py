@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import specdecode as sd
 from specdecode.drafters.crosstok import CrossTokenizerDrafter, shares_vocabulary
 from specdecode.train.cli import main as train_cli
+
+pytestmark = pytest.mark.slow  # full tier: make test-full
 
 
 def test_distill_with_its_own_tokenizer(tmp_path: Path, quick_target: Path, corpus_dir: Path) -> None:

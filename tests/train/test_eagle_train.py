@@ -18,6 +18,8 @@ from specdecode.train.cli import main as train_cli
 
 from eagle_util import FLAT
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def _eagle(target: Path, corpus: Path, out: Path, run: Path, *extra: str) -> int:
     return train_cli(["distill", "--method", "eagle", "--quick", "--target", str(target), "--corpus", str(corpus),

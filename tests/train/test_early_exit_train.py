@@ -15,6 +15,8 @@ from specdecode.drafters.exit_adapter import CONFIG_FILE, WEIGHTS_FILE, ExitAdap
 from specdecode.models import load_model
 from specdecode.train.cli import main as train_cli
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def _early_exit(target: Path, corpus: Path, out: Path, run: Path, *extra: str) -> int:
     return train_cli(["distill", "--method", "early-exit", "--quick", "--target", str(target), "--corpus",

@@ -14,6 +14,8 @@ from specdecode.drafters import VocabularyMismatchError
 from specdecode.train.cli import main as train_cli
 from specdecode.train.evaluate import NGramDrafter, evaluate_draft
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 

@@ -22,6 +22,8 @@ from specdecode.train.export_engines import export_eagle
 
 from eagle_util import FLAT, make_eagle
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def documented_layout(h: int, heads: int, kv: int, hd: int, ffn: int, n_draft: int, vocab: int) -> dict:
     """The reference EAGLE-3 checkpoint's tensors, written out from its published shapes (for Llama-3.1-8B:

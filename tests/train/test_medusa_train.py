@@ -19,6 +19,8 @@ from specdecode.train.medusa import restricted_fkl
 
 from medusa_util import FLAT
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def _medusa(target: Path, corpus: Path, out: Path, run: Path, *extra: str) -> int:
     return train_cli(["distill", "--method", "medusa", "--quick", "--target", str(target), "--corpus", str(corpus),

@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 from specdecode.models import load_model
 from specdecode.train.cli import main as train_cli
 
+pytestmark = pytest.mark.slow  # full tier: make test-full
+
 
 def test_export_is_a_complete_hf_directory(quick_target: Path) -> None:
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 import torch
 
 import specdecode as sd
@@ -228,6 +229,7 @@ def test_hidden_state_members_get_their_layers_from_the_core(tiny_dirs: dict[str
     assert not plain.wants_hidden and plain.hidden_layers == ()
 
 
+@pytest.mark.slow
 def test_one_checkpoint_auto_includes_the_int4_copy_and_a_draft_model_replaces_it(tiny_dirs: dict[str, Path]) -> None:
     from specdecode.drafters import DrafterOptions, build_drafter
 

@@ -85,6 +85,7 @@ def test_greedy_identity_single_row(deep: dict[str, Path], arch: str, plan: str,
         assert r.stats.drafted > 0
 
 
+@pytest.mark.slow
 def test_greedy_identity_auto_gamma(deep: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     m = sd.load_model(deep["llama"])

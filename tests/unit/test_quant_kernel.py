@@ -93,6 +93,7 @@ def test_kernel_reads_the_packed_layout(fmt: str, n: int, k: int) -> None:
     assert p.shape == (n, ext.row_bytes(k, fmt == "int4"))
 
 
+@pytest.mark.slow
 def test_env_forces_the_avx2_path() -> None:
     if "avx2" not in ISAS:
         pytest.skip("no AVX2 here")
