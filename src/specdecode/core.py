@@ -71,7 +71,8 @@ class FinishEvent:
 
 @dataclass
 class Failure:
-    """A request ended without a normal finish; ``kind`` is timeout, shutdown or internal."""
+    """A request ended without a normal finish; ``kind`` is timeout, shutdown, internal, or constraint
+    (the grammar engine gave up on the row's structured output: ``message`` says so for the user)."""
 
     kind: str
     message: str
@@ -257,6 +258,7 @@ class DecodeCore:
         # request, so a server that loads many drafters starts in seconds (a Medusa or EAGLE tree's
         # cost measurement alone takes ~10 s on the first start on a machine)
         self._drafter_list: list[BatchDrafter] = []  # the prepared ones, in preparation order
+        self.preparing: Optional[str] = None  # the drafter being prepared now (a /health "warming" state)
         for name in self.drafters if prepare is None else prepare:
             self._prepare(name)
         self._want_hidden = any(d.wants_hidden for d in self.drafters.values())
@@ -270,8 +272,12 @@ class DecodeCore:
         """Prepare drafter ``name`` for every row (once) and give the γ policy its offline costs."""
         d = self.drafters[name]
         if not any(d is p for p in self._drafter_list):
-            d.prepare_rows(self.target, self.max_rows, self.context_len)
-            costs = d.costs_for(self.target)
+            self.preparing = name
+            try:
+                d.prepare_rows(self.target, self.max_rows, self.context_len)
+                costs = d.costs_for(self.target)
+            finally:
+                self.preparing = None
             if costs is not None:
                 self.policy.set_offline(name, costs)
             for r in range(self.max_rows):
@@ -469,7 +475,11 @@ class DecodeCore:
 
         events: list[tuple[Row, Event]] = []
         finished: list[Row] = []
+        failed: list[Row] = []  # rows whose grammar engine gave up (constraints.py): they fail alone
         for i, (r, d) in enumerate(zip(rows, drafts)):
+            if r.constraint is not None and r.constraint.error is not None:
+                failed.append(r)
+                continue
             g = len(d.tokens)
             if d.parents is not None:
                 if r.sampling.greedy:
@@ -501,6 +511,9 @@ class DecodeCore:
                 kept = None
             if r.constraint is not None:
                 r.constraint.commit(accepted + [res.next_token])
+                if r.constraint.error is not None:
+                    failed.append(r)
+                    continue
             if r.drafter is not None and g > 0 and i not in self._forced:
                 r.drafter.on_verified_row(i, res.n_accepted)
                 r.drafter.acceptance.update(g, res.n_accepted)  # the drafter's history: the next rows' prior
@@ -525,7 +538,10 @@ class DecodeCore:
                 pos = kept if kept is not None else list(range(res.n_accepted + 1))
                 ev.logprobs = token_logprobs(logits[i, pos[: len(ev.token_ids)]], ev.token_ids, r.sampling,
                                              r.request.logprobs)
-        for r in finished:
+        for r in failed:
+            assert r.constraint is not None and r.constraint.error is not None
+            events.append((r, Failure("constraint", r.constraint.error)))
+        for r in finished + failed:
             self.remove(r)
         return events
 
