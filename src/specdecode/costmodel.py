@@ -37,6 +37,7 @@ DRAFT_RUN = 4  # draft steps per timing sample (a typical γ)
 WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches
 QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refines it from live passes)
 QUICK_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # pass widths it times; the others are interpolated
+QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
 log = logging.getLogger(__name__)
 
 
@@ -126,11 +127,14 @@ def cost_clock(model: "Model") -> Callable[[], float]:
 def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,
                   draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
                   draft_layers: Optional[tuple[int, ...]] = None, widths: Optional[Sequence[int]] = None,
-                  statistic: Callable[[list[float]], float] = statistics.median) -> Costs:
+                  statistic: Callable[[list[float]], float] = statistics.median, draft_runs: int = 1,
+                  draft_run: int = DRAFT_RUN) -> Costs:
     """Times (``statistic`` of ``reps`` samples; the median by default) of target passes over
     1..max_gamma+1 new tokens and of a draft step (c = 0 without a draft model), with the engine's
     own forward calls: tokens appended to a prefilled cache, logits read back, then rolled back, as
     a decode step does. ``widths``: time only these pass widths and interpolate the others.
+    ``draft_runs``: timed draft runs of ``draft_run`` steps each per round (cheap next to the target's
+    passes: more samples).
 
     ``draft_head`` is the draft's restricted output matrix when it drafts over a subset of the
     vocabulary. ``context``: the tokens in the cache (real ones, e.g. the workload's mean prompt);
@@ -172,14 +176,15 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
                 t_cache.trim(n)
                 if r >= WARMUP_ROUNDS:
                     samples[n].append(dt)
-            if draft is not None and d_cache is not None:
+            for _ in range(draft_runs if draft is not None and d_cache is not None else 0):
+                assert draft is not None and d_cache is not None
                 t0 = clock()
-                for _ in range(DRAFT_RUN):
+                for _ in range(draft_run):
                     float(draft.forward(probe[:, :1], d_cache, last_only=True, head=draft_head,
                                         layers=draft_layers)[0, -1, 0])
                     d_cache.trim(1)
                 if r >= WARMUP_ROUNDS:
-                    d_samples.append((clock() - t0) / DRAFT_RUN)
+                    d_samples.append((clock() - t0) / draft_run)
     return Costs.from_times(interpolate({n: statistic(samples[n]) for n in sizes}, n_max),
                             statistic(d_samples) if d_samples else None, len(ids), reps)
 
@@ -282,7 +287,7 @@ def quick_costs(target: "Model", draft: Optional["Model"], draft_head: Optional[
     (load only adds time, and the live passes correct what a few samples miss)."""
     t0 = time.perf_counter()
     costs = measure_costs(target, draft, draft_head=draft_head, draft_layers=draft_layers, reps=QUICK_REPS,
-                          widths=QUICK_WIDTHS, statistic=min)
+                          widths=QUICK_WIDTHS, statistic=min, draft_runs=QUICK_DRAFT_RUNS, draft_run=1)
     log.info("gamma=auto: measured v(k) and c in %.1f s (refined from the live passes)", time.perf_counter() - t0)
     times = plausible(costs.target_s)
     return replace(Costs.from_times(times, costs.draft_s, costs.context_len, costs.repeats), key=key)
