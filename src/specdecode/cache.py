@@ -94,7 +94,12 @@ class AttentionMeta:
 
 
 class KVCache:
-    """Keys and values for every layer: ``[layers, batch, kv_heads, max_len, head_dim]``."""
+    """Keys and values for every layer: ``[layers, batch, kv_heads, max_len, head_dim]``.
+
+    ``dtype`` is the storage dtype, which may be narrower than the model's compute dtype (an fp16
+    cache under fp32 activations: half the bytes a long-context decode step streams). A write
+    rounds the new keys/values once to it; the fused CPU attention widens them on load, and
+    ``update`` hands the eager layer views widened to the compute dtype."""
 
     def __init__(
         self,
@@ -261,7 +266,9 @@ class KVCache:
         return self.lengths[row]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over."""
+        """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over, in
+        ``k``'s dtype (copies widened from the storage dtype when that is narrower: the attention
+        then reads exactly what a later step will read, the values as stored)."""
         kc, vc = self._k_layers[layer], self._v_layers[layer]
         if meta.rows != slice(0, self.batch_size):
             kc, vc = kc[meta.rows], vc[meta.rows]
@@ -271,6 +278,9 @@ class KVCache:
             vc[:, :, s : s + meta.n_new] = v
         else:
             b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.slots)
-            kc[b_idx, :, meta.slots] = k.transpose(1, 2)
-            vc[b_idx, :, meta.slots] = v.transpose(1, 2)
-        return kc[:, :, : meta.kv_len], vc[:, :, : meta.kv_len]
+            kc[b_idx, :, meta.slots] = k.transpose(1, 2).to(kc.dtype)  # index_put does not convert
+            vc[b_idx, :, meta.slots] = v.transpose(1, 2).to(vc.dtype)
+        kc, vc = kc[:, :, : meta.kv_len], vc[:, :, : meta.kv_len]
+        if kc.dtype != k.dtype:
+            return kc.to(k.dtype), vc.to(v.dtype)
+        return kc, vc

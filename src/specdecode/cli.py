@@ -204,12 +204,13 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def model_loader(cfg: ModelLoadConfig) -> Callable[[str], object]:
-    """Load models as the flags say: device, dtypes, and each model's kernels (``--fast-linear``, ``--matmul``)."""
+    """Load models as the flags say: device, dtypes (``--kv-dtype`` too), and each model's kernels
+    (``--fast-linear``, ``--matmul``)."""
     from .models import load_model
 
     def load(path: str) -> object:
         return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype,
-                          fast=cfg.fast_linear, matmul=cfg.matmul)
+                          fast=cfg.fast_linear, matmul=cfg.matmul, kv_dtype=cfg.kv_dtype)
 
     return load
 

@@ -117,6 +117,8 @@ DEFAULT_WEIGHT_DTYPE = "auto"
 DEFAULT_FAST = True  # the small-M CPU kernel and fused decode ops (SPECDECODE_FAST_LINEAR=0 turns them off)
 DEFAULT_MATMUL = "bf16"
 MATMUL_MODES = ("bf16", "fp32")
+DEFAULT_KV_DTYPE = "auto"
+KV_DTYPE_NAMES = ("auto", "fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,16 @@ class ModelLoadConfig:
         "cycle, so verifying several tokens costs little more than one; where it issues slower, as on some "
         "Intel Xeons, about the fp32 path's speed: scripts/cpu_dot_throughput.cpp tells which); "
         "fp32 = exact fp32 products (logits match transformers' fp32 run of the same weights)"))
+    kv_dtype: str = field(default=DEFAULT_KV_DTYPE, metadata=_help(
+        "storage dtype of the KV cache: auto (fp16 for Llama-family models on the fused CPU ops with fp32 "
+        "activations, as llama.cpp's default; else the compute dtype), fp32, fp16 or bf16. Attention still "
+        "computes in fp32; fp16 halves the cache's memory and the bytes a long-context decode step reads. "
+        "Speculative and plain decoding share the cache, so their greedy outputs stay identical; fp32 keeps "
+        "logits equal to transformers' fp32 run"))
 
     def __post_init__(self) -> None:
         check_matmul(self.matmul)
+        check_kv_dtype(self.kv_dtype)
         if self.dtype not in _DTYPE_NAMES:
             raise ConfigError(f"dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
         check_weight_dtype(self.weight_dtype)
@@ -154,6 +163,12 @@ def check_weight_dtype(weight_dtype: object) -> None:
     """Raise ``ConfigError`` unless ``weight_dtype`` names a weight storage (shared by the CLI and ``load_model``)."""
     if weight_dtype not in WEIGHT_DTYPE_NAMES:
         raise ConfigError(f"weight_dtype must be one of auto, same, fp32, bf16, fp16, int8, int4; got {weight_dtype!r}")
+
+
+def check_kv_dtype(kv_dtype: object) -> None:
+    """Raise ``ConfigError`` unless ``kv_dtype`` names a KV-cache storage (shared by the CLI and ``load_model``)."""
+    if kv_dtype not in KV_DTYPE_NAMES:
+        raise ConfigError(f"kv_dtype must be one of {', '.join(KV_DTYPE_NAMES)}; got {kv_dtype!r}")
 
 
 def check_matmul(matmul: str) -> None:

@@ -41,7 +41,8 @@ def drafters(arch: str, dirs: dict[str, Path], gamma: int) -> list[sd.Drafter]:
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("gamma", [1, 3, 8])
 def test_greedy_identity(tiny_dirs: dict[str, Path], references: dict[str, list[int]], arch: str, gamma: int) -> None:
-    target = sd.load_model(tiny_dirs[arch])
+    # an fp32 KV cache, as transformers' fp32 run (the default fp16 cache: tests/unit/test_kv_dtype.py)
+    target = sd.load_model(tiny_dirs[arch], kv_dtype="fp32")
     plain = sd.generate(target, PROMPT, max_new_tokens=NEW, ignore_eos=True)
     assert plain.token_ids == references[arch]
     for drafter in drafters(arch, tiny_dirs, gamma):

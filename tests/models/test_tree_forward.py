@@ -62,10 +62,12 @@ def set_path(model: Model, path: str) -> None:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
     root = tmp_path_factory.mktemp("tree")
+    # an fp32 cache: the eager cases compare to 1e-5 (narrow caches: tests/unit/test_kv_dtype.py)
     return {
-        "llama": sd.load_model(build_model(root / "llama", "llama", seed=0)),  # GQA, head_dim 16
-        "llama-hd18": sd.load_model(build_model(root / "hd18", "llama", seed=1, hidden=72)),  # one-query kernel
-        "qwen2": sd.load_model(build_model(root / "qwen2", "qwen2", seed=2)),  # qkv bias
+        "llama": sd.load_model(build_model(root / "llama", "llama", seed=0), kv_dtype="fp32"),  # GQA, head_dim 16
+        "llama-hd18": sd.load_model(build_model(root / "hd18", "llama", seed=1, hidden=72),
+                                    kv_dtype="fp32"),  # one-query kernel
+        "qwen2": sd.load_model(build_model(root / "qwen2", "qwen2", seed=2), kv_dtype="fp32"),  # qkv bias
         "gpt2": sd.load_model(build_model(root / "gpt2", "gpt2", seed=3)),
     }
 
@@ -210,7 +212,7 @@ def test_hidden_states_equal_transformers(tmp_path: Path, arch: str) -> None:
     ``hidden_states[i + 1]``, for a prefill and a cached step, on every path; fp32 products.
     The residual stream of these wide-initialised models reaches ~30, hence rtol beside atol."""
     path = build_model(tmp_path / arch, arch, seed=7, layers=3)
-    model = sd.load_model(path, matmul="fp32")
+    model = sd.load_model(path, matmul="fp32", kv_dtype="fp32")  # transformers' fp32 numbers
     toks = ids(11, 5)
     ref = hf_hidden(path, toks)
     n = model.config.n_layers

@@ -302,7 +302,7 @@ class LayerSkipDrafter:
             own = self._own
             if own is None or (len(own.k_layers()), own.batch_size, own.max_len) != (len(own_layers), rows, max_len):
                 own = self._own = KVCache(len(own_layers), rows, cfg.n_kv_heads, max_len, cfg.head_dim,
-                                          target.dtype, target.device)
+                                          target.kv_dtype, target.device)  # stored as the target's own
             for j, i in enumerate(own_layers):
                 k[i], v[i] = own.k_layer(j), own.v_layer(j)
         else:

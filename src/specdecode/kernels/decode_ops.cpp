@@ -20,9 +20,15 @@
 // that of the same tokens fed as a plain chain: a tree node's output equals its
 // root-to-node path's bit for bit, and a chain-shaped tree equals the causal pass.
 //
-// Only AVX2/FMA hosts use this (the Python side checks has_avx2()); the vector
-// code carries per-function target attributes so the module itself loads on any
-// x86-64 CPU.
+// KV cache storage: fp32, fp16 or bf16 (``KVCache``'s dtype, chosen per model). The cache write
+// rounds k and v once to the storage type (nearest even, as torch's own conversion does), and
+// attention widens each stored key/value back to fp32 (exactly: every fp16/bf16 value is an
+// fp32 value) and computes in fp32 as before. Why: at long context a decode step is mostly
+// streaming the KV cache from memory, and half the bytes is about half that time.
+//
+// Only AVX2/FMA/F16C hosts use this (the Python side checks has_avx2(); every AVX2 CPU has
+// F16C); the vector code carries per-function target attributes so the module itself loads on
+// any x86-64 CPU.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -33,12 +39,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define DOPS_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
-#define DOPS_AVX2 __attribute__((target("avx2,fma")))
+#define DOPS_AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
 #define DOPS_X86 0
 #define DOPS_AVX2
@@ -49,7 +57,9 @@ namespace {
 bool detect_avx2() {
 #if DOPS_X86 && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);  // not a __builtin_cpu_supports name
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
   return false;
 #endif
@@ -235,26 +245,65 @@ void rope(const float* x, const float* cos, const float* sin, float* out, int64_
   }
 }
 
-DOPS_AVX2 inline float dot(const float* a, const float* b, int64_t D) {
+// KV cache element types: fp32, or fp16/bf16 storage widened to fp32 on load (exactly).
+using at::BFloat16;
+using at::Half;
+
+#if DOPS_X86
+DOPS_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+DOPS_AVX2 inline __m256 load8(const Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+DOPS_AVX2 inline __m256 load8(const BFloat16* p) {  // bf16 is the top half of an fp32
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+#endif
+inline float widen(float x) { return x; }
+inline float widen(Half x) { return static_cast<float>(x); }
+inline float widen(BFloat16 x) { return static_cast<float>(x); }
+
+// y[0, n) = x rounded to the storage type (c10's conversions: nearest even, as torch's .to()).
+// Scalar on purpose: a step writes a few hundred values per layer, and this keeps the fused
+// write bit-identical to the eager path's ``cache[...] = k``.
+template <typename T>
+inline void store_kv(const float* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy(x, x + n, y);
+  } else {
+    for (int64_t k = 0; k < n; ++k) y[k] = static_cast<T>(x[k]);
+  }
+}
+
+// dst[0, n) = src widened to fp32 (n a multiple of 8).
+template <typename T>
+DOPS_AVX2 inline void widen_rows(const T* src, float* dst, int64_t n) {
+#if DOPS_X86
+  for (int64_t k = 0; k < n; k += 8) _mm256_storeu_ps(dst + k, load8(src + k));
+#endif
+}
+
+template <typename T>
+DOPS_AVX2 inline float dot(const float* a, const T* b, int64_t D) {
   int64_t k = 0;
   float s = 0.f;
 #if DOPS_X86
   __m256 acc = _mm256_setzero_ps();
-  for (; k + 8 <= D; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+  for (; k + 8 <= D; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), load8(b + k), acc);
   s = hsum8(acc);
 #endif
-  for (; k < D; ++k) s += a[k] * b[k];
+  for (; k < D; ++k) s += a[k] * widen(b[k]);
   return s;
 }
 
-DOPS_AVX2 inline void axpy(float a, const float* x, float* y, int64_t D) {
+template <typename T>
+DOPS_AVX2 inline void axpy(float a, const T* x, float* y, int64_t D) {
   int64_t k = 0;
 #if DOPS_X86
   const __m256 av = _mm256_set1_ps(a);
-  for (; k + 8 <= D; k += 8)
-    _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
+  for (; k + 8 <= D; k += 8) _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, load8(x + k), _mm256_loadu_ps(y + k)));
 #endif
-  for (; k < D; ++k) y[k] += a * x[k];
+  for (; k < D; ++k) y[k] += a * widen(x[k]);
 }
 
 // In place: s[j] = exp(s[j] - max) for j < n; returns the sum.
@@ -288,8 +337,9 @@ DOPS_AVX2 float softmax_numer(float* s, int64_t n) {
 
 // One query (already rotated) against keys [0, n) of one kv head, then the keys at slots
 // extra_base + j for each bit j of ``extra`` (a tree query's ancestors; 0 for a chain), in that
-// order: out = softmax(q.K^T * scale) V.
-DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase, int64_t kstride, int64_t n,
+// order: out = softmax(q.K^T * scale) V. K and V are stored as T (see load8).
+template <typename T>
+DOPS_AVX2 void attend_one(const float* q, const T* kbase, const T* vbase, int64_t kstride, int64_t n,
                           uint64_t extra, int64_t extra_base, int64_t D, float scale, float* scores, float* out) {
   for (int64_t j = 0; j < n; ++j) scores[j] = dot(q, kbase + j * kstride, D) * scale;
   int64_t m = n;
@@ -318,16 +368,36 @@ DOPS_AVX2 void attend_one(const float* q, const float* kbase, const float* vbase
 // so a query's result is identical to it bit for bit, whatever other queries share the call. A
 // tree query's extra keys come after its prefix, scored into the next entries of its row of S
 // and summed after the prefix's tiles: the order of the same tokens fed as a chain.
+//
+// fp16/bf16 storage (T): each tile of K (then of V) is widened once into an fp32 tile that all
+// the queries read, instead of every query converting every key again; the widening is exact, so
+// the arithmetic, and the bits, are those of an fp32 cache holding the same values.
 constexpr int64_t kKeyTile = 32;
 
-template <int NV>
+// A tile's keys as fp32: the cache itself (fp32 storage) or ``buf`` filled from it. Returns
+// a pointer p such that key j (j0 <= j < j1) is at p + (j - j0) * D.
+template <typename T>
+DOPS_AVX2 inline const float* tile_f32(const T* base, int64_t j0, int64_t j1, int64_t D, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return base + j0 * D;
+  } else {
+    widen_rows(base + j0 * D, buf, (j1 - j0) * D);
+    return buf;
+  }
+}
+
+template <int NV, typename T>
 DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint64_t* extra, int64_t extra_base,
-                                int64_t nq, const float* kbase, const float* vbase, int64_t n_keys, float scale,
+                                int64_t nq, const T* kbase, const T* vbase, int64_t n_keys, float scale,
                                 float* S, float* acc_buf, float* const* outs) {
 #if DOPS_X86
   constexpr int64_t D = NV * 8;
   const __m256 sc = _mm256_set1_ps(scale);
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
+  alignas(32) float tbuf[std::is_same_v<T, float> ? 1 : kKeyTile * D];
+  int64_t used = 0;  // keys any query reads: the tiles past it are not widened
+  for (int64_t qi = 0; qi < nq; ++qi) used = std::max(used, nkeys[qi]);
+  for (int64_t j0 = 0; j0 < used; j0 += kKeyTile) {
+    const float* kt = tile_f32(kbase, j0, std::min(j0 + kKeyTile, used), D, tbuf);
     for (int64_t qi = 0; qi < nq; ++qi) {
       const int64_t j1 = std::min(j0 + kKeyTile, nkeys[qi]);
       const float* q = Q + qi * D;
@@ -336,7 +406,7 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
       for (; j + 8 <= j1; j += 8) {
         __m256 acc[8];
         for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_setzero_ps();
-        const float* kb = kbase + j * D;
+        const float* kb = kt + (j - j0) * D;
         for (int i = 0; i < NV; ++i) {
           const __m256 qv = _mm256_loadu_ps(q + 8 * i);
           for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + kk * D + 8 * i), acc[kk]);
@@ -346,7 +416,7 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
       for (; j < j1; ++j) {
         __m256 acc = _mm256_setzero_ps();
         for (int i = 0; i < NV; ++i)
-          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kbase + j * D + 8 * i), acc);
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kt + (j - j0) * D + 8 * i), acc);
         s[j] = hsum8(acc) * scale;
       }
     }
@@ -358,9 +428,9 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
       float* s = S + qi * n_keys;
       int64_t m = nkeys[qi];
       for (uint64_t e = extra[qi]; e; e &= e - 1) {
-        const float* kb = kbase + (extra_base + __builtin_ctzll(e)) * D;
+        const T* kb = kbase + (extra_base + __builtin_ctzll(e)) * D;
         __m256 acc = _mm256_setzero_ps();
-        for (int i = 0; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), _mm256_loadu_ps(kb + 8 * i), acc);
+        for (int i = 0; i < NV; ++i) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), load8(kb + 8 * i), acc);
         s[m++] = hsum8(acc) * scale;
       }
       inv[qi] = 1.0f / softmax_numer(s, m);
@@ -369,7 +439,8 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
     for (int64_t qi = 0; qi < nq; ++qi) inv[qi] = 1.0f / softmax_numer(S + qi * n_keys, nkeys[qi]);
   }
   std::fill(acc_buf, acc_buf + nq * D, 0.f);
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
+  for (int64_t j0 = 0; j0 < used; j0 += kKeyTile) {
+    const float* vt = tile_f32(vbase, j0, std::min(j0 + kKeyTile, used), D, tbuf);
     for (int64_t qi = 0; qi < nq; ++qi) {
       const int64_t j1 = std::min(j0 + kKeyTile, nkeys[qi]);
       if (j1 <= j0) continue;
@@ -379,7 +450,7 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
       for (int i = 0; i < NV; ++i) acc[i] = _mm256_loadu_ps(a + 8 * i);
       for (int64_t j = j0; j < j1; ++j) {
         const __m256 wj = _mm256_set1_ps(s[j]);
-        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vbase + j * D + 8 * i), acc[i]);
+        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vt + (j - j0) * D + 8 * i), acc[i]);
       }
       for (int i = 0; i < NV; ++i) _mm256_storeu_ps(a + 8 * i, acc[i]);
     }
@@ -392,9 +463,9 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
       for (int i = 0; i < NV; ++i) acc[i] = _mm256_loadu_ps(a + 8 * i);
       int64_t m = nkeys[qi];
       for (uint64_t e = extra[qi]; e; e &= e - 1) {
-        const float* vb = vbase + (extra_base + __builtin_ctzll(e)) * D;
+        const T* vb = vbase + (extra_base + __builtin_ctzll(e)) * D;
         const __m256 wj = _mm256_set1_ps(s[m++]);
-        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vb + 8 * i), acc[i]);
+        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, load8(vb + 8 * i), acc[i]);
       }
       for (int i = 0; i < NV; ++i) _mm256_storeu_ps(a + 8 * i, acc[i]);
     }
@@ -407,12 +478,13 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
 #endif
 }
 
+template <typename T>
 void attend_grouped(int64_t nv, const float* Q, const int64_t* nkeys, const uint64_t* extra, int64_t extra_base,
-                    int64_t nq, const float* kbase, const float* vbase, int64_t n_keys, float scale, float* S,
+                    int64_t nq, const T* kbase, const T* vbase, int64_t n_keys, float scale, float* S,
                     float* acc_buf, float* const* outs) {
   switch (nv) {
 #define DOPS_CASE(N) \
-  case N: attend_grouped_t<N>(Q, nkeys, extra, extra_base, nq, kbase, vbase, n_keys, scale, S, acc_buf, outs); break;
+  case N: attend_grouped_t<N, T>(Q, nkeys, extra, extra_base, nq, kbase, vbase, n_keys, scale, S, acc_buf, outs); break;
     DOPS_CASE(1) DOPS_CASE(2) DOPS_CASE(3) DOPS_CASE(4) DOPS_CASE(5) DOPS_CASE(6) DOPS_CASE(7) DOPS_CASE(8)
     DOPS_CASE(9) DOPS_CASE(10) DOPS_CASE(11) DOPS_CASE(12) DOPS_CASE(13) DOPS_CASE(14) DOPS_CASE(15) DOPS_CASE(16)
 #undef DOPS_CASE
@@ -470,12 +542,21 @@ TreeArgs tree_args(const std::optional<at::Tensor>& positions, const std::option
   return a;
 }
 
+// The KV storage types attention reads and writes (KVCache's dtype).
+bool kv_dtype_ok(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+template <typename T>
+at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                           at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H,
+                           int64_t KV, int64_t D, double scale, const TreeArgs& tree);
+
 // qkv [B, T, (H + 2*KV) * D] (q heads, then k heads, then v heads, as the fused projection
 // writes them); cos/sin [max_len, D]; k_cache/v_cache [rows, KV, max_len, D] (one layer).
 // For batch row b and token t at slot p = starts[b] + t: rotates q and k with RoPE at
 // pos[b, t] (default p), writes k and v into cache row row0 + b at slot p, then attends every
 // q head to the keys at slots 0..p of its kv head, or with a tree, to slots [0, starts[b]) and
-// starts[b] + j for each ancestor-or-self j of t. Returns [B, T, H * D].
+// starts[b] + j for each ancestor-or-self j of t. Returns [B, T, H * D]. The cache is fp32, fp16 or
+// bf16 (k and v alike): new keys/values are rounded to it once, stored ones widened exactly.
 at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                           at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV,
                           int64_t D, double scale, const TreeArgs& tree) {
@@ -487,17 +568,18 @@ at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at
   const int64_t B = qkv.size(0), T = qkv.size(1);
   TORCH_CHECK(static_cast<int64_t>(starts.size()) == B, "decode_ops: one start per batch row");
   for (const at::Tensor* c : {&k_cache, &v_cache}) {
-    TORCH_CHECK(c->device().is_cpu() && c->scalar_type() == at::kFloat && c->dim() == 4 && c->size(1) == KV &&
+    TORCH_CHECK(c->device().is_cpu() && kv_dtype_ok(c->scalar_type()) && c->dim() == 4 && c->size(1) == KV &&
                     c->size(3) == D && c->stride(3) == 1 && c->stride(2) == D,
-                "decode_ops: the KV cache must be fp32 [rows, KV, max_len, D] with contiguous positions");
+                "decode_ops: the KV cache must be fp32, fp16 or bf16 [rows, KV, max_len, D] with contiguous "
+                "positions");
   }
-  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(),
-              "decode_ops: k and v caches differ in layout");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "decode_ops: k and v caches differ in layout or dtype");
   const int64_t L = k_cache.size(2);
   TORCH_CHECK(row0 >= 0 && row0 + B <= k_cache.size(0), "decode_ops: cache rows out of range");
   TORCH_CHECK(cos.dim() == 2 && cos.size(1) == D && sin.sizes() == cos.sizes(), "decode_ops: cos/sin must be [max_len, D]");
   const int64_t* pos = tree.pos();
-  const uint64_t* anc = tree.bits();
   const int64_t max_pos = pos ? L : std::min(L, cos.size(0));
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(starts[b] >= 0 && starts[b] + T <= max_pos,
@@ -505,22 +587,41 @@ at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at
   if (pos != nullptr)
     for (int64_t i = 0; i < B * T; ++i)
       TORCH_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "decode_ops: position ", pos[i], " outside the RoPE table");
+  switch (k_cache.scalar_type()) {
+    case at::kHalf: return attention_typed<Half>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree);
+    case at::kBFloat16:
+      return attention_typed<BFloat16>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree);
+    default: return attention_typed<float>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree);
+  }
+}
 
+// attention_impl after its checks, for KV storage T.
+template <typename T>
+at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                           at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H,
+                           int64_t KV, int64_t D, double scale, const TreeArgs& tree) {
+  const int64_t B = qkv.size(0), NT = qkv.size(1);
+  const int64_t* pos = tree.pos();
+  const uint64_t* anc = tree.bits();
   const int64_t W = (H + 2 * KV) * D;
   const float* src = qkv.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  T* kc = static_cast<T*>(k_cache.data_ptr());
+  T* vc = static_cast<T*>(v_cache.data_ptr());
   const int64_t s_row = k_cache.stride(0), s_head = k_cache.stride(1);
 
-  // 1) RoPE on k and the cache writes, for all new tokens (later queries attend to earlier new keys).
+  // 1) RoPE on k and the cache writes (rounded once to the storage type), for all new tokens
+  // (later queries attend to earlier new keys, as stored).
+  std::vector<float> krot(D);
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t p = starts[b] + t, r = pos ? pos[b * T + t] : p;
-      const float* tok = src + (b * T + t) * W;
+    for (int64_t t = 0; t < NT; ++t) {
+      const int64_t p = starts[b] + t, r = pos ? pos[b * NT + t] : p;
+      const float* tok = src + (b * NT + t) * W;
       for (int64_t g = 0; g < KV; ++g) {
         const int64_t off = (row0 + b) * s_row + g * s_head + p * D;
-        rope(tok + (H + g) * D, cp + r * D, sp + r * D, kc + off, D);
-        std::copy(tok + (H + KV + g) * D, tok + (H + KV + g + 1) * D, vc + off);
+        rope(tok + (H + g) * D, cp + r * D, sp + r * D, krot.data(), D);
+        store_kv(krot.data(), kc + off, D);
+        store_kv(tok + (H + KV + g) * D, vc + off, D);
       }
     }
   }
@@ -528,19 +629,19 @@ at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at
   // with all its queries together (each key is loaded once for all of them, outputs stay in
   // registers); anything else: one query at a time. Both do each query's arithmetic in the
   // same order, so a query's result does not depend on which other queries share the call.
-  at::Tensor out = at::empty({B, T, H * D}, qkv.options());
+  at::Tensor out = at::empty({B, NT, H * D}, qkv.options());
   float* op = out.data_ptr<float>();
   const int64_t group = H / KV;
-  const int64_t max_keys = *std::max_element(starts.begin(), starts.end()) + T;
+  const int64_t max_keys = *std::max_element(starts.begin(), starts.end()) + NT;
   const bool grouped = D % 8 == 0 && D <= 128;
-  const int64_t work = grouped ? B * KV : B * T * H;
-  const int64_t per_unit = (grouped ? T * group : 1) * max_keys * D * 2;
+  const int64_t work = grouped ? B * KV : B * NT * H;
+  const int64_t per_unit = (grouped ? NT * group : 1) * max_keys * D * 2;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, per_unit));
   at::parallel_for(0, work, grain, [&](int64_t w0, int64_t w1) {
     if (grouped) {
       // queries in blocks of tokens so the score buffer stays bounded (~4 MB) on long prefills;
       // a query's result does not depend on the block it is in
-      const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 20) / (group * max_keys)));
+      const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(NT, (int64_t(1) << 20) / (group * max_keys)));
       std::vector<float> qbuf(tb * group * D), scores(tb * group * max_keys), acc_buf(tb * group * D);
       std::vector<int64_t> nkeys(tb * group);
       std::vector<uint64_t> extra(anc ? tb * group : 0);
@@ -548,21 +649,21 @@ at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t b = w / KV, g = w % KV;
         const int64_t off = (row0 + b) * s_row + g * s_head;
-        for (int64_t t0 = 0; t0 < T; t0 += tb) {
-          const int64_t t1 = std::min(T, t0 + tb);
+        for (int64_t t0 = 0; t0 < NT; t0 += tb) {
+          const int64_t t1 = std::min(NT, t0 + tb);
           for (int64_t t = t0; t < t1; ++t) {
-            const int64_t p = starts[b] + t, r = pos ? pos[b * T + t] : p;
+            const int64_t p = starts[b] + t, r = pos ? pos[b * NT + t] : p;
             for (int64_t hh = 0; hh < group; ++hh) {
               const int64_t qi = (t - t0) * group + hh, h = g * group + hh;
-              rope(src + (b * T + t) * W + h * D, cp + r * D, sp + r * D, qbuf.data() + qi * D, D);
+              rope(src + (b * NT + t) * W + h * D, cp + r * D, sp + r * D, qbuf.data() + qi * D, D);
               nkeys[qi] = anc ? starts[b] : p + 1;
-              if (anc) extra[qi] = anc[b * T + t];
-              outs[qi] = op + (b * T + t) * H * D + h * D;
+              if (anc) extra[qi] = anc[b * NT + t];
+              outs[qi] = op + (b * NT + t) * H * D + h * D;
             }
           }
-          // a tree query may read any of the pass's keys (prefix + at most T): that bounds its row of scores
+          // a tree query may read any of the pass's keys (prefix + at most NT): that bounds its row of scores
           attend_grouped(D / 8, qbuf.data(), nkeys.data(), anc ? extra.data() : nullptr, starts[b],
-                         (t1 - t0) * group, kc + off, vc + off, starts[b] + (anc ? T : t1),
+                         (t1 - t0) * group, kc + off, vc + off, starts[b] + (anc ? NT : t1),
                          static_cast<float>(scale), scores.data(), acc_buf.data(), outs.data());
         }
       }
@@ -571,12 +672,12 @@ at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at
     std::vector<float> scores(max_keys);
     std::vector<float> q(D);
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t b = w / (T * H), t = (w / H) % T, h = w % H;
-      const int64_t p = starts[b] + t, g = h / group, r = pos ? pos[b * T + t] : p;
-      rope(src + (b * T + t) * W + h * D, cp + r * D, sp + r * D, q.data(), D);
+      const int64_t b = w / (NT * H), t = (w / H) % NT, h = w % H;
+      const int64_t p = starts[b] + t, g = h / group, r = pos ? pos[b * NT + t] : p;
+      rope(src + (b * NT + t) * W + h * D, cp + r * D, sp + r * D, q.data(), D);
       const int64_t off = (row0 + b) * s_row + g * s_head;
-      attend_one(q.data(), kc + off, vc + off, D, anc ? starts[b] : p + 1, anc ? anc[b * T + t] : 0, starts[b], D,
-                 static_cast<float>(scale), scores.data(), op + (b * T + t) * H * D + h * D);
+      attend_one(q.data(), kc + off, vc + off, D, anc ? starts[b] : p + 1, anc ? anc[b * NT + t] : 0, starts[b], D,
+                 static_cast<float>(scale), scores.data(), op + (b * NT + t) * H * D + h * D);
     }
   });
   return out;
@@ -1013,7 +1114,7 @@ std::pair<std::vector<std::vector<int64_t>>, std::vector<std::vector<double>>> t
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "specdecode fused decode-step ops for Llama-family layers (fp32, AVX2/FMA)";
+  m.doc() = "specdecode fused decode-step ops for Llama-family layers (fp32; KV cache fp32/fp16/bf16; AVX2/FMA/F16C)";
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim", pybind11::arg("x"), pybind11::arg("weight"),
         pybind11::arg("eps"), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("add_rms_norm_", &add_rms_norm_, "x += delta in place; returns rms_norm(x)", pybind11::arg("x"),
@@ -1028,7 +1129,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("scale"),
         pybind11::arg("positions") = pybind11::none(), pybind11::arg("tree_mask") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA (required)");
+  m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA/F16C (required)");
   m.def("sample_rows", &sample_rows, "inverse-CDF draw per row of CPU fp32 weights [rows, n] (-1: invalid row)",
         pybind11::arg("w"), pybind11::arg("u"));
   m.def("argmax_rows", &argmax_rows, "first argmax of each row of a CPU fp32 [rows, n] tensor (NaN = max)",

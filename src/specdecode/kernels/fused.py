@@ -9,7 +9,9 @@ c, the draft/target cost ratio that every speculative speedup divides by.
 A model uses them when it was loaded with the small-M kernel (``load_model(...,
 fast=True)``, the default; see ``specdecode.kernels.Kernels``); ``SPECDECODE_FUSED_OPS=0``
 keeps the eager layer. Models use them only for fp32 activations on the CPU with a KV
-cache (decode and verification); training and other dtypes/devices run the eager ops.
+cache (decode and verification), stored as fp32, fp16 or bf16 (``load_model(..., kv_dtype=)``:
+the kernel rounds new keys/values to it once and widens stored ones exactly, computing in fp32);
+training and other dtypes/devices run the eager ops.
 Helpers that are exact either way (``ops.argmax_list``, ``sampling.draw``) use the
 extension whenever it is loaded (``loaded_fused_extension``).
 """
@@ -50,7 +52,7 @@ def load_fused_extension() -> Optional[ModuleType]:
                 _error = str(exc)
                 return None
             if not ext.has_avx2():
-                _error = "this CPU has no AVX2/FMA"
+                _error = "this CPU has no AVX2/FMA/F16C"
                 return None
             _ext = ext
     return _ext

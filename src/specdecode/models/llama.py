@@ -20,6 +20,10 @@ from ..ops import rms_norm
 from .config import ModelConfig
 
 
+# KV-cache storage dtypes the fused CPU attention reads (``decode_ops.cpp``); others run eager.
+FUSED_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     d = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
@@ -171,7 +175,8 @@ class LlamaModel(nn.Module):
         ext = self.kernels.fused
         if ext is not None and cache is not None and meta is not None and tokens.device.type == "cpu":
             plan = self._fused_plan()
-            if plan.norm.dtype == torch.float32 and cache.dtype == torch.float32:
+            # fp32 activations; the KV cache fp32, fp16 or bf16 (the kernel widens it on load)
+            if plan.norm.dtype == torch.float32 and cache.dtype in FUSED_KV_DTYPES:
                 if layers is not None or blocks:
                     plan = plan.subset(tuple(range(self.cfg.n_layers)) if layers is None else tuple(layers), blocks)
                 return self._forward_fused(ext, plan, tokens, meta, cache, last_only,
@@ -332,5 +337,5 @@ def llama_param_count(cfg: ModelConfig) -> int:
     return cfg.n_layers * per_layer + emb + cfg.dim
 
 
-__all__ = ["LlamaModel", "llama_param_count", "rope_tables", "apply_rope", "to_hf_state_dict"]
+__all__ = ["FUSED_KV_DTYPES", "LlamaModel", "llama_param_count", "rope_tables", "apply_rope", "to_hf_state_dict"]
 

@@ -14,8 +14,8 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..cache import KVCache
-from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_MATMUL, DEFAULT_WEIGHT_DTYPE,
-                      ConfigError, check_matmul, check_weight_dtype)
+from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_KV_DTYPE, DEFAULT_MATMUL,
+                      DEFAULT_WEIGHT_DTYPE, ConfigError, check_kv_dtype, check_matmul, check_weight_dtype)
 from ..kernels import Kernels, install_kernels, select_kernels
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from .config import ModelConfig
@@ -124,7 +124,7 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
     module.eval().requires_grad_(False)
     install_kernels(module, kernels)
     copy = Model(module, cfg, model.tokenizer, sorted(model.eos_token_ids), model.path, model.max_seq_len,
-                 model.dtype, quant)
+                 model.dtype, quant, kv_dtype=model.kv_dtype)
     copy.chat_template, copy.bos_token, copy.eos_token = model.chat_template, model.bos_token, model.eos_token
     return copy
 
@@ -149,7 +149,7 @@ class Model:
 
     def __init__(self, module: nn.Module, config: ModelConfig, tokenizer: Optional[Tokenizer],
                  eos_token_ids: Sequence[int], path: str, max_seq_len: int, dtype: torch.dtype,
-                 quant: Optional["QuantState"] = None) -> None:
+                 quant: Optional["QuantState"] = None, *, kv_dtype: Optional[torch.dtype] = None) -> None:
         self.module = module
         self.config = config
         self.tokenizer = tokenizer
@@ -157,7 +157,9 @@ class Model:
         self.path = path
         self.max_seq_len = max_seq_len
         self.device = next(module.parameters()).device
-        self.dtype = dtype  # compute (activation and KV cache) dtype
+        self.dtype = dtype  # compute (activation) dtype
+        # KV-cache storage dtype of ``new_cache`` (load_model's kv_dtype; see resolve_kv_dtype)
+        self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
         # storage dtype of the dense matrices (with quantized weights: the embedding table's)
         self.weight_dtype = next(p for p in module.parameters() if p.dim() == 2 and p.dtype.is_floating_point).dtype
         self.quant = quant
@@ -208,7 +210,7 @@ class Model:
     def new_cache(self, batch_size: int = 1, max_len: Optional[int] = None) -> KVCache:
         c = self.config
         return KVCache(c.n_layers, batch_size, c.n_kv_heads, max_len or self.max_seq_len, c.head_dim,
-                       self.dtype, self.device)
+                       self.kv_dtype, self.device)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None,
                 last_only: bool = False, head: Optional[torch.Tensor] = None, *,
@@ -397,10 +399,10 @@ def resolve_weight_dtype(weight_dtype: str | torch.dtype | None, dtype: torch.dt
 
 def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype: str | torch.dtype = DEFAULT_DTYPE,
                weight_dtype: str | torch.dtype | None = DEFAULT_WEIGHT_DTYPE, *, fast: bool = DEFAULT_FAST,
-               matmul: str = DEFAULT_MATMUL) -> Model:
+               matmul: str = DEFAULT_MATMUL, kv_dtype: str | torch.dtype = DEFAULT_KV_DTYPE) -> Model:
     """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime.
 
-    ``dtype`` is the compute dtype (activations, KV cache); ``weight_dtype`` the
+    ``dtype`` is the compute dtype (activations); ``weight_dtype`` the
     storage dtype of the weight matrices ("auto": see ``resolve_weight_dtype``).
     On the CPU, ``fast`` (the default, as the CLI's) runs this model's projections on the
     small-M C++ kernel and its Llama layers on the fused decode ops; ``fast=False`` or
@@ -412,15 +414,23 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     ``weight_dtype`` "int8" or "int4" quantizes the decoder layers' matrices and a copy of the
     output matrix at load (blocks of 32 with fp16 scales, ``kernels/quant.py``), for the CPU with
     fp32 activations and the fast kernel; the embedding table stays as stored.
+
+    ``kv_dtype`` is the storage dtype of this model's KV caches (``new_cache``): "auto" (see
+    ``resolve_kv_dtype``), "fp32", "fp16" or "bf16". Plain and speculative decoding share the
+    cache, so greedy speculative output equals plain output whatever it is.
     """
     check_matmul(matmul)
+    if not isinstance(kv_dtype, torch.dtype):
+        check_kv_dtype(kv_dtype)
     if weight_dtype is not None and not isinstance(weight_dtype, torch.dtype):
         check_weight_dtype(weight_dtype)
     root = resolve_model_path(str(path))
     if root.is_file():
         from .gguf import load_gguf_model
 
-        return load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul)
+        model = load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul)
+        model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
+        return model
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{root} has no config.json; is it a Hugging Face model directory?")
@@ -432,7 +442,25 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     from ..chat import read_chat_template
 
     model.chat_template, model.bos_token, model.eos_token = read_chat_template(root)
+    model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
     return model
+
+
+def resolve_kv_dtype(kv_dtype: str | torch.dtype, model: Model) -> torch.dtype:
+    """Storage dtype of ``model``'s KV cache.
+
+    "auto" is fp16 for a Llama-family model with fp32 activations on the fused CPU ops: at long
+    context a decode step is mostly streaming the cache, the kernel reads fp16 at half the bytes
+    and widens it exactly (llama.cpp's default cache type too), and its 11-bit significand keeps
+    the logits within ~1e-3 of an fp32 cache's. Elsewhere (CUDA, eager ops, GPT-2) it is the
+    compute dtype: the eager layer would widen the whole cache every step."""
+    if isinstance(kv_dtype, torch.dtype):
+        return kv_dtype
+    if kv_dtype == "auto":
+        fused = (model.device.type == "cpu" and model.dtype == torch.float32 and model.kernels.fused is not None
+                 and isinstance(model.module, LlamaModel))
+        return torch.float16 if fused else model.dtype
+    return resolve_dtype(kv_dtype, model.device)
 
 
 def assemble_model(cfg: ModelConfig, raw: dict[str, torch.Tensor], path: str, tokenizer: Optional[Tokenizer],
