@@ -24,6 +24,8 @@ the same convention, so the rule stays exact.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
@@ -44,6 +46,17 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 _INSTALL = "pip install 'specdecode[structured]' (it adds llguidance)"
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_WHAT = {"json_schema": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
+         "grammar": "grammar (Lark syntax)"}
+# tokens ``bind`` walks to find a grammar the engine gives up on at once (an object with ~500 optional
+# properties or an enum of ~2000 values fails at its first token): it is refused before it takes a row
+PROBE_TOKENS = 16
+log = logging.getLogger("specdecode")
+
+
+class GrammarLimitError(ConfigError):
+    """The grammar engine gave up on a constraint (one of its resource limits, such as llguidance's
+    2000 Earley items per parser row): the constraint is too large or too ambiguous for it."""
 
 
 def _llg() -> Any:
@@ -70,9 +83,7 @@ class ConstraintSpec:
         llg = _llg()
         err = llg.LLMatcher.validate_grammar(self.grammar)
         if err:
-            what = {"json_schema": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
-                    "grammar": "grammar (Lark syntax)"}[self.kind]
-            raise ConfigError(f"invalid {what}: {_short(err)}")
+            raise ConfigError(f"invalid {_WHAT[self.kind]}: {_short(err)}")
 
     @property
     def grammar(self) -> str:
@@ -89,6 +100,20 @@ class ConstraintSpec:
 def _short(err: str) -> str:
     lines = [ln.strip() for ln in err.strip().splitlines() if ln.strip()]
     return " ".join(lines[:4])[:400] if lines else "rejected by the grammar compiler"
+
+
+def _gave_up(kind: str, err: str, tokens: int) -> str:
+    """What to tell a user whose constraint the engine gave up on (its own text, parser state
+    included, goes to the log only)."""
+    log.info("grammar engine gave up on a %s after %d tokens: %s", kind, tokens, _short(err))
+    where = f"after {tokens} tokens of output" if tokens else "at the start of the output"
+    m = re.search(r"row has (\d+) items; max is (\d+)", err)
+    if m:
+        why = (f"it allows {m[1]} alternatives at one point ({where}), more than the engine's limit of {m[2]} "
+               "(an object with many optional properties, a long enum or anyOf)")
+    else:
+        why = f"it ran past one of the engine's resource limits ({where})"
+    return f"the {_WHAT[kind]} is too large for the structured-output grammar engine: {why}; make it smaller or simpler"
 
 
 def json_schema_spec(schema: Union[str, Mapping[str, Any]]) -> ConstraintSpec:
@@ -205,7 +230,7 @@ class Constraint:
 def bind(spec: ConstraintSpec, model: "Model") -> Constraint:
     """``spec`` compiled against ``model``'s tokenizer."""
     c = Constraint(spec, grammar_tokenizer(model), model.vocab_size)
-    c.start()  # fail now (ConfigError), not in the middle of a batch
+    c.start().probe(PROBE_TOKENS)  # fail now (ConfigError), not in the middle of a batch
     return c
 
 
@@ -258,7 +283,12 @@ class ConstraintState:
     ``commit`` advances over emitted tokens (the stack must be empty). Masks are cached by the
     draft tokens since the last commit, so the draft and the verifier share them. Without a
     grammar every token is allowed and only the bias applies (a finite shift of the logits:
-    target and draft laws are both the biased ones, so the verifier stays exact)."""
+    target and draft laws are both the biased ones, so the verifier stays exact).
+
+    If the grammar engine gives up (a resource limit, partway through decoding), nothing raises:
+    ``error`` holds what to tell the user, and from then on the state allows EOS only, refuses
+    pushes, drafts nothing and commits nothing. The decode core then fails this row alone (a
+    drafter that drafts for many rows at once is never interrupted by one row's grammar)."""
 
     def __init__(self, c: Optional[Constraint], vocab_size: Optional[int] = None,
                  bias: Optional[torch.Tensor] = None) -> None:
@@ -276,6 +306,8 @@ class ConstraintState:
                 raise ConfigError(f"the {c.spec.kind} constraint does not compile: "
                                   f"{_short(self.matcher.get_error())}")
             self._eos_ids = frozenset(c.tokenizer.eos_tokens) | {self.eos}
+        self.error: Optional[str] = None  # set when the grammar engine gave up (the row must fail)
+        self._committed = 0  # tokens committed (for the error message)
         self._stack: list[int] = []  # pushed draft tokens
         self._fed: list[bool] = []  # whether each pushed token went into the matcher (not past EOS)
         self.done = False  # EOS is at or below the top of the stack
@@ -290,6 +322,8 @@ class ConstraintState:
         """[V] bool: the tokens the grammar allows next (EOS only once the grammar is done)."""
         if self.matcher is None:
             return self._all
+        if self.error is not None:
+            return self._eos_only
         key = tuple(self._stack)
         m = self._masks.get(key)
         if m is None:
@@ -297,11 +331,20 @@ class ConstraintState:
                 m = self._eos_only
             else:
                 bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+                if self.matcher.is_error():
+                    self._fail()
+                    return self._eos_only
                 m = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool))
                 if not bool(m.any()):  # cannot happen for a valid grammar state; never leave nothing
                     m = self._eos_only
             self._masks[key] = m
         return m
+
+    def _fail(self) -> None:
+        """The engine gave up: keep what to tell the user; the state is inert from now on."""
+        if self.error is None:
+            assert self.constraint is not None
+            self.error = _gave_up(self.constraint.spec.kind, self.matcher.get_error() or "", self._committed)
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` [V] with forbidden tokens at -inf (a drafter samples or takes the argmax of it).
@@ -322,11 +365,12 @@ class ConstraintState:
         """Advance over a draft token; False (and no change) if the grammar forbids it here."""
         if self.matcher is None:
             return 0 <= token < self.vocab_size
-        if not (0 <= token < self.vocab_size) or not bool(self.allowed()[token]):
+        if not (0 <= token < self.vocab_size) or not bool(self.allowed()[token]) or self.error is not None:
             return False
         fed = not self.done and token not in self._eos_ids
-        if fed and not self.matcher.consume_token(token):
-            raise RuntimeError(f"grammar matcher refused an allowed token: {_short(self.matcher.get_error())}")
+        if fed and not self.matcher.consume_token(token):  # an allowed token refused: the engine gave up
+            self._fail()
+            return False
         self._stack.append(token)
         self._fed.append(fed)
         if not fed:
@@ -339,8 +383,8 @@ class ConstraintState:
         if n <= 0:
             return
         fed = sum(self._fed[-n:])
-        if fed and not self.matcher.rollback(fed):
-            raise RuntimeError(f"grammar matcher could not roll back: {_short(self.matcher.get_error())}")
+        if fed and self.error is None and not self.matcher.rollback(fed):
+            self._fail()
         del self._stack[-n:], self._fed[-n:]
         self.done = self._committed_done or not all(self._fed)
 
@@ -349,7 +393,10 @@ class ConstraintState:
         self.rollback()
         for t in tokens:
             if not self.push(t):
+                if self.error is not None:  # the engine gave up: the core fails the row
+                    break
                 raise RuntimeError(f"token {t} was emitted but the grammar forbids it (a mask was not applied)")
+        self._committed += len(self._stack)
         self._stack.clear()
         self._fed.clear()
         self._committed_done = self.done
@@ -358,9 +405,32 @@ class ConstraintState:
     def forced(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens the grammar forces from here (llguidance's fast-forward tokens,
         in the tokenizer's canonical split), for the core to propose as a free draft."""
-        if self.matcher is None or self.done or limit <= 0:
+        if self.matcher is None or self.done or self.error is not None or limit <= 0:
             return []
-        return [int(t) for t in self.matcher.compute_ff_tokens()[:limit]]
+        forced = [int(t) for t in self.matcher.compute_ff_tokens()[:limit]]
+        if self.matcher.is_error():
+            self._fail()
+            return []
+        return forced
+
+    def probe(self, steps: int) -> None:
+        """Walk up to ``steps`` tokens of the grammar (the forced ones, else the lowest allowed one)
+        and raise GrammarLimitError if the engine gives up on the way: a grammar too large for its
+        limits usually fails at its first tokens, and is refused then rather than mid-batch. For a
+        fresh state that is then dropped (the walk stays on its draft stack)."""
+        while len(self._stack) < steps and self.matcher is not None and not self.done and self.error is None:
+            tokens = self.forced(steps - len(self._stack))
+            if not tokens:
+                allowed = self.allowed().clone()
+                allowed[[t for t in self._eos_ids if 0 <= t < self.vocab_size]] = False
+                first = allowed.nonzero()
+                if first.numel() == 0:
+                    break
+                tokens = [int(first[0])]
+            if not all(self.push(t) for t in tokens):
+                break
+        if self.error is not None:
+            raise GrammarLimitError(self.error)
 
     # -- the core's side --------------------------------------------------------------------------
     def check_draft(self, draft: "Draft") -> tuple["Draft", torch.Tensor]:
@@ -379,10 +449,19 @@ class ConstraintState:
         self.rollback()
         if self.matcher is None:
             return draft, self._all.expand(len(draft.tokens) + 1, self.vocab_size)
-        if draft.parents is not None:
+        if self.error is None and draft.parents is not None:
             if draft.probs is not None:
                 return Draft(), self.allowed().unsqueeze(0)
-            return self._check_tree(draft)
+            draft, masks = self._check_tree(draft)
+        elif self.error is None:
+            draft, masks = self._check_chain(draft)
+        if self.error is not None:  # the engine gave up (now or before): no draft; the core fails the row
+            return Draft(), self._eos_only.unsqueeze(0)
+        return draft, masks
+
+    def _check_chain(self, draft: "Draft") -> tuple["Draft", torch.Tensor]:
+        from .drafters.base import Draft
+
         masks = [self.allowed()]
         n = len(draft.tokens)
         for k, t in enumerate(draft.tokens):

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
-from .constraints import Constraint, bind, parse_logit_bias, spec_from_args
+from .constraints import Constraint, GrammarLimitError, bind, parse_logit_bias, spec_from_args
 from .logprobs import TokenLogprob
-from .config import GenerationConfig, SamplingConfig, VerifyConfig
-from .core import (DecodeCore, Event, FinishEvent, IncrementalDetokenizer, Prompt, Request, StepEvent, find_stop,
-                   prompt_ids, truncate_pieces)
+from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
+from .core import (DecodeCore, Event, Failure, FinishEvent, IncrementalDetokenizer, Prompt, Request, StepEvent,
+                   find_stop, prompt_ids, truncate_pieces)
 from .drafters.base import BatchDrafter, Drafter, as_batch_drafter
 from .metrics import GenerationStats
 from .models import Model
@@ -46,7 +46,8 @@ def stream(
     logprobs: Optional[int] = None,
 ) -> Iterator[StepEvent | FinishEvent]:
     """Generate from ``target``, yielding a ``StepEvent`` per target pass and a final ``FinishEvent``.
-    ``verify`` picks the sampled rule (default: the Gumbel-max coupling when seeded, else block verification)."""
+    ``verify`` picks the sampled rule (default: the Gumbel-max coupling when seeded, else block verification).
+    A constraint the grammar engine gives up on partway raises ConfigError (``constraints.GrammarLimitError``)."""
     sampling = sampling or SamplingConfig()
     generation = generation or GenerationConfig()
     verify = verify or VerifyConfig()
@@ -59,7 +60,9 @@ def stream(
                      logprobs=logprobs))
     while core.rows:
         for _, ev in core.step():
-            yield ev  # type: ignore[misc]
+            if isinstance(ev, Failure):  # the only one a lone row meets: its grammar engine gave up
+                raise GrammarLimitError(ev.message) if ev.kind == "constraint" else ConfigError(ev.message)
+            yield ev
 
 
 def generate(

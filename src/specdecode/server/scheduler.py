@@ -275,6 +275,8 @@ class Scheduler:
                         self.metrics.observe_first_token(time.monotonic() - h.submitted)
             elif isinstance(ev, FinishEvent):
                 self._finish_metrics(ev.reason, r)
+            elif isinstance(ev, Failure):  # one row failed (its grammar engine gave up); the core removed it
+                self._finish_metrics("error", r)
         if self.metrics is not None and observed:
             self.metrics.observe_step(max(d for d, _, _ in observed), observed)
 

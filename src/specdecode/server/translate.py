@@ -335,6 +335,8 @@ def failure_error(f: Failure) -> ApiError:
         return ApiError(504, f.message, "timeout_error", code="request_timeout")
     if f.kind == "shutdown":
         return ApiError(503, f.message, "server_error", code="shutting_down", retry_after=RETRY_AFTER_DRAIN_S)
+    if f.kind == "constraint":  # the grammar engine gave up on this request's response_format partway
+        return ApiError(400, f"response_format: {f.message}", param="response_format", code="invalid_value")
     return ApiError(500, f.message, "server_error", code="internal_error")
 
 
