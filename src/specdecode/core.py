@@ -151,8 +151,9 @@ class Request:
     ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` is the draft
     length (None: the drafter's own γ, or the policy's maximum when that is "auto"). ``adaptive``
     lets the γ policy choose up to that length each step (None: when the drafter's γ is "auto" and
-    the request names no ``gamma``: an explicit γ is honoured); False drafts it whenever there is room. ``verify`` picks the sampled rule (by default the
-    Gumbel-max coupling for a seeded request, else block verification)."""
+    the request names no ``gamma``: an explicit γ is honoured); False drafts it whenever there is room.
+    ``verify`` picks the sampled rule (by default the Gumbel-max coupling for a seeded request, else
+    block verification)."""
 
     prompt_ids: list[int]
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -91,7 +91,8 @@ def test_a_hundred_random_junk_requests_leave_the_next_request_as_a_fresh_one(pa
     history = core.drafters["model"].acceptance
     assert history.accepted / history.evaluated < 0.4  # the drafter's record is bad ...
     after = run(core, PROMPT, 64)
-    assert near(after.accepted, fresh.accepted) and near(after.drafted, fresh.drafted), (after, fresh)  # ... a prior only
+    # ... a prior only
+    assert near(after.accepted, fresh.accepted) and near(after.drafted, fresh.drafted), (after, fresh)
 
 
 def test_an_explicit_gamma_is_honoured(pair: tuple[Model, Model], fixed_costs: None) -> None:

@@ -401,7 +401,8 @@ class ExitAdapterDrafter(LayerSkipDrafter):
         return f"exit-adapter={files}|quant={self.quant}"
 
     def _adapter_seconds(self, target: "Model", reps: int = 8) -> float:
-        """Least time (load only adds time; the γ policy refines c from the live passes) of an adapter step on one token over a 128-token adapter cache (layer, final norm,
+        """Least time (load only adds time; the γ policy refines c from the live passes) of an adapter
+        step on one token over a 128-token adapter cache (layer, final norm,
         proposal head) minus that of the full output layer the partial model's forward would run."""
         adapter, head, stack = self._prepared(target)
         if stack is not None:  # the whole draft is one module call: time it against the plain exit

@@ -55,7 +55,8 @@ def toolchain(cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS) 
     except TypeError:
         libraries = ext.library_paths()
     abi = str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", ""))
-    return (os.environ.get("CXX", "c++"), *cflags, "|", *ldflags, "|", torch.__version__, os.path.dirname(torch.__file__),
+    return (os.environ.get("CXX", "c++"), *cflags, "|", *ldflags, "|", torch.__version__,
+            os.path.dirname(torch.__file__),
             *includes, "|", *libraries, "|", abi, sys.version, sysconfig.get_paths().get("include", ""))
 
 
