@@ -374,7 +374,7 @@ def test_bench_gguf_target_with_llama_cpp_end_to_end(tmp_path: Path, monkeypatch
 
     build = _build()
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
-    _, g = tiny_gguf(tmp_path, "Q8_0")
+    _, g = tiny_gguf(tmp_path, "Q8_0", pre="gpt-2")  # llama.cpp's name for GPT-2's pre-tokenizer
     wl = tmp_path / "one.jsonl"
     wl.write_text(json.dumps({"id": "c1", "category": "completion", "prompt": "def f(x):\n    return x + 1\n" * 4,
                               "max_new_tokens": 16}) + "\n")
