@@ -172,7 +172,7 @@ def tiny_llama(tmp_path_factory):
     from specdecode.models import load_model
 
     path = build_model(tmp_path_factory.mktemp("fast_linear") / "m", "llama")
-    return load_model(path), load_model(path, fast=False)
+    return load_model(path, kv_dtype="fp32"), load_model(path, fast=False)  # the eager one's fp32 KV cache
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])  # biases on the projections
@@ -180,7 +180,7 @@ def test_other_archs_logits_match(ext, tmp_path, arch):
     from specdecode.models import load_model
 
     path = build_model(tmp_path / arch, arch)
-    model, eager = load_model(path), load_model(path, fast=False)
+    model, eager = load_model(path, kv_dtype="fp32"), load_model(path, fast=False)
     assert model.fast and not eager.fast
     ids = torch.randint(0, model.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
     ref = eager.forward(ids, eager.new_cache(1, 64))
