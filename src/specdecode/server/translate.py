@@ -271,7 +271,8 @@ def build_specs(state: ServerState, req: Any, ids: list[int], max_tokens: Option
         raise ApiError(400, str(e), code="invalid_value") from e
     return [DecodeRequest(ids, dataclasses.replace(sampling, seed=choice_seed(req.seed, i)), generation,
                           None if drafter == "none" else drafter, gamma=req.gamma or state.default_gamma,
-                          adaptive=state.config.speculation == "auto", verify=verify, constraint=constraint,
+                          adaptive=state.config.speculation == "auto" and req.gamma is None,  # a client's γ is honoured
+                          verify=verify, constraint=constraint,
                           logit_bias=bias, logprobs=logprobs) for i in range(n)]
 
 
