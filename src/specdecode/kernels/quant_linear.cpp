@@ -507,8 +507,10 @@ __attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const 
 // weight vector is loaded and made |w| once per register block and used by each of its rows; a second
 // register block (9-16 rows) rereads the tile from L1. Rows go in walks of kRowsAvx2 over a chunk.
 // Measured against group_avx2 (SmolLM2-135M shapes, 30 layers + the head, AVX2 forced, 1 thread, the
-// paths interleaved in one process, 4 runs): 5-10% faster at 5, 6, 12 and 16 rows, level at 8, slower
-// at 2-4 rows; for int4 group_avx2 was as fast or faster at every row count (so int4 stays there).
+// paths interleaved in one process, 6 runs on a shared 2-core EPYC): at 5-16 rows a median ratio of
+// ~0.95 (0.87-1.12 per run and row count; identical code read +-10% there), slower at 2-4 rows; for
+// int4 group_avx2 was as fast or faster at every row count, also against a tile of both half groups
+// sharing each activation broadcast (level), so int4 stays there.
 // A per-row floor is the reason the gains are small: AVX2 has no int8 dot-product instruction, so each
 // 32 int8 products cost a row 4 vector operations (sign, maddubs, madd, add; int4: 2 per 32), and past
 // ~4 rows the pass is bound by that arithmetic, not by the weight stream. Each (row, column) runs
