@@ -29,7 +29,7 @@ def test_export_is_a_complete_hf_directory(quick_target: Path) -> None:
 
 def test_transformers_and_our_runtime_agree(quick_target: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    ours = load_model(quick_target, dtype="fp32")
+    ours = load_model(quick_target, dtype="fp32", kv_dtype="fp32")  # transformers' fp32 numbers, cache too
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(quick_target), dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(quick_target))
     text = "def alpha_beta(alpha, beta=3):\n    return alpha + beta\n"
