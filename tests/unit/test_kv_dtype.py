@@ -283,3 +283,18 @@ def test_greedy_speculative_equals_plain_with_a_narrow_cache(tiny_dirs: dict[str
     for drafter in drafters:
         r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=24, ignore_eos=True)
         assert r.token_ids == plain.token_ids, type(drafter).__name__
+
+
+@pytest.mark.parametrize("arch,dtype", [("llama", "bf16"), ("gpt2", "fp32")])
+def test_eager_models_run_on_a_cache_of_another_dtype(tiny_dirs: dict[str, Path], arch: str, dtype: str) -> None:
+    """The eager layer (a bf16-compute model, as on CUDA; GPT-2) writes into an fp16 cache and attends over
+    it widened to its compute dtype; the greedy speculative output still equals plain decoding's."""
+    model = sd.load_model(tiny_dirs[arch], dtype=dtype, kv_dtype="fp16")
+    same = sd.load_model(tiny_dirs[arch], dtype=dtype)
+    assert model.kv_dtype == torch.float16 and same.kv_dtype == model.dtype
+    toks = ids(12, 6)
+    got = model.forward(toks, model.new_cache(1, 16))
+    torch.testing.assert_close(got, same.forward(toks, same.new_cache(1, 16)), atol=0.1, rtol=0)
+    plain = sd.generate(model, PROMPT, max_new_tokens=12, ignore_eos=True)
+    r = sd.generate(model, PROMPT, drafter=sd.DraftModelDrafter(model, 3), max_new_tokens=12, ignore_eos=True)
+    assert r.token_ids == plain.token_ids
