@@ -36,7 +36,7 @@ test: setup
 	$(PY) -m pytest -q -x -m "not slow" --durations=25
 
 # `make test-full`: the full tier (soak, fuzz, drain, browser page, training, long chi-square law tests,
-# slow end-to-end CLI and server runs); .ci/run runs it after `make test`. Budget <= 25 min on 2 cores.
+# slow end-to-end CLI and server runs); .ci/run runs it after `make test`. Budget <= 20 min on 2 cores.
 test-full: setup
 	$(PY) -m pytest -q -m slow --durations=25
 
