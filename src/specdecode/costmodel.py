@@ -210,10 +210,11 @@ def _fingerprint(models: Sequence[Optional["Model"]], extra: str = "") -> str:
         if m is None:
             parts.append("none")
             continue
-        weights = sorted(Path(m.path).glob("*.safetensors"))
+        path = Path(m.path)
+        weights = [path] if path.is_file() else sorted(path.glob("*.safetensors"))  # a GGUF file, or a directory
         stamp = ",".join(f"{w.name}:{w.stat().st_size}:{int(w.stat().st_mtime)}" for w in weights)
-        parts += [str(Path(m.path).resolve()), stamp, str(m.dtype), str(m.weight_dtype), str(m.device),
-                  m.kernels.describe()]
+        parts += [str(path.resolve()), stamp, str(m.dtype), str(m.weight_dtype), str(m.device),
+                  m.kernels.describe(), str(getattr(m, "kv_dtype", m.dtype))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
