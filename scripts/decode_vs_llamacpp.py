@@ -1,7 +1,7 @@
 """Decode steps alone, ours against llama.cpp's ``llama-bench -n N`` (tg), interleaved round by round.
 
 Why a separate script: ``specdecode bench --llama-cpp`` times prefill plus generation, and on some
-machines ``llama-bench`` crashes as soon as it processes a prompt in Q8_0/Q4_0 (docs/benchmarks.md,
+machines ``llama-bench`` crashes as soon as it processes a prompt in Q8_0/Q4_0 (docs/lab-notes.md,
 the Intel machine); decode alone (``-p 0``) runs. Each round times one ``llama-bench`` run and then
 our median single-token step with a warm KV cache (``costmodel.measure_costs``, which also gives
 v(1..4)), so slow phases of a noisy machine hit both sides alike. GGUFs come from the bench's cache

@@ -98,7 +98,7 @@ def main() -> None:
         pred = (1 - a0 ** (best + 1)) / ((1 - a0) * (best * c + 1))
         w(f"- Predicted (not measured) greedy speedup from Leviathan et al.'s formula "
           f"(1 - α^(γ+1)) / ((1 - α)(γc + 1)) with these α and c (it assumes verification is free, v = 1): "
-          f"{pred:.2f}x at γ = {best}. Measured speedups: `docs/benchmarks.md`.\n")
+          f"{pred:.2f}x at γ = {best}. Measured speedups: `docs/lab-notes.md`.\n")
     else:
         w("- Cost ratio c: TODO (measure with `scripts/measure_cost_ratio.py`).\n")
     w("## Corpus and split\n")
