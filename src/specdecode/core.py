@@ -54,7 +54,9 @@ class StepEvent:
     pieces: list[str]  # text delta per token ('' while a multi-byte character is incomplete)
     drafted: int = 0  # draft tokens the target judged for this step
     logprobs: Optional[list[TokenLogprob]] = None  # per token, when the request asks (``Request.logprobs``)
-    proposed: Optional[list[int]] = None  # the chain the drafter proposed for this pass (None: tree or no draft)
+    proposed: Optional[list[int]] = None  # the draft for this pass (a chain, or a tree's nodes; None: no draft)
+    parents: Optional[list[int]] = None  # a tree draft: each node's parent in ``proposed`` (-1: the root)
+    path: Optional[list[int]] = None  # a tree draft: the accepted nodes' indices in ``proposed``, root to leaf
 
     @property
     def text(self) -> str:
@@ -529,10 +531,12 @@ class DecodeCore:
             n_events = len(events)
             if self._emit(r, accepted, res, g, events):
                 finished.append(r)
-            if d.parents is None and g > 0 and n_events < len(events):  # for the web page's per-pass card
+            if g > 0 and n_events < len(events):  # raw facts for the web page's per-pass card (built by the server)
                 step_ev = events[n_events][1]
                 assert isinstance(step_ev, StepEvent)
                 step_ev.proposed = list(d.tokens)
+                if d.parents is not None:
+                    step_ev.parents, step_ev.path = list(d.parents), list(res.path or ())
             if r.request.logprobs is not None and n_events < len(events):
                 ev = events[n_events][1]
                 assert isinstance(ev, StepEvent)

@@ -76,8 +76,10 @@ class ServerMetrics:
         return total / window
 
     # -- called by the scheduler thread ---------------------------------------------------------
-    def observe_step(self, gamma: int, rows: list[tuple[int, int, int]]) -> None:
-        """One batched forward; ``rows`` holds (drafted, accepted, emitted) per row."""
+    def observe_step(self, gamma: int, rows: list[tuple[int, int, int, list[bool]]]) -> None:
+        """One batched forward; ``rows`` holds (drafted, accepted, emitted, verified) per row: ``verified`` the
+        outcome of each draft position on the pass's verified path (``card.pass_view``; a tree's nodes off the
+        path were never judged, so they count at no position)."""
         drafted = sum(r[0] for r in rows)
         accepted = sum(r[1] for r in rows)
         emitted = sum(r[2] for r in rows)
@@ -95,10 +97,10 @@ class ServerMetrics:
             self._sums["generated"] += emitted
             self._sums["drafted"] += drafted
             self._sums["accepted"] += accepted
-            for d, a, _ in rows:
-                for i in range(min(d, self._max_positions)):
+            for _, _, _, verified in rows:
+                for i, ok in enumerate(verified[: self._max_positions]):
                     self._pos[i][0] += 1
-                    self._pos[i][1] += int(i < a)
+                    self._pos[i][1] += int(ok)
             positions = [(i, d, a) for i, (d, a) in enumerate(self._pos) if d]
         for i, d, a in positions:
             self.acceptance_by_position.labels(position=str(i)).set(a / d)

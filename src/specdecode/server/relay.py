@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine import FinishEvent, StepEvent
+from .card import card_fields
 from .choices import ChoiceGroup
 from .protocol import error_body
 from .translate import ClientGone, failure_error, summary, usage_all, usage_one
@@ -71,7 +72,8 @@ def sse_response(group: ChoiceGroup, chunk: ChunkFn, lp: LogprobFormat, first: O
          include_usage: bool, rid: str, created: int, model: str, obj: str,
          token_text: Callable[[int], str]) -> StreamingResponse:
     """Server-sent events: one chunk per target pass and choice (``index``), carrying per-token origin in
-    ``specdecode`` (and, for a drafted chain, the first proposal the target rejected: the page's per-pass card)."""
+    ``specdecode`` and, for a drafted pass, the page's per-pass card read along the verified path (``card.py``):
+    the first rejected candidate, whether the target's token is a bonus, and each path position's outcome."""
 
     def line(payload: Any) -> bytes:
         return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
@@ -92,12 +94,9 @@ def sse_response(group: ChoiceGroup, chunk: ChunkFn, lp: LogprobFormat, first: O
                 if isinstance(ev, StepEvent):
                     from_draft = ev.from_draft + [False] * (len(ev.pieces) - len(ev.from_draft))
                     sent += len(ev.token_ids)
-                    n_acc = sum(ev.from_draft)
-                    rejected = (token_text(ev.proposed[n_acc]) if ev.proposed is not None and n_acc < len(ev.proposed)
-                                and len(ev.token_ids) == n_acc + 1 else None)
                     yield line(chunk(i, ev.text, None, {"pieces": ev.pieces, "from_draft": from_draft,
-                                                        "token_ids": ev.token_ids,
-                                                        "drafted": ev.drafted, "rejected": rejected}, lp(i, ev)))
+                                                        "token_ids": ev.token_ids, "drafted": ev.drafted,
+                                                        **card_fields(ev, token_text)}, lp(i, ev)))
                 elif isinstance(ev, FinishEvent):
                     fins[i] = ev
                     group.close(i)

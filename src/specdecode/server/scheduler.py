@@ -25,6 +25,7 @@ from ..core import DecodeCore, Event, Failure, FinishEvent, Request, Row, StepEv
 from ..drafters.base import BatchDrafter
 from ..models import Model
 from ..policy import GammaPolicy
+from .card import pass_view
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -263,12 +264,13 @@ class Scheduler:
 
     def _step(self) -> None:
         events = self.core.step()
-        observed: list[tuple[int, int, int]] = []
+        observed: list[tuple[int, int, int, list[bool]]] = []
         for r, ev in events:
             h: RequestHandle = r.owner
             h.emit(ev)
             if isinstance(ev, StepEvent) and ev.token_ids:
-                observed.append((ev.drafted, sum(ev.from_draft), len(ev.token_ids)))
+                verified = pass_view(ev).verified if ev.drafted else []
+                observed.append((ev.drafted, sum(ev.from_draft), len(ev.token_ids), verified))
                 if not h.started:
                     h.started = True
                     if self.metrics is not None:
@@ -278,7 +280,7 @@ class Scheduler:
             elif isinstance(ev, Failure):  # one row failed (its grammar engine gave up); the core removed it
                 self._finish_metrics("error", r)
         if self.metrics is not None and observed:
-            self.metrics.observe_step(max(d for d, _, _ in observed), observed)
+            self.metrics.observe_step(max(o[0] for o in observed), observed)
 
     def _finish_metrics(self, reason: str, r: Row) -> None:
         if self.metrics is not None:
