@@ -271,6 +271,10 @@ class DecodeCore:
         self._hidden_layers = tuple(sorted({int(i) for d in self.drafters.values() if d.wants_hidden
                                             for i in getattr(d, "hidden_layers", ())}))
 
+    def prepare(self, name: str) -> None:
+        """Prepare drafter ``name`` now rather than at its first request (a server warming up)."""
+        self._prepare(name)
+
     def _prepare(self, name: str) -> BatchDrafter:
         """Prepare drafter ``name`` for every row (once) and give the γ policy its offline costs."""
         d = self.drafters[name]

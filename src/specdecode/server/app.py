@@ -100,9 +100,13 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 while serving; 503 "draining" once SIGTERM came, so a load balancer stops sending."""
+        """200 while serving ("warming" while a drafter is being prepared, its costs measured: ``preparing``
+        names it, and requests queue or run meanwhile); 503 "draining" once SIGTERM came, so a load balancer
+        stops sending."""
         s = state.scheduler
-        body = {"status": "draining" if s.draining else "ok", "model": state.model_name,
+        preparing = s.preparing
+        status = "draining" if s.draining else "warming" if preparing is not None else "ok"
+        body = {"status": status, "preparing": preparing, "model": state.model_name,
                 "active_rows": s.active_rows, "queue_depth": s.queue_depth, "max_batch_size": s.max_batch_size,
                 "forward_passes": s.forward_passes, "drafters": sorted(s.drafters),
                 "default_drafter": state.default_drafter, "default_gamma": state.default_gamma,

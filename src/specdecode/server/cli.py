@@ -113,11 +113,13 @@ def build_state(args: argparse.Namespace) -> "ServerState":
         with _phase(f"loading the draft {draft_path}"):
             draft = load(draft_path)
     gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
+    # the default drafter is prepared (its costs measured) on the engine thread once the server listens:
+    # /health answers "warming" meanwhile, and requests queue
     with _phase("building the drafters and the decode core (cost measurement on first use)"):
         return make_state(target, draft, config, default_drafter=args.drafter or "model", default_gamma=gamma,
                           ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_vocab=args.draft_vocab,
                           exit_layer=args.exit_layer, skip_layers=args.skip_layers, heads=artifacts.heads,
-                          eagle=artifacts.eagle, exit_adapter=artifacts.exit_adapter)
+                          eagle=artifacts.eagle, exit_adapter=artifacts.exit_adapter, prepare_in_background=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

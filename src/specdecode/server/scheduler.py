@@ -79,15 +79,20 @@ class Scheduler:
 
     def __init__(self, target: Model, drafters: Mapping[str, BatchDrafter], *, max_batch_size: int = 16,
                  max_queue: int = 64, max_context: Optional[int] = None,
-                 metrics: Optional["ServerMetrics"] = None, prepare: Optional[Sequence[str]] = None) -> None:
+                 metrics: Optional["ServerMetrics"] = None, prepare: Optional[Sequence[str]] = None,
+                 prepare_in_background: bool = False) -> None:
+        """``prepare``: the drafters prepared before the first request (buffers, measured costs), here or, with
+        ``prepare_in_background``, on the engine thread as it starts, while /health answers "warming"."""
         self.target = target
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.metrics = metrics
+        # the drafters the engine thread prepares before it serves (a list read by /health from any thread)
+        self._warmup: list[str] = list(prepare or []) if prepare_in_background else []
         # built here so a bad pair fails at startup (vocabulary, device), not at the first request
         self.core = DecodeCore(target, drafters, max_rows=max_batch_size,
                                context_len=min(target.max_seq_len, max_context or target.max_seq_len),
-                               policy=GammaPolicy(), prepare=prepare)
+                               policy=GammaPolicy(), prepare=[] if prepare_in_background else prepare)
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -111,6 +116,17 @@ class Scheduler:
     @property
     def forward_passes(self) -> int:
         return self.core.forward_passes
+
+    @property
+    def preparing(self) -> Optional[str]:
+        """The drafter being prepared now (its costs measured), or waiting to be at start-up: /health's "warming"."""
+        name = self.core.preparing
+        if name is None:
+            try:
+                name = self._warmup[0]  # the engine thread pops it only once prepared
+            except IndexError:
+                pass
+        return name
 
     @property
     def active_rows(self) -> int:
@@ -177,8 +193,21 @@ class Scheduler:
                 self._thread.join(5.0)
 
     # -- engine thread ---------------------------------------------------------------------------
+    def _warm_up(self) -> None:
+        """Prepare the start-up drafters; requests queue meanwhile. A drafter that fails here is logged and
+        tried again at its first request (which then fails alone)."""
+        while self._warmup and not self._abort:
+            name = self._warmup[0]
+            try:
+                self.core.prepare(name)
+            except Exception as e:
+                log.exception("preparing drafter %r failed: %s", name, e)
+            finally:
+                self._warmup.pop(0)
+
     def _run(self) -> None:
         core = self.core
+        self._warm_up()
         while True:
             with self._cond:
                 while not self._pending and not core.rows and not self._stopping:

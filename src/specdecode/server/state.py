@@ -41,7 +41,7 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
                model_name: Optional[str] = None, draft_vocab: "VocabSpec" = "auto",
                exit_layer: Optional[int] = None, skip_layers: Optional[tuple[int, ...]] = None,
                heads: Optional[str] = None, eagle: Optional[str] = None,
-               exit_adapter: Optional[str] = None) -> ServerState:
+               exit_adapter: Optional[str] = None, prepare_in_background: bool = False) -> ServerState:
     """Everything the app needs, from loaded models and the serving flags: every registered drafter
     that can run with what is loaded (a draft model's only when one is given; Medusa heads, an EAGLE-3
     draft and an exit adapter each from its own directory)."""
@@ -82,7 +82,8 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
     metrics = ServerMetrics()
     scheduler = Scheduler(target, drafters, max_batch_size=config.max_batch_size, max_queue=config.max_queue,
                           max_context=config.max_context, metrics=metrics,
-                          prepare=[default_drafter] if default_drafter in drafters else [])
+                          prepare=[default_drafter] if default_drafter in drafters else [],
+                          prepare_in_background=prepare_in_background)
     chat = ChatFormatter.for_model(target)  # a loaded model: a GGUF carries its template in its metadata
     return ServerState(scheduler, metrics, config, model_name or target.name, chat, chat.source != PLAIN_TEMPLATE,
                        default_drafter, default_gamma, now(), max_token_chars(target))
