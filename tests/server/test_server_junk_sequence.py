@@ -1,0 +1,47 @@
+"""Issue #30 item 1 through the server: the outside probe's sequence (three junk requests whose one
+draft token is rejected, then a real greedy request) drafts and accepts as on a fresh server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+import specdecode
+from specdecode.server.config import ServerConfig
+from server_helpers import MODEL_NAME, Models, serve
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (MODELS / "code-draft" / "config.json").is_file(), reason="bundled models absent")]
+
+
+def _spec(url: str, body: dict[str, object]) -> dict[str, int]:
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["speculative"]
+
+
+@pytest.fixture(scope="module")
+def bundled() -> Models:
+    return Models(specdecode.load_model(MODELS / "code-target"), specdecode.load_model(MODELS / "code-draft"),
+                  MODELS / "code-target")
+
+
+def _run(models: Models, junk: int) -> dict[str, int]:
+    for running in serve(models, models.draft, ServerConfig(max_batch_size=4, max_queue=8, request_timeout=120)):
+        for _ in range(junk):
+            _spec(running.url, {"prompt": "x", "max_tokens": 2})
+        real = {"prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}
+        runs = [_spec(running.url, real) for _ in range(3)]
+        return {k: sum(r[k] for r in runs) for k in ("target_passes", "drafted", "accepted")}
+    raise AssertionError("server did not start")
+
+
+def test_junk_requests_do_not_switch_speculation_off(bundled: Models) -> None:
+    fresh = _run(bundled, junk=0)
+    after = _run(bundled, junk=3)
+    assert fresh["accepted"] > 0
+    assert abs(after["accepted"] - fresh["accepted"]) <= 0.1 * fresh["accepted"], (fresh, after)
+    assert after["target_passes"] <= 1.1 * fresh["target_passes"], (fresh, after)
