@@ -25,7 +25,7 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(hf_dir: Path, out: Path, qtype: str = "F16", arch: str = "llama", pre: str = "gpt2",
-               chat_template: Optional[str] = CHAT_TEMPLATE) -> Path:
+               chat_template: Optional[str] = CHAT_TEMPLATE, head_qtype: Optional[str] = None) -> Path:
     """``hf_dir``'s checkpoint as a GGUF file whose matrices are ``qtype`` (F32, F16, BF16, Q8_0, Q4_0, Q4_1...)."""
     import gguf
     from safetensors.torch import load_file
@@ -82,11 +82,12 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F16", arch: str = "llama",
             gname = f"blk.{parts[2]}.{layer['.'.join(parts[3:-1])]}.{parts[-1]}"
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
             arr = _permute(arr, n_heads if "q_proj" in name else n_kv)
-        if arr.ndim == 2 and qt not in (gguf.GGMLQuantizationType.F32,):
-            if qt == gguf.GGMLQuantizationType.F16:
+        t = gguf.GGMLQuantizationType[head_qtype] if head_qtype and gname in ("token_embd.weight", "output.weight") else qt
+        if arr.ndim == 2 and t not in (gguf.GGMLQuantizationType.F32,):
+            if t == gguf.GGMLQuantizationType.F16:
                 w.add_tensor(gname, arr.astype(np.float16))
             else:
-                w.add_tensor(gname, gguf.quants.quantize(arr.astype(np.float32), qt), raw_dtype=qt)
+                w.add_tensor(gname, gguf.quants.quantize(arr.astype(np.float32), t), raw_dtype=t)
         else:
             w.add_tensor(gname, arr.astype(np.float32))
     w.write_header_to_file()

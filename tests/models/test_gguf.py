@@ -70,6 +70,24 @@ def test_q8_0_and_q4_0_blocks_reach_the_kernel_as_stored(tmp: Path, qtype: str, 
     assert len(r.token_ids) == 8
 
 
+def test_a_q8_0_output_matrix_stays_int8_in_a_q4_0_file(tmp: Path) -> None:
+    """llama.cpp's Q4_0 recipe keeps the output matrix in Q8_0: it reaches the kernel as stored too."""
+    from specdecode.kernels.quant import dequantize
+
+    hf, _ = tiny_gguf(tmp, "F16", "llama")
+    path = write_gguf(hf, tmp / "q4_0-q8-head.gguf", "Q4_0", "llama", head_qtype="Q8_0")
+    model = load_model(path)
+    assert model.weight_format == "int4" and model.quant.head.dtype == torch.int8
+    ckpt, tensors = read_gguf(path)
+    dense, _ = load_tensors(ckpt, tensors, "int4")
+    assert torch.equal(dequantize(model.quant.head, model.config.dim), dense["lm_head.weight"])
+    ids = model.encode(TEXTS[0])
+    from specdecode import PromptLookupDrafter
+
+    plain = generate(model, ids, max_new_tokens=16, ignore_eos=True).token_ids
+    assert generate(model, ids, drafter=PromptLookupDrafter(), max_new_tokens=16, ignore_eos=True).token_ids == plain
+
+
 def test_other_block_types_default_to_int8(tmp: Path) -> None:
     _, path = tiny_gguf(tmp, "Q4_1", "llama")
     assert load_model(path).weight_format == "int8"

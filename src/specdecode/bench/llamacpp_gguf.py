@@ -35,11 +35,9 @@ REQUANT_FORMATS = ("bf16", "f16", "q8_0", "q4_0")  # what we ask llama-quantize 
 
 
 def is_gguf_path(path: str | Path) -> bool:
-    p = Path(path)
-    if not p.is_file():
-        return False
-    with p.open("rb") as f:
-        return f.read(4) == b"GGUF"
+    from ..models.gguf import is_gguf
+
+    return is_gguf(path)
 
 
 def file_type(path: Path) -> str:

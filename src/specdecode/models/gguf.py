@@ -325,7 +325,7 @@ def load_tensors(ckpt: GGUFCheckpoint, tensors: list[_Tensor], fmt: Optional[str
             b = _blocks(t, STORED_AS[kind])
             w = (b.q.float() - (8 if b.fmt == "int4" else 0)) * b.d.float().unsqueeze(-1)
             w = w.reshape(b.q.shape[0], -1)
-            if fmt == b.fmt:
+            if fmt is not None:  # kept as stored; the caller decides which fit (the head may differ)
                 blocks[name] = b
         else:
             w = _dense(t)
@@ -381,11 +381,11 @@ def load_gguf_model(path: Path, device: str, dtype: str | torch.dtype, weight_dt
     dense, blocks = load_tensors(ckpt, tensors, fmt)
     packed: dict[str, torch.Tensor] = {}
     if fmt is not None:
-        fused = fuse_blocks(blocks, llama_fused_names(cfg.n_layers))
+        fused = fuse_blocks({n: b for n, b in blocks.items() if b.fmt == fmt}, llama_fused_names(cfg.n_layers))
         packed = {name: pack_blocks(b.q, b.d, fmt) for name, b in fused.items()}
         head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
-        if head in blocks:
-            packed["head"] = pack_blocks(blocks[head].q, blocks[head].d, fmt)
+        if head in blocks:  # in its own block type: llama.cpp's Q4_0 files keep a Q8_0 output matrix
+            packed["head"] = pack_blocks(blocks[head].q, blocks[head].d, blocks[head].fmt)
     model = assemble_model(cfg, dense, str(path), tokenizer_from_gguf(ckpt.meta), ckpt.eos_ids, device, dtype,
                            weight_dtype, fast=fast, matmul=matmul, packed=packed)
     model.chat_template = ckpt.chat_template
