@@ -35,6 +35,7 @@ def _run(models: Models, junk: int) -> dict[str, int]:
             _spec(running.url, {"prompt": "x", "max_tokens": 2})
         real = {"prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}
         runs = [_spec(running.url, real) for _ in range(3)]
+        assert all(r["drafted"] > 0 for r in runs), runs  # every real request speculates
         return {k: sum(r[k] for r in runs) for k in ("target_passes", "drafted", "accepted")}
     raise AssertionError("server did not start")
 
@@ -43,5 +44,9 @@ def test_junk_requests_do_not_switch_speculation_off(bundled: Models) -> None:
     fresh = _run(bundled, junk=0)
     after = _run(bundled, junk=3)
     assert fresh["accepted"] > 0
-    assert abs(after["accepted"] - fresh["accepted"]) <= 0.1 * fresh["accepted"], (fresh, after)
-    assert after["target_passes"] <= 1.1 * fresh["target_passes"], (fresh, after)
+    # γ follows live pass timings, so two servers differ by load noise (seen in CI: 12% fewer
+    # accepted, 24% more passes). Switched off, the 3 × 64 tokens would take ~190 passes against
+    # ~65: the bounds below still tell the two apart. The bounded effect of junk on a row's prior
+    # is pinned exactly in tests/unit/test_policy_poisoning.py.
+    assert after["accepted"] >= 0.7 * fresh["accepted"], (fresh, after)
+    assert after["target_passes"] <= 1.4 * fresh["target_passes"], (fresh, after)
