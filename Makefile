@@ -40,10 +40,11 @@ test: setup
 test-full: setup
 	$(PY) -m pytest -q -m slow --durations=25
 
-# Lint (not yet in .ci/run): the rule set is [tool.ruff] in pyproject.toml.
+# Lint and types (.ci/run runs it before the tests): ruff's rules are [tool.ruff], mypy's settings [tool.mypy] in
+# pyproject.toml; both are pinned in the dev extra.
 lint: setup
-	$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff
 	$(PY) -m ruff check src tests
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info
