@@ -82,7 +82,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F16", arch: str = "llama",
             gname = f"blk.{parts[2]}.{layer['.'.join(parts[3:-1])]}.{parts[-1]}"
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
             arr = _permute(arr, n_heads if "q_proj" in name else n_kv)
-        t = gguf.GGMLQuantizationType[head_qtype] if head_qtype and gname in ("token_embd.weight", "output.weight") else qt
+        is_head = gname in ("token_embd.weight", "output.weight")
+        t = gguf.GGMLQuantizationType[head_qtype] if head_qtype and is_head else qt
         if arr.ndim == 2 and t not in (gguf.GGMLQuantizationType.F32,):
             if t == gguf.GGMLQuantizationType.F16:
                 w.add_tensor(gname, arr.astype(np.float16))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import torch
 
@@ -75,18 +75,21 @@ class AttentionMeta:
             return self.explicit_positions
         if self.tree is None:
             return self.slots
+        ancestors = self.ancestors
+        assert ancestors is not None  # a tree is set
         offs = torch.tensor(self.starts, device=self.arange.device).unsqueeze(1)
-        return offs + self.ancestors.sum(-1) - 1
+        return offs + ancestors.sum(-1) - 1
 
     @cached_property
     def mask(self) -> Optional[torch.Tensor]:
         """[B, 1, T, kv_len] bool, True = attend; None when a single query attends to everything before it."""
         end = self.kv_len
-        if self.tree is not None:
+        ancestors = self.ancestors
+        if ancestors is not None:  # a tree
             b, t = len(self.starts), self.n_new
             offs = torch.tensor(self.starts, device=self.arange.device).view(b, 1, 1)
             mask = (self.arange[:end].view(1, 1, end) < offs).expand(b, t, end).clone()  # the row's prefix
-            mask.scatter_(2, self.slots.unsqueeze(1).expand(b, t, t), self.ancestors)  # plus ancestors and self
+            mask.scatter_(2, self.slots.unsqueeze(1).expand(b, t, t), ancestors)  # plus ancestors and self
             return mask.unsqueeze(1)
         if self.n_new == 1 and self.contiguous:
             return None
@@ -140,7 +143,9 @@ class KVCache:
         first = next(t for t in k_layers if t is not None)
         self = cls.__new__(cls)
         self.k = self.v = None  # type: ignore[assignment]
-        self._k_layers, self._v_layers = list(k_layers), list(v_layers)
+        # None stands only at layers nothing runs, so nothing reads them through k_layer/v_layer
+        self._k_layers = cast(list[torch.Tensor], list(k_layers))
+        self._v_layers = cast(list[torch.Tensor], list(v_layers))
         self.batch_size, self.max_len = first.shape[0], first.shape[2]
         self.lengths = [0] * self.batch_size
         self.last_start, self.last_count = [0] * self.batch_size, [0] * self.batch_size
@@ -265,7 +270,8 @@ class KVCache:
         self.last_count[row] = len(indices)
         return self.lengths[row]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over, in
         ``k``'s dtype (copies widened from the storage dtype when that is narrower: the attention
         then reads exactly what a later step will read, the values as stored)."""

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 
 class ConfigError(ValueError):
@@ -126,7 +126,8 @@ class ModelLoadConfig:
     """Where and how a checkpoint is run."""
 
     device: str = field(default=DEFAULT_DEVICE, metadata=_help("torch device: cpu, cuda, cuda:0 ..."))
-    dtype: str = field(default=DEFAULT_DTYPE, metadata=_help("compute dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
+    dtype: str = field(default=DEFAULT_DTYPE,
+                       metadata=_help("compute dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16"))
     weight_dtype: str = field(default=DEFAULT_WEIGHT_DTYPE, metadata=_help(
         "storage dtype of weight matrices: auto (a bf16 checkpoint stays bf16 under fp32 compute when the fast CPU "
         "kernel is on), same (= dtype), fp32, bf16, or int8 / int4: the layer matrices quantized at load to blocks "
@@ -177,7 +178,10 @@ def check_matmul(matmul: str) -> None:
         raise ConfigError(f"matmul must be one of {', '.join(MATMUL_MODES)}; got {matmul!r}")
 
 
-C = TypeVar("C")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # the type checker's name for "a dataclass"
+
+C = TypeVar("C", bound="DataclassInstance")
 
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:

@@ -163,7 +163,7 @@ class GammaPolicy:
     def offline(self, drafter: str) -> Optional[Costs]:
         return self._offline.get(drafter)
 
-    def _record(self, table: dict, key: object, seconds: float) -> None:  # type: ignore[type-arg]
+    def _record(self, table: dict, key: object, seconds: float) -> None:
         t = table.get(key)
         if t is None:
             t = table[key] = Timings()
@@ -240,7 +240,7 @@ class GammaPolicy:
         """Cost of a [batch, width] pass: at B = 1 with ``drafter``'s offline costs, the blended table;
         else the live envelope (a shape costs at least the dearest measured shape it dominates)."""
         if batch == 1 and drafter in self._offline:
-            table = self._table(drafter)[0]  # type: ignore[arg-type]
+            table = self._table(drafter)[0]
             return table[min(width, len(table)) - 1]
         t = self._t.get((batch, width))
         bound = [x.estimate for (b, w), x in self._t.items() if b <= batch and w <= width]

@@ -135,7 +135,8 @@ def test_output_position_table_and_plot(tmp_path: Path) -> None:
 
     pos = by_output_position([[(4, 4)] * 40], bucket=64)  # 200 tokens: buckets from 0, 64, 128, 192
     methods = [{"name": "plain", "status": "ok", "categories": {"reasoning": {}}},
-               {"name": "lookup/k4", "status": "ok", "categories": {"reasoning": {"acceptance_by_output_position": pos}}}]
+               {"name": "lookup/k4", "status": "ok",
+                "categories": {"reasoning": {"acceptance_by_output_position": pos}}}]
     summary = {"categories": ["chat", "reasoning", "overall"], "methods": methods}
     table = format_output_position(summary)
     assert table.splitlines()[0].startswith("reasoning: acceptance") and "192" in table.splitlines()[1]

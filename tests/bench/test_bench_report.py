@@ -39,11 +39,14 @@ def test_speedup_is_ratio_of_mean_per_prompt_throughputs_per_rep() -> None:
     spec_steps = [(3, 3)]  # one pass: 3 accepted + bonus = 4 tokens
     records = [
         # rep 0: plain 4 tok/s on a, 8 tok/s on b; spec twice as fast on both -> speedup 2
-        rec("plain", "a", "completion", 0, 1.0, ids, plain_steps), rec("plain", "b", "editing", 0, 0.5, ids, plain_steps),
+        rec("plain", "a", "completion", 0, 1.0, ids, plain_steps),
+        rec("plain", "b", "editing", 0, 0.5, ids, plain_steps),
         rec("spec", "a", "completion", 0, 0.5, ids, spec_steps), rec("spec", "b", "editing", 0, 0.25, ids, spec_steps),
         # rep 1: spec 4x faster on both -> speedup 4
-        rec("plain", "a", "completion", 1, 1.0, ids, plain_steps), rec("plain", "b", "editing", 1, 0.5, ids, plain_steps),
-        rec("spec", "a", "completion", 1, 0.25, ids, spec_steps), rec("spec", "b", "editing", 1, 0.125, ids, spec_steps),
+        rec("plain", "a", "completion", 1, 1.0, ids, plain_steps),
+        rec("plain", "b", "editing", 1, 0.5, ids, plain_steps),
+        rec("spec", "a", "completion", 1, 0.25, ids, spec_steps),
+        rec("spec", "b", "editing", 1, 0.125, ids, spec_steps),
         # a wrong method: one token differs on prompt b
         rec("bad", "a", "completion", 0, 1.0, ids), rec("bad", "b", "editing", 0, 1.0, [5, 6, 0, 8]),
     ]
@@ -55,7 +58,8 @@ def test_speedup_is_ratio_of_mean_per_prompt_throughputs_per_rep() -> None:
     spec = by["spec"]["categories"]
     assert spec["overall"]["speedup"]["mean"] == pytest.approx(3.0)
     assert spec["overall"]["speedup"]["std"] == pytest.approx(math.sqrt(2))
-    assert spec["overall"]["tokens_per_s"]["mean"] == pytest.approx((12 + 24) / 2)  # mean over reps of mean(8,16), mean(16,32)
+    # mean over reps of mean(8,16), mean(16,32)
+    assert spec["overall"]["tokens_per_s"]["mean"] == pytest.approx((12 + 24) / 2)
     assert spec["completion"]["speedup"]["mean"] == pytest.approx(3.0) and spec["completion"]["n_prompts"] == 1
     assert spec["overall"]["tau"] == 4.0 and spec["overall"]["alpha_hat"] == 1.0
     assert spec["overall"]["acceptance_by_position"] == [1.0, 1.0, 1.0]

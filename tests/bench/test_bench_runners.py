@@ -36,7 +36,8 @@ def test_prompts_fit_the_context_window(tiny_dirs: dict[str, Path]) -> None:
     assert short.truncated == 0 and short.max_new_tokens == 16 and short.ids == target.encode("def add(a, b):\n")
     assert len(cut.ids) + cut.max_new_tokens <= 256 and cut.max_new_tokens == 64 and cut.truncated > 0
     assert cut.ids[-5:] == target.encode(long_text)[-5:]  # cut from the left: the end of the prompt stays
-    assert budget.truncated == 0 and budget.max_new_tokens == 256 - len(budget.ids) and budget.requested_new_tokens == 512
+    assert budget.truncated == 0 and budget.max_new_tokens == 256 - len(budget.ids)
+    assert budget.requested_new_tokens == 512
 
 
 def test_eager_baseline_runs_beside_the_fast_models(tiny_dirs: dict[str, Path]) -> None:

@@ -33,7 +33,8 @@ def drafters(arch: str, dirs: dict[str, Path], gamma: int) -> list[sd.Drafter]:
     own = "gpt2_draft" if arch == "gpt2" else "draft"
     return [
         sd.DraftModelDrafter(target, gamma),  # self-speculation: everything accepted
-        sd.DraftModelDrafter(sd.load_model(dirs[own]), gamma) if arch != "qwen2" else sd.DraftModelDrafter(target, gamma),
+        (sd.DraftModelDrafter(sd.load_model(dirs[own]), gamma) if arch != "qwen2"
+         else sd.DraftModelDrafter(target, gamma)),
         sd.PromptLookupDrafter(num_draft_tokens=gamma),
     ]
 

@@ -50,8 +50,8 @@ def test_eval_draft_on_a_mismatched_pair_prints_one_line(tmp_path: Path, quick_t
 
     draft = tiny.build_model(tmp_path / "draft", vocab_size=300)  # a tokenizer of its own, not the target's
     capsys.readouterr()  # drop the checkpoint writer's progress bars
-    rc = specdecode_cli(["eval-draft", "--target", str(quick_target), "--draft", str(draft), "--corpus", str(corpus_dir),
-                         "--prompts", "2", "--prompt-len", "4", "--new-tokens", "4"])
+    rc = specdecode_cli(["eval-draft", "--target", str(quick_target), "--draft", str(draft),
+                         "--corpus", str(corpus_dir), "--prompts", "2", "--prompt-len", "4", "--new-tokens", "4"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("specdecode: error: vocab mismatch between draft"), err

@@ -18,7 +18,8 @@ def test_unknown_architecture_names_it_and_the_supported_ones(tiny_dirs: dict[st
     cfg = json.loads((d / "config.json").read_text())
     cfg["architectures"] = ["FalconForCausalLM"]
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(sd.UnsupportedModelError, match="unsupported architecture 'FalconForCausalLM'.*GPT2LMHeadModel.*LlamaForCausalLM"):
+    with pytest.raises(sd.UnsupportedModelError,
+                       match="unsupported architecture 'FalconForCausalLM'.*GPT2LMHeadModel.*LlamaForCausalLM"):
         sd.load_model(d)
 
 
@@ -29,7 +30,8 @@ def test_missing_path_says_no_download(tmp_path: Path) -> None:
         sd.load_model("some-org/some-model")
 
 
-def test_hub_id_found_in_local_cache(tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_id_found_in_local_cache(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
     shutil.copytree(tiny_dirs["llama"], snap)
     (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()

@@ -67,7 +67,8 @@ def test_seed_reproduces_draws() -> None:
     (dict(min_p=-0.1), "min_p must be in [0, 1]"),
 ])
 def test_invalid_sampling_values(kwargs: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    pattern = message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(ConfigError, match=pattern):
         SamplingConfig(**kwargs)
 
 

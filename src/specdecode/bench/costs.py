@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -72,7 +72,7 @@ def _set_path(fmt: str, isa: str) -> None:
 
 
 def measure(target: str, formats: list[str], isas: Optional[list[str]], threads: list[int], max_tokens: int,
-            context: int, rounds: int, reps: int, log=print) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+            context: int, rounds: int, reps: int, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """One row per (format, path, threads): median seconds of passes over 1..max_tokens new tokens and v(n)."""
     from ..costmodel import measure_costs
     from ..models import load_model
@@ -107,7 +107,8 @@ def measure(target: str, formats: list[str], isas: Optional[list[str]], threads:
 
 
 def format_table(rows: list[dict[str, Any]], max_tokens: int) -> str:
-    head = f"{'format':<7}{'path':<12}{'thr':>4}{'1-token ms':>11}  " + " ".join(f"{n:>5d}" for n in range(2, max_tokens + 1))
+    head = (f"{'format':<7}{'path':<12}{'thr':>4}{'1-token ms':>11}  "
+            + " ".join(f"{n:>5d}" for n in range(2, max_tokens + 1)))
     lines = [head, f"{'':<34}v(n): a pass over n new tokens / a one-token pass"]
     for r in rows:
         lines.append(f"{r['format']:<7}{r['isa']:<12}{r['threads']:>4}{1e3 * r['pass_s'][0]:>11.2f}  "

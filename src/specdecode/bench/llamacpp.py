@@ -340,7 +340,8 @@ class LlamaCppSpeculative:
     def __init__(self, build: LlamaCppBuild, target_gguf: Path, draft_gguf: Path, fmt: str, gamma: int,
                  threads: int, target: Model) -> None:
         self.name = f"llama.cpp-spec/{fmt}/g{gamma}"
-        self.setting = gamma
+        self.gamma = gamma
+        self.setting: Optional[int] = gamma  # as the bench's Method protocol declares it
         self.fmt, self.threads, self.target = fmt, threads, target
         self.binary = build.binary(SPEC_BIN)
         self.target_gguf, self.draft_gguf = target_gguf, draft_gguf
@@ -358,12 +359,12 @@ class LlamaCppSpeculative:
         return self.target.tokenizer.decode(ids, skip_special_tokens=False)  # type: ignore[union-attr]
 
     def command(self, prompt_file: str, n_prompt: int, n_gen: int) -> list[str]:
-        t, g = str(self.threads), str(self.setting)
+        t, g = str(self.threads), str(self.gamma)
         # -n n_gen - 1: the example stops once it has *more* than -n tokens (its last draft may add up to γ)
         return [str(self.binary), "-m", str(self.target_gguf), "-md", str(self.draft_gguf),
                 "--spec-type", "draft-simple", "--spec-draft-n-max", g, "--spec-draft-n-min", "0",
                 "--spec-draft-p-min", "0", "-f", prompt_file, "-n", str(max(n_gen - 1, 0)),
-                "-c", str(n_prompt + n_gen + self.setting + 16), "--ignore-eos", "--temp", "0", "-s", "0",
+                "-c", str(n_prompt + n_gen + self.gamma + 16), "--ignore-eos", "--temp", "0", "-s", "0",
                 "-t", t, "-tb", t, "-td", t, "-tbd", t]
 
     def run(self, prompt: list[int], max_new_tokens: int) -> RunOutput:
@@ -424,7 +425,7 @@ def comparison(summary: dict[str, Any], weight_dtype: str, methods: Sequence[Met
                  if m["status"] == "ok" and m["runtime"] == "specdecode" and m["name"] not in ("plain", "eager-plain")
                  and not m["name"].startswith("eager-") and tps.get(m["name"])}
     best = max(ours_spec, key=lambda n: ours_spec[n] or 0.0) if ours_spec else None
-    stats = {m.name: m.stats.to_dict() for m in methods if isinstance(getattr(m, "stats", None), SpecStats)}
+    stats = {m.name: s.to_dict() for m in methods if isinstance(s := getattr(m, "stats", None), SpecStats)}
     rows = []
     for m in summary["methods"]:
         if m["runtime"] != RUNTIME or m["status"] != "ok":

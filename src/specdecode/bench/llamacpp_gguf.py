@@ -122,8 +122,8 @@ class LlamaCppLookup(lc.LlamaCppSpeculative):
     def command(self, prompt_file: str, n_prompt: int, n_gen: int) -> list[str]:
         t = str(self.threads)
         # -n n_gen - 1: like llama-speculative-simple it stops once it has more than -n tokens
-        return [str(self.binary), "-m", str(self.target_gguf), "--spec-draft-n-max", str(self.setting),
-                "-f", prompt_file, "-n", str(max(n_gen - 1, 0)), "-c", str(n_prompt + n_gen + self.setting + 16),
+        return [str(self.binary), "-m", str(self.target_gguf), "--spec-draft-n-max", str(self.gamma),
+                "-f", prompt_file, "-n", str(max(n_gen - 1, 0)), "-c", str(n_prompt + n_gen + self.gamma + 16),
                 "--ignore-eos", "--temp", "0", "-s", "0", "-t", t, "-tb", t]
 
 
@@ -165,6 +165,7 @@ def build_methods(build: lc.LlamaCppBuild, target: Model, draft: Optional[Model]
         for g in gammas:
             reason = "no draft model (pass --draft DIR or FILE.gguf)" if draft is None else why_not_text(lc.SPEC_BIN)
             if reason is None:
+                assert draft is not None  # else reason says so
                 try:
                     methods.append(lc.LlamaCppSpeculative(build, tgt, peer(draft, fmt)[0], label, g, threads, target))
                     continue

@@ -169,7 +169,7 @@ def prepare_real_prompts(workloads: Sequence[Workload], target: "Model", draft: 
     as_text = iter(prepare_prompts([w for w in rendered if not w.messages], target, draft))
     by_chat = iter(as_chat)
     prompts = [next(by_chat) if w.messages else next(as_text) for w in rendered]
-    info = {"chat_template": "model" if own else "plain (the model has none)",
+    info: dict[str, object] = {"chat_template": "model" if own else "plain (the model has none)",
             "chat_template_sha1": hashlib.sha1(fmt.source.encode()).hexdigest(), "chat_prompts": len(chats)}
     return prompts, info
 

@@ -369,7 +369,8 @@ def _pooled_alpha(summary: dict[str, Any], family: str, cat: str) -> Optional[fl
     acc = judged = 0.0
     for m in summary["methods"]:
         d = m["categories"].get(cat, {}) if m["family"] == family and m["status"] == "ok" else {}
-        if d.get("alpha_iid") is not None and d.get("alpha_iid") > 0:
+        alpha_iid = d.get("alpha_iid")
+        if alpha_iid is not None and alpha_iid > 0:
             a = sum(d["accepted_by_position"])
             acc += a
             judged += a / d["alpha_iid"]

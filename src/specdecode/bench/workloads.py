@@ -160,8 +160,8 @@ def _functions_in(files: Sequence[SourceFile]
                 yield f, lines, fn
 
 
-def _docstring_end(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Optional[int]:
-    """Last line (1-based) of the function's docstring, if it has one."""
+def _docstring_end(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> Optional[int]:
+    """Last line (1-based) of the function's or class's docstring, if it has one."""
     if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) \
             and isinstance(fn.body[0].value.value, str):
         return fn.body[0].end_lineno
@@ -286,7 +286,8 @@ def editing_workloads(files: Sequence[SourceFile], n: int, rng: random.Random) -
 
 
 def long_workloads(files: Sequence[SourceFile], n: int, rng: random.Random, max_new_tokens: int = 512,
-                   max_prompt_chars: int = 1200, min_prompt_chars: int = 300, context_lines: int = 12) -> list[Workload]:
+                   max_prompt_chars: int = 1200, min_prompt_chars: int = 300, context_lines: int = 12
+                   ) -> list[Workload]:
     """Open-ended continuation (≥ 512 new tokens): a module's opening lines or a class's header and docstring."""
     cands = []
     for f in files:
@@ -301,7 +302,9 @@ def long_workloads(files: Sequence[SourceFile], n: int, rng: random.Random, max_
             head += ln
         cands.append((f.rel, 1, "module", head))
         for node in tree.body:
-            doc_end = _docstring_end(node) if isinstance(node, ast.ClassDef) else None  # type: ignore[arg-type]
+            if not isinstance(node, ast.ClassDef):
+                continue
+            doc_end = _docstring_end(node)
             if doc_end is None:
                 continue
             text = "".join(lines[node.lineno - 1:doc_end])

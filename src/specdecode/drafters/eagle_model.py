@@ -26,7 +26,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -102,7 +102,7 @@ class EagleConfig:
 def input_embedding(target: "Model") -> torch.Tensor:
     """The target's token embedding matrix [V, dim] (shared with the draft, as EAGLE does)."""
     module = target.module
-    return module.wte if target.config.family == "gpt2" else module.embed
+    return cast(torch.Tensor, module.wte if target.config.family == "gpt2" else module.embed)
 
 
 def rope_table(hd: int, theta: float, length: int, device: torch.device) -> torch.Tensor:
@@ -125,6 +125,8 @@ class EagleNet(nn.Module):
     """The draft layer's parameters and math; training runs it eagerly, the drafter through
     the target's kernels (``EagleDrafter``). ``draft_ids`` [N]: the target ids of the draft
     vocabulary, increasing."""
+
+    draft_ids: torch.Tensor  # a buffer (register_buffer), declared for the type checker
 
     def __init__(self, cfg: EagleConfig, draft_ids: torch.Tensor) -> None:
         super().__init__()

@@ -40,7 +40,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Optional
+from typing import Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,13 @@ __all__ = [
     "ISAS", "kernel_isa", "load_extension", "select_kernels", "set_kernel_isa", "supported_isas",
 ]
 
-LinearFn = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+
+class LinearFn(Protocol):
+    """``F.linear``'s call shape (bias optional), which every installed projection kernel takes."""
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, /) -> torch.Tensor:
+        ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -216,4 +222,4 @@ def install_kernels(module: nn.Module, kernels: Kernels) -> None:
     ``EAGER`` by default, so a module built for training runs eager) use ``kernels``."""
     for m in module.modules():
         if isinstance(getattr(type(m), "kernels", None), Kernels):
-            m.kernels = kernels
+            setattr(m, "kernels", kernels)  # nn.Module's __setattr__ is typed for tensors and modules only

@@ -143,4 +143,5 @@ def build_extension(name: str, source: Path) -> ModuleType:
             logger.info("compiled %s in %.1f s", source.name, time.perf_counter() - t0)
         return module
     except Exception as exc:  # no compiler / ninja / headers
-        raise ExtensionBuildError(f"could not build the C++ extension {name} ({type(exc).__name__}: {summarise(exc)})") from exc
+        raise ExtensionBuildError(
+            f"could not build the C++ extension {name} ({type(exc).__name__}: {summarise(exc)})") from exc

@@ -11,7 +11,7 @@ in arithmetic, so our figures compare with theirs at the same bits per weight (8
   minimum per block) lowers the relative RMS weight error only from 0.085 to 0.078 (Q8_0: 0.0053),
   for another 16 bits per block (5 bits per weight, +11% bytes, so +11% time on a bandwidth-bound
   step) and a per-block activation-sum term in the integer loop. Q4_0 costs +0.6% held-out
-  perplexity there (``scripts/quant_quality.py``), and the quantized drafter, its main user, needs
+  perplexity there (docs/lab-notes.md), and the quantized drafter, its main user, needs
   only proposals the target accepts, so the cheaper format wins.
 
 Activations are quantized to int8 per row and block of 32 inside the call; products are integer
@@ -120,7 +120,6 @@ def quantize(w: torch.Tensor, fmt: str) -> torch.Tensor:
     if w.dim() != 2:
         raise ValueError(f"only matrices are quantized, got shape {tuple(w.shape)}")
     blocks, n, kp = _blocks(w.cpu())
-    nb = kp // 32
     if fmt == "int8":
         d = (blocks.abs().amax(-1) / 127.0).to(torch.float16)
         df = d.float().unsqueeze(-1)
@@ -259,8 +258,9 @@ def pack_draft(dense: Kernels, fmt: Optional[str], mats: Mapping[str, torch.Tens
 
     Right after a target pass a draft's weights come from memory, not cache, so half the bytes is
     about half the draft's time (Medusa's heads: 0.130 -> 0.079 of a target pass,
-    scripts/draft_head_cost.py). A draft's rounding changes what is proposed, never what is accepted. Where the quantized kernel cannot run (no fast
-    kernel, not the CPU), the dense matrices and kernels come back with fmt None, after one warning."""
+    docs/lab-notes.md). A draft's rounding changes what is proposed, never what is accepted. Where the
+    quantized kernel cannot run (no fast kernel, not the CPU), the dense matrices and kernels come back
+    with fmt None, after one warning."""
     if fmt is None:
         return dense, dict(mats), None
     try:

@@ -57,7 +57,8 @@ class ModelConfig:
 
 
 def _arch_from_model_type(model_type: Optional[str]) -> str:
-    by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+    by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "gpt2": "GPT2LMHeadModel"}
     return by_type.get(model_type or "", f"<none; model_type={model_type}>")
 
 
@@ -110,7 +111,8 @@ def _llama_config(arch: str, cfg: dict[str, Any], eos_ids: tuple[int, ...]) -> M
 
 def _gpt2_config(arch: str, cfg: dict[str, Any], eos_ids: tuple[int, ...]) -> ModelConfig:
     if cfg.get("scale_attn_by_inverse_layer_idx") or cfg.get("reorder_and_upcast_attn"):
-        raise UnsupportedModelError("GPT-2 with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn is not supported")
+        raise UnsupportedModelError(
+            "GPT-2 with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn is not supported")
     act = cfg.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu", "gelu_pytorch_tanh", "relu"):
         raise UnsupportedModelError(f"unsupported GPT-2 activation_function {act!r}")

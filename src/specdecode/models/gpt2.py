@@ -6,7 +6,7 @@ time so every projection is the same ``linear(x, W[out, in])`` as in llama.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,8 @@ class GPT2Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         d, f = cfg.dim, cfg.intermediate_size
-        self.layer, self.n_heads, self.hd, self.eps, self.act = layer, cfg.n_heads, cfg.head_dim, cfg.norm_eps, cfg.activation
+        self.layer, self.n_heads, self.hd = layer, cfg.n_heads, cfg.head_dim
+        self.eps, self.act = cfg.norm_eps, cfg.activation
         self.ln1_w, self.ln1_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
         self.wqkv, self.bqkv = nn.Parameter(torch.empty(3 * d, d)), nn.Parameter(torch.empty(3 * d))
         self.wo, self.bo = nn.Parameter(torch.empty(d, d)), nn.Parameter(torch.empty(d))
@@ -74,7 +75,7 @@ class GPT2Model(nn.Module):
         ``layers``: run only these blocks (a layer-skip draft; block i keeps cache layer i)."""
         x = (F.embedding(tokens, self.wte) + F.embedding(meta.positions, self.wpe)).to(self.lnf_w.dtype)
         capture = meta.capture
-        blocks = self.layers if layers is None else [self.layers[i] for i in layers]
+        blocks = cast(Sequence[GPT2Block], self.layers if layers is None else [self.layers[i] for i in layers])
         if capture:
             meta.layer_states = {}
             for layer in blocks:

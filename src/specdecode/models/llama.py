@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -119,7 +119,8 @@ class _FusedPlan:
     wqkv0: torch.Tensor  # the first layer's projection: its identity tells a reassigned weight
     stack: Optional[object] = None  # the C++ Stack, built on first use
     index: Optional[tuple[int, ...]] = None  # the module's layer numbers of ``layers`` (None: all, in order)
-    subsets: dict[tuple[int, ...], "_FusedPlan"] = field(default_factory=dict)  # plans over layer subsets
+    # plans over layer subsets, keyed by (layers, identities of the extra blocks' weights)
+    subsets: dict[tuple[tuple[int, ...], tuple[int, ...]], "_FusedPlan"] = field(default_factory=dict)
 
     def subset(self, layers: tuple[int, ...], blocks: Sequence["LlamaBlock"] = ()) -> "_FusedPlan":
         """The plan over some of the layers (a layer-skip draft), then ``blocks`` (an exit adapter's
@@ -133,9 +134,11 @@ class _FusedPlan:
             if not layers or any(not 0 <= i < n for i in layers) or list(layers) != sorted(set(layers)):
                 raise ValueError(f"layers must be distinct increasing layer numbers in 0..{n - 1}, got {list(layers)}")
             if any(b.layer < n for b in blocks):
-                raise ValueError(f"extra blocks need cache layers after the model's {n}, got {[b.layer for b in blocks]}")
+                raise ValueError(
+                    f"extra blocks need cache layers after the model's {n}, got {[b.layer for b in blocks]}")
             norms = [self.attn_norms[i] for i in layers] + [b.attn_norm for b in blocks]
-            own = [self.layers[i][:6] for i in layers] + [(b.wqkv, b.bqkv, b.wo, b.w13, b.w2, b.mlp_norm) for b in blocks]
+            own = ([self.layers[i][:6] for i in layers]
+                   + [(b.wqkv, b.bqkv, b.wo, b.w13, b.w2, b.mlp_norm) for b in blocks])
             per_layer = [cols + (nxt,) for cols, nxt in zip(own, norms[1:] + [self.norm])]
             sub = _FusedPlan(per_layer, norms, self.embed, self.lm_head, self.head, self.norm, self.rope_cos,
                              self.rope_sin, self.wqkv0, index=layers + tuple(b.layer for b in blocks))
@@ -145,6 +148,8 @@ class _FusedPlan:
 
 class LlamaModel(nn.Module):
     kernels: Kernels = EAGER  # set per loaded model (kernels.install_kernels)
+    rope_cos: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    rope_sin: torch.Tensor
 
     def __init__(self, cfg: ModelConfig, max_len: int) -> None:
         super().__init__()
@@ -192,6 +197,7 @@ class LlamaModel(nn.Module):
         capture = meta.capture if meta is not None else None
         run = [*(self.layers if layers is None else [self.layers[i] for i in layers]), *blocks]
         if capture:
+            assert meta is not None  # capture comes from meta
             meta.layer_states = {}
             for layer in run:
                 x = layer(x, cos, sin, meta, cache)  # a new tensor per layer: no copy needed
@@ -203,7 +209,7 @@ class LlamaModel(nn.Module):
         if last_only:
             x = x[:, -1:]
         x = rms_norm(x, self.norm, self.cfg.norm_eps)
-        if capture is not None:
+        if meta is not None and capture is not None:
             meta.hidden = x
         return self.kernels.linear(x, head)
 
@@ -216,12 +222,12 @@ class LlamaModel(nn.Module):
         if (plan is None or first["wqkv"] is not plan.wqkv0 or params["embed"] is not plan.embed
                 or params["norm"] is not plan.norm or params.get("lm_head") is not plan.lm_head
                 or self._buffers["rope_cos"] is not plan.rope_cos):
-            layers = list(self.layers)
+            layers = cast(list[LlamaBlock], list(self.layers))
             nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
             per_layer = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt)
                          for lay, nxt in zip(layers, nexts)]
             plan = _FusedPlan(per_layer, [lay.attn_norm for lay in layers], self.embed, self.lm_head,
-                              self.output_matrix(), self.norm, self.rope_cos, self.rope_sin, first["wqkv"])
+                              self.output_matrix(), self.norm, self.rope_cos, self.rope_sin, layers[0].wqkv)
             self.__dict__["_plan"] = plan
         return plan
 
@@ -297,9 +303,11 @@ class LlamaModel(nn.Module):
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            out[f"layers.{i}.wqkv"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]])
+            out[f"layers.{i}.wqkv"] = torch.cat(
+                [sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]])
             if cfg.qkv_bias:
-                out[f"layers.{i}.bqkv"] = torch.cat([sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"]])
+                out[f"layers.{i}.bqkv"] = torch.cat(
+                    [sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"]])
             out[f"layers.{i}.wo"] = sd[a + "o_proj.weight"]
             out[f"layers.{i}.w13"] = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
             out[f"layers.{i}.w2"] = sd[p + "mlp.down_proj.weight"]

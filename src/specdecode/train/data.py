@@ -213,5 +213,6 @@ def corpus_fingerprint(files: Sequence[CorpusFile]) -> str:
     return h.hexdigest()[:16]
 
 
-__all__ = ["CorpusError", "CorpusFile", "BlockSampler", "iter_texts", "read_text", "HELD_OUT_FRACTION", "corpus_fingerprint", "held_out_files",
+__all__ = ["CorpusError", "CorpusFile", "BlockSampler", "iter_texts", "read_text", "HELD_OUT_FRACTION",
+           "corpus_fingerprint", "held_out_files",
            "is_held_out", "list_corpus", "pack_blocks", "split_corpus", "stdlib_files", "token_stream", "train_files"]

@@ -121,7 +121,8 @@ def _target_key(target: Model, cfg: DistillConfig, corpus_fp: str) -> str:
 
 
 @torch.inference_mode()
-def _teacher_topk(target: Model, seqs: torch.Tensor, k: int, batch: int, desc: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _teacher_topk(target: Model, seqs: torch.Tensor, k: int, batch: int, desc: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target top-k log-probs (fp16) and ids for every position of every sequence."""
     vals, idx = [], []
     idx_dtype = torch.int16 if target.vocab_size <= 32767 else torch.int32
@@ -169,7 +170,8 @@ def build_dataset(target: Model, cfg: DistillConfig, run_dir: Path) -> dict[str,
     corpus = sample_windows(stream, cfg.corpus_seqs, corpus_len, cfg.seed + 2)
     k = min(cfg.top_k, target.vocab_size)
     on_v, on_i = _teacher_topk(target, onpolicy, k, max(1, cfg.gen_batch // 2), "teacher (on-policy)")
-    co_v, co_i = _teacher_topk(target, corpus, k, max(1, cfg.gen_batch * seq_len // corpus_len // 2), "teacher (corpus)")
+    co_v, co_i = _teacher_topk(target, corpus, k, max(1, cfg.gen_batch * seq_len // corpus_len // 2),
+                               "teacher (corpus)")
     ds = {"onpolicy": onpolicy.to(torch.int32), "onpolicy_lp": on_v, "onpolicy_idx": on_i,
           "corpus": corpus.to(torch.int32), "corpus_lp": co_v, "corpus_idx": co_i}
     tmp = path.with_suffix(".tmp")
@@ -243,7 +245,8 @@ def distill(cfg: DistillConfig) -> DistillResult:
         tokens = ds[kind][rows].long().to(device)
         with autocast(device, cfg.amp):
             logits = model(tokens)
-        loss = bucket_divergence(logits, ds[kind + "_lp"][rows].to(device), ds[kind + "_idx"][rows].to(device), cfg.loss)
+        loss = bucket_divergence(logits, ds[kind + "_lp"][rows].to(device), ds[kind + "_idx"][rows].to(device),
+                                 cfg.loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -39,6 +39,7 @@ IGNORE = -100
 
 def _fresh_tokenizer(cfg: "DistillConfig", run_dir: Path, train_files: list) -> Path:
     """Train (or reuse) the draft's byte-level BPE of ``cfg.tokenizer_vocab`` tokens; returns its directory."""
+    assert cfg.tokenizer_vocab is not None  # only a draft with its own tokenizer gets here
     tdir = run_dir / f"tokenizer-bpe{cfg.tokenizer_vocab}"
     if (tdir / "tokenizer.json").is_file():
         log(f"reusing the draft tokenizer in {tdir}")

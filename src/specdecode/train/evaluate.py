@@ -150,8 +150,9 @@ def doc_separator(m: Model) -> int:
         return int(m.config.bos_token_id)
     if m.eos_token_ids:
         return min(m.eos_token_ids)
-    if m.tokenizer is not None and m.tokenizer.token_to_id(EOT) is not None:
-        return m.tokenizer.token_to_id(EOT)
+    eot = m.tokenizer.token_to_id(EOT) if m.tokenizer is not None else None
+    if eot is not None:
+        return eot
     raise ValueError(f"{m.path} names no BOS/EOS token to separate documents with")
 
 

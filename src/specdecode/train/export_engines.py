@@ -82,7 +82,8 @@ def export_eagle(eagle: str, target: str, out: str, fmt: str, dtype: str = "bf16
     (root / "README.md").write_text(
         f"# EAGLE-3 draft for {tgt.name}, exported for {fmt}\n\n"
         f"Exported by `specdecode export --format {fmt}` from `{eagle}`. The draft shares the target's token "
-        f"embedding (no `embed_tokens` tensor): serve it with that target only.\n\n```bash\n{settings['command']}\n```\n")
+        f"embedding (no `embed_tokens` tensor): serve it with that target only.\n\n"
+        f"```bash\n{settings['command']}\n```\n")
     return root
 
 
@@ -104,7 +105,8 @@ def add_export(sub) -> None:
                                    "serving.json. See docs/scale-out.md.")
     p.add_argument("--format", required=True, choices=FORMATS, help="the serving engine")
     p.add_argument("--eagle", default=None, metavar="DIR", help="the EAGLE-3 directory to export")
-    p.add_argument("--target", default="models/code-target", help="the target it was trained for (default: %(default)s)")
+    p.add_argument("--target", default="models/code-target",
+                   help="the target it was trained for (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--dtype", default="bf16", choices=tuple(_DTYPES), help="weights' dtype (default: %(default)s)")
     p.set_defaults(func=_run_export, _parser=p)

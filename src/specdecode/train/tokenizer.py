@@ -19,7 +19,8 @@ SPECIAL_TOKENS = [EOT]
 DEFAULT_VOCAB_SIZE = 8192
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, show_progress: bool = False) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    show_progress: bool = False) -> Tokenizer:
     """Train byte-level BPE with ``<|endoftext|>`` as id 0."""
     if vocab_size < 257 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size {vocab_size} is too small: byte-level BPE needs at least "
@@ -58,7 +59,8 @@ def save_tokenizer(tok: Tokenizer, out: Path, model_max_length: int) -> None:
         "add_prefix_space": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOT, "eos_token": EOT, "pad_token": EOT}, indent=2) + "\n")
+    special = {"bos_token": EOT, "eos_token": EOT, "pad_token": EOT}
+    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
 TOKENIZER_FILES: Sequence[str] = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
