@@ -224,6 +224,18 @@ def _add_distill(sub) -> None:
                    help="eagle: the three target layers whose output residuals the draft reads, 0-based (default: "
                         "EAGLE-3's hook points 2, L/2 and L-3 as inputs of layers, i.e. outputs of 1, L/2-1, L-4). "
                         "vLLM and SGLang capture outputs of layers up to L-2 only, so keep HIGH <= L-2 to export")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                   help="medusa, eagle, early-exit: the rollouts continue these prompts instead of corpus windows: one "
+                        "JSON object a line, {\"messages\": [...]} or {\"prompt\": \"...\"} rendered with the target's "
+                        "chat template, or {\"text\": \"...\"} as it is; each row is the prompt plus the target's "
+                        "answer up to --prompt-len + --gen-len tokens (longer prompts are skipped). One prompt in 20, "
+                        "by a hash of its text, is held out for the final report (train/chat_prompts.py)")
+    p.add_argument("--target-weight-dtype", default=None, choices=["auto", "fp32", "bf16", "fp16", "int8", "int4"],
+                   help="medusa, eagle, early-exit: how the frozen target's weights are held for the rollouts and "
+                        "features (default: auto, as generate runs it; a GGUF's Q4_1 then is int8; bf16 or fp32 "
+                        "reads float weights)")
+    p.add_argument("--sample-temperature", type=float, default=None,
+                   help="medusa, eagle, early-exit: temperature of the rollouts that are not greedy (default: 1.0)")
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="eagle, early-exit: CPU-time budget of the whole command in minutes (rollouts, training, "
                         "evaluation; a resumed run counts its earlier invocations); training gets what the data leaves")
@@ -249,6 +261,9 @@ _FROZEN_SHARED = ("target", "out", "run_dir", "steps", "batch_size", "lr", "warm
                   "gen_len", "greedy_frac", "top_k", "gen_batch", "eval_prompts", "eval_prompt_len",
                   "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype", "max_minutes", "stop_after",
                   "resume", "quick")
+# flags only the frozen-target methods take (None when not typed; an error with --method draft)
+_FROZEN_ONLY = {"prompts": "prompts", "target_weight_dtype": "target_weight_dtype",
+                "sample_temperature": "sample_temperature"}
 
 
 @dataclass(frozen=True)
@@ -308,6 +323,9 @@ def _run_distill_frozen(method: str, args: argparse.Namespace, argv: Optional[Se
     for name in _FROZEN_SHARED + spec.takes:
         if name in typed:
             setattr(cfg, name, getattr(args, name))
+    for dest, name in _FROZEN_ONLY.items():
+        if getattr(args, dest) is not None:
+            setattr(cfg, name, getattr(args, dest))
     quick = dict(mod.QUICK)
     for dest, name in spec.own:
         if getattr(args, dest) is not None:
@@ -328,6 +346,10 @@ def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None)
         return _run_distill_frozen(method, args, argv)
     from ..config import ConfigError
 
+    frozen_only = ["--" + d.replace("_", "-") for d in _FROZEN_ONLY if getattr(args, d) is not None]
+    if frozen_only:
+        raise ConfigError(f"{', '.join(frozen_only)} apply to --method medusa, eagle or early-exit, "
+                          "not to a draft model")
     typed_own = [dest for dest in _OWN_FLAGS if getattr(args, dest) is not None]
     if typed_own:  # e.g. "--medusa-heads need --method medusa"
         methods = [m for m, spec in _FROZEN.items() if any(d == typed_own[0] for d, _ in spec.own)]

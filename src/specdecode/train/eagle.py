@@ -33,13 +33,12 @@ import torch
 from ..drafters.eagle_model import EagleConfig, EagleNet, default_aux_layers, input_embedding, save_eagle
 from ..drafters.medusa_heads import describe_target
 from ..drafters.vocab import write_vocab_file
-from ..models import Model, load_model
+from ..models import Model
 from .common import autocast
 from .loop import LoopState, log, resume, save_run, train_loop
 from .medusa import proposal_ranking, restricted_fkl
-from .rollout import generate
-from .selfdistill import (SAVE_DTYPES, CpuBudget, SelfDistillConfig, build_rollout_data, held_out_prompts,
-                          start_run, teacher_topk)
+from .selfdistill import (SAVE_DTYPES, CpuBudget, SelfDistillConfig, build_rollout_data, eval_sequences,
+                          held_out_prompts, load_target, start_run, teacher_topk)
 
 STEP_DECAY = 0.8  # EAGLE-3's weight of training-time-test step k: 0.8^k
 EVAL_DEPTH = 6
@@ -129,15 +128,14 @@ def ttt_loss(net: EagleNet, emb: torch.Tensor, aux: torch.Tensor, tokens: torch.
 
 
 @torch.inference_mode()
-def evaluate_eagle(target: Model, net: EagleNet, prompts: torch.Tensor, new_tokens: int, depth: int = EVAL_DEPTH
-                   ) -> tuple[list[float], float, int]:
+def evaluate_eagle(target: Model, net: EagleNet, prompts: torch.Tensor | list[list[int]], new_tokens: int,
+                   depth: int = EVAL_DEPTH) -> tuple[list[float], float, int]:
     """Held-out acceptance of the top-1 chain on the target's greedy continuations: (α by depth given the
     earlier depths were accepted, τ = 1 + mean accepted chain length, anchors). Depth k from anchor a is
     the draft's step k at position a + k (``unroll``), scored against the greedy token x_{a+k+2}."""
-    seqs = generate(target, prompts, new_tokens, 0.0)
+    seqs, p = eval_sequences(target, prompts, new_tokens)
     emb = input_embedding(target).float()
     aux_ids = tuple(net.cfg.aux_layers)
-    p = prompts.shape[1]
     runs = []
     for j in range(0, len(seqs), 8):
         s = seqs[j:j + 8]
@@ -170,7 +168,7 @@ def train_eagle(cfg: EagleTrainConfig) -> EagleTrainResult:
     run_dir, device, governor = run.run_dir, run.device, run.governor
     t_start = time.time()
     budget = CpuBudget.for_run(cfg, run_dir, reserve_s=60.0)
-    target = load_model(cfg.target, device=str(device))
+    target = load_target(cfg, device)  # as the runtime runs it unless --target-weight-dtype says
     aux = tuple(cfg.aux_layers) if cfg.aux_layers else default_aux_layers(target.config.n_layers)
     EagleConfig.for_target(target, 1, aux_layers=aux)  # a bad layer set fails here, before the rollouts
     ds = build_data(target, cfg, run_dir, aux)

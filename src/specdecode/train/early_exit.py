@@ -29,13 +29,12 @@ from ..drafters.exit_adapter import (ExitAdapter, ExitAdapterConfig, ExitAdapter
                                      save_adapter)
 from ..drafters.layerskip import DraftLayers, check_family
 from ..drafters.medusa_heads import describe_target
-from ..models import Model, load_model
+from ..models import Model
 from .common import autocast
 from .loop import LoopState, log, resume, save_run, train_loop
 from .medusa import proposal_ranking, restricted_fkl
-from .rollout import generate
-from .selfdistill import (SAVE_DTYPES, CpuBudget, SelfDistillConfig, build_rollout_data, held_out_prompts,
-                          start_run, teacher_topk)
+from .selfdistill import (SAVE_DTYPES, CpuBudget, SelfDistillConfig, build_rollout_data, eval_sequences,
+                          held_out_prompts, load_target, start_run, teacher_topk)
 
 EVAL_GAMMAS = (1, 2, 3, 4, 5)
 
@@ -104,18 +103,17 @@ def adapter_train_logits(target: Model, adapter: ExitAdapter, h: torch.Tensor, h
 
 
 @torch.inference_mode()
-def evaluate_exit(target: Model, adapter: ExitAdapter, prompts: torch.Tensor, new_tokens: int,
+def evaluate_exit(target: Model, adapter: ExitAdapter, prompts: torch.Tensor | list[list[int]], new_tokens: int,
                   gammas: tuple[int, ...] = EVAL_GAMMAS) -> tuple[float, float, dict[int, float], int]:
     """Held-out greedy acceptance on the target's greedy continuations: (α with the adapter, α of the
     training-free exit over the full vocabulary, τ(γ) of the adapter's greedy chain, positions scored).
     At position t the draft proposes the argmax of its logits on the residuals up to t; the target's
     token is x_{t+1}."""
-    seqs = generate(target, prompts, new_tokens, 0.0)
+    seqs, p = eval_sequences(target, prompts, new_tokens)
     k = adapter.cfg.exit_layer
     head = proposal_head(target, adapter.vocab_ids).float()
     full = target.output_matrix().float()
     ids = adapter.vocab_ids.to(full.device)
-    p = prompts.shape[1]
     hits, hits_free = [], []
     for j in range(0, len(seqs), 8):
         s = seqs[j:j + 8]
@@ -153,7 +151,7 @@ def train_early_exit(cfg: EarlyExitTrainConfig) -> EarlyExitTrainResult:
     run = start_run(cfg)
     budget = CpuBudget.for_run(cfg, run.run_dir, reserve_s=60.0)
     t_start = time.time()
-    target = load_model(cfg.target, device=str(run.device))  # as the runtime runs it: its residuals are the features
+    target = load_target(cfg, run.device)  # as the runtime runs it unless --target-weight-dtype says
     check_family(target)
     n_layers, device = target.config.n_layers, run.device
     k = cfg.exit_layer if cfg.exit_layer is not None else default_exit_layer(n_layers)

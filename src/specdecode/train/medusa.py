@@ -32,11 +32,11 @@ import torch
 
 from ..drafters.medusa_heads import MedusaConfig, MedusaHeads, describe_target, save_heads
 from ..drafters.vocab import write_vocab_file
-from ..models import Model, load_model
+from ..models import Model
 from .common import autocast
 from .loop import LoopState, log, resume, save_run, train_loop
-from .rollout import generate
-from .selfdistill import SAVE_DTYPES, SelfDistillConfig, build_rollout_data, held_out_prompts, start_run, teacher_topk
+from .selfdistill import (SAVE_DTYPES, SelfDistillConfig, build_rollout_data, eval_sequences, held_out_prompts,
+                          load_target, start_run, teacher_topk)
 
 RANKS = 10  # candidates per head in the acceptance table (the drafter's trees use at most this many)
 
@@ -125,7 +125,7 @@ def restricted_fkl(logits: torch.Tensor, teacher_lp: torch.Tensor, teacher_pos: 
 
 
 @torch.inference_mode()
-def evaluate_heads(target: Model, heads: MedusaHeads, prompts: torch.Tensor, new_tokens: int,
+def evaluate_heads(target: Model, heads: MedusaHeads, prompts: torch.Tensor | list[list[int]], new_tokens: int,
                    vocab_ids: Optional[torch.Tensor] = None, ranks: int = RANKS
                    ) -> tuple[list[float], list[list[float]], int]:
     """Held-out acceptance on the target's greedy path: (top-1 accuracy per head, rank table, positions).
@@ -134,7 +134,7 @@ def evaluate_heads(target: Model, heads: MedusaHeads, prompts: torch.Tensor, new
     the share of positions where that token is head d's rank-r candidate, among the positions where every
     earlier head had its token in its top ``ranks`` (the event a tree's deeper nodes depend on).
     ``vocab_ids``: the proposable tokens (None: all); a token outside them is never a candidate."""
-    seqs = generate(target, prompts, new_tokens, 0.0)
+    seqs, p = eval_sequences(target, prompts, new_tokens)
     out_matrix = target.output_matrix().float()
     to_pos = torch.arange(target.vocab_size)
     if vocab_ids is not None:
@@ -142,7 +142,6 @@ def evaluate_heads(target: Model, heads: MedusaHeads, prompts: torch.Tensor, new
         to_pos = torch.full((target.vocab_size,), -1, dtype=torch.long)
         to_pos[vocab_ids] = torch.arange(len(vocab_ids))
     k = heads.num_heads
-    p = prompts.shape[1]
     all_ranks = []
     for j in range(0, len(seqs), 8):
         s = seqs[j:j + 8]
@@ -172,7 +171,7 @@ def train_medusa(cfg: MedusaTrainConfig) -> MedusaTrainResult:
     run = start_run(cfg)
     run_dir, device, governor = run.run_dir, run.device, run.governor
     t_start = time.time()
-    target = load_model(cfg.target, device=str(device))  # as the runtime runs it: its hidden states are the features
+    target = load_target(cfg, device)  # as the runtime runs it unless --target-weight-dtype says
     ds = build_features(target, cfg, run_dir)
     dim, k = target.config.dim, cfg.num_heads
     heads = MedusaHeads(k, dim).to(device).train()

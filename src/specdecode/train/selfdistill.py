@@ -22,13 +22,14 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
-from ..models import Model
+from ..models import Model, load_model
 from . import data as D
 from .checkpoint import has_checkpoint, load_checkpoint
 from .common import ThreadGovernor, pick_device, seed_everything
 from .evaluate import EVAL_SEED, doc_separator
 from .loop import log
-from .rollout import generate, sample_windows
+from .chat_prompts import HELD_OUT_SHARE, load_chat_prompts
+from .rollout import generate, generate_ragged, sample_windows
 from .tokenizer import encode_batch_fn
 
 SAVE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -44,6 +45,9 @@ class SelfDistillConfig:
     out: str = "models/out"
     run_dir: Optional[str] = None  # default: runs/<basename of out>
     corpus: list[str] = field(default_factory=list)
+    prompts: Optional[str] = None  # JSONL of (chat) prompts instead of corpus windows (train/chat_prompts.py)
+    target_weight_dtype: str = "auto"  # how the target's weights are held for rollouts and features
+    sample_temperature: float = 1.0  # of the sampled (non-greedy) rollouts
     steps: int = 3000
     batch_size: int = 512
     lr: float = 1e-3
@@ -104,13 +108,22 @@ def start_run(cfg: SelfDistillConfig) -> RunSetup:
     return RunSetup(run_dir, device, governor)
 
 
+def load_target(cfg: SelfDistillConfig, device: torch.device | str) -> Model:
+    """The frozen target as the trainer runs it: ``--target-weight-dtype`` (default "auto": as the runtime
+    holds it, e.g. a GGUF's block types in int8; "bf16"/"fp32" train on the float weights' features)."""
+    return load_model(cfg.target, device=str(device), weight_dtype=cfg.target_weight_dtype)
+
+
 def data_key(target: Model, cfg: SelfDistillConfig, corpus_fp: str, extra: object = None) -> str:
     """Cache key of rollouts and features: target weights, corpus, rollout and teacher settings, ``extra``."""
     root = Path(target.path)
     h = hashlib.sha1()
-    for f in sorted(root.glob("*.safetensors")) + [root / "config.json"]:
+    files = [root] if root.is_file() else sorted(root.glob("*.safetensors")) + [root / "config.json"]  # a GGUF
+    for f in files:
         st = f.stat()
         h.update(f"{f.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode())
+    if cfg.sample_temperature != 1.0:  # keys of runs made before the option stay valid
+        corpus_fp = f"{corpus_fp}:T={cfg.sample_temperature}"
     h.update(json.dumps([corpus_fp, cfg.onpolicy_seqs, cfg.corpus_seqs, cfg.prompt_len, cfg.gen_len, cfg.greedy_frac,
                          cfg.top_k, cfg.seed, str(target.dtype), str(target.weight_dtype), target.kernels.describe(),
                          extra], default=str).encode())
@@ -130,20 +143,25 @@ def build_rollout_data(target: Model, cfg: SelfDistillConfig, run_dir: Path, pre
     """Rollouts (and ``cfg.corpus_seqs`` corpus windows) with ``features`` of each batch plus ``tokens``,
     computed once and cached in ``run_dir`` as ``<prefix>-data-<key>.pt``. ``describe`` names the
     features in the log line."""
-    train_files, _ = D.split_corpus(D.list_corpus(cfg.corpus or None))
-    key = data_key(target, cfg, D.corpus_fingerprint(train_files), extra_key)
+    seq_len = cfg.prompt_len + cfg.gen_len
+    chat = load_chat_prompts(target, cfg.prompts, cfg.prompt_len) if cfg.prompts else None
+    train_files = D.split_corpus(D.list_corpus(cfg.corpus or None))[0] if chat is None or cfg.corpus_seqs else []
+    fp = D.corpus_fingerprint(train_files) if train_files else ""
+    if chat is not None:
+        fp = f"{fp}|prompts:{chat.fingerprint}"
+    key = data_key(target, cfg, fp, extra_key)
     path = run_dir / f"{prefix}-data-{key}.pt"
     if path.is_file():
         log(f"reusing cached rollouts and target features: {path}")
         return torch.load(path, weights_only=True)
     if target.tokenizer is None:
         raise ValueError(f"target {target.path} has no tokenizer.json; self-distillation needs corpus text prompts")
-    seq_len = cfg.prompt_len + cfg.gen_len
     if seq_len > target.max_seq_len:
         raise ValueError(f"--prompt-len + --gen-len = {seq_len} exceeds the target's context of {target.max_seq_len}")
-    stream = D.token_stream(train_files, encode_batch_fn(target.tokenizer), doc_separator(target))
-    prompts = sample_windows(stream, cfg.onpolicy_seqs, cfg.prompt_len, cfg.seed)
-    windows = sample_windows(stream, cfg.corpus_seqs, seq_len, cfg.seed + 2) if cfg.corpus_seqs else None
+    stream = (D.token_stream(train_files, encode_batch_fn(target.tokenizer), doc_separator(target))
+              if train_files else None)
+    windows = sample_windows(stream, cfg.corpus_seqs, seq_len, cfg.seed + 2) if cfg.corpus_seqs and stream is not None \
+        else None
     n_greedy = int(round(cfg.greedy_frac * cfg.onpolicy_seqs))
     g = torch.Generator().manual_seed(cfg.seed + 1)
     t0 = time.time()
@@ -156,12 +174,26 @@ def build_rollout_data(target: Model, cfg: SelfDistillConfig, run_dir: Path, pre
                 parts.setdefault(name, []).append(x)
 
     bar = tqdm(total=cfg.onpolicy_seqs, desc="rollouts + features", unit="seq", file=sys.stderr, mininterval=10)
-    for i in range(0, cfg.onpolicy_seqs, cfg.gen_batch):
-        chunk = prompts[i:i + cfg.gen_batch]
-        temps = torch.tensor([0.0 if i + r < n_greedy else 1.0 for r in range(len(chunk))])
-        for temp in temps.unique().tolist():  # greedy and sampled rows of one chunk go separately
-            keep(generate(target, chunk[(temps == temp).nonzero().squeeze(1)], cfg.gen_len, temp, g))
-        bar.update(len(chunk))
+    temp_s = cfg.sample_temperature
+    if chat is not None:
+        log(f"{len(chat.train)} training prompts from {cfg.prompts} ({len(chat.held_out)} held out, {chat.too_long} "
+            f"over --prompt-len {cfg.prompt_len} skipped); each row: prompt + the target's answer to {seq_len} tokens")
+        picks = chat_prompt_order(len(chat.train), cfg.onpolicy_seqs, n_greedy, cfg.seed)
+        for temp, idx in ((0.0, picks[:n_greedy]), (temp_s, picks[n_greedy:])):
+            idx = sorted(idx, key=lambda j: len(chat.train[j]))  # similar lengths decode together
+            for i in range(0, len(idx), cfg.gen_batch):
+                batch = [chat.train[j] for j in idx[i:i + cfg.gen_batch]]
+                keep(generate_ragged(target, batch, seq_len, temp, g))
+                bar.update(len(batch))
+    else:
+        assert stream is not None
+        prompts = sample_windows(stream, cfg.onpolicy_seqs, cfg.prompt_len, cfg.seed)
+        for i in range(0, cfg.onpolicy_seqs, cfg.gen_batch):
+            chunk = prompts[i:i + cfg.gen_batch]
+            temps = torch.tensor([0.0 if i + r < n_greedy else temp_s for r in range(len(chunk))])
+            for temp in temps.unique().tolist():  # greedy and sampled rows of one chunk go separately
+                keep(generate(target, chunk[(temps == temp).nonzero().squeeze(1)], cfg.gen_len, temp, g))
+            bar.update(len(chunk))
     bar.close()
     if windows is not None:
         keep(windows)
@@ -169,17 +201,48 @@ def build_rollout_data(target: Model, cfg: SelfDistillConfig, run_dir: Path, pre
     tmp = path.with_suffix(".tmp")
     torch.save(ds, tmp)
     tmp.replace(path)
-    log(f"{cfg.onpolicy_seqs} rollouts ({n_greedy} greedy) + {cfg.corpus_seqs} corpus windows x {seq_len} tokens with "
-        f"{describe} and top-{cfg.top_k} teacher log-probs in {time.time() - t0:.0f}s -> {path}")
+    n_win = 0 if windows is None else len(windows)
+    log(f"{cfg.onpolicy_seqs} rollouts ({n_greedy} greedy, the rest sampled at T={temp_s}) + {n_win} corpus windows "
+        f"x {seq_len} tokens with {describe} and top-{cfg.top_k} teacher log-probs in {time.time() - t0:.0f}s "
+        f"-> {path}")
     return ds
 
 
-def held_out_prompts(target: Model, cfg: SelfDistillConfig) -> torch.Tensor:
-    """The final evaluation's prompts: ``eval_prompts`` windows of the held-out files (a fixed seed)."""
+def chat_prompt_order(n_prompts: int, n_seqs: int, n_greedy: int, seed: int) -> list[int]:
+    """Which prompt each rollout continues: greedy rollouts take distinct prompts while they last (a repeat
+    would be the same text); the sampled ones go round a reshuffled order. Seeded."""
+    g = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    while len(order) < n_seqs:
+        order += torch.randperm(n_prompts, generator=g).tolist()
+    return order[:n_seqs]
+
+
+def held_out_prompts(target: Model, cfg: SelfDistillConfig) -> torch.Tensor | list[list[int]]:
+    """The final evaluation's prompts: ``eval_prompts`` windows of the held-out files (a fixed seed), or
+    with ``--prompts`` up to ``eval_prompts`` of the file's held-out prompts (token lists, ragged)."""
+    if cfg.prompts:
+        held = load_chat_prompts(target, cfg.prompts, cfg.prompt_len).held_out
+        if not held:
+            raise ValueError(f"{cfg.prompts}: no held-out prompt (one in {HELD_OUT_SHARE} is held out by a hash of its "
+                             "text); add prompts")
+        g = torch.Generator().manual_seed(EVAL_SEED)
+        return [held[i] for i in torch.randperm(len(held), generator=g)[: cfg.eval_prompts].tolist()]
     _, held = D.split_corpus(D.list_corpus(cfg.corpus or None))
     assert target.tokenizer is not None
     stream = D.token_stream(held, encode_batch_fn(target.tokenizer), doc_separator(target))
     return sample_windows(stream, cfg.eval_prompts, cfg.eval_prompt_len, EVAL_SEED)
+
+
+def eval_sequences(target: Model, prompts: torch.Tensor | list[list[int]], new_tokens: int
+                   ) -> tuple[torch.Tensor, int]:
+    """The target's greedy continuations of the evaluation prompts and the position where every row's
+    generated part has begun: equal-length prompts get ``new_tokens`` each; ragged (chat) prompts are
+    continued to the longest one's length + ``new_tokens``, and scoring starts after the longest."""
+    if isinstance(prompts, torch.Tensor):
+        return generate(target, prompts, new_tokens, 0.0), prompts.shape[1]
+    p = max(len(x) for x in prompts)
+    return generate_ragged(target, prompts, p + new_tokens, 0.0), p
 
 
 def cpu_seconds() -> float:
@@ -226,4 +289,5 @@ class CpuBudget:
 
 
 __all__ = ["CpuBudget", "Features", "RunSetup", "SAVE_DTYPES", "SelfDistillConfig", "build_rollout_data",
-           "cpu_seconds", "data_key", "held_out_prompts", "start_run", "teacher_topk"]
+           "chat_prompt_order", "cpu_seconds", "data_key", "eval_sequences", "held_out_prompts", "load_target",
+           "start_run", "teacher_topk"]
