@@ -34,9 +34,8 @@ from .metrics import GenerationStats
 from .models import Model
 from .ops import argmax_list
 from .policy import GammaPolicy, RowEvidence, RowPlan
-from .sampling import CoupledNoise, make_generator, probs_from_logits
-from .verify import (CHAIN_RULES, VerifyResult, coupled_verify, coupled_verify_tree, greedy_verify, greedy_verify_tree,
-                     rejection_sample_tree, tree_levels)
+from .sampling import CoupledNoise, make_generator
+from .verify import VerifyResult, tree_mask, verify_draft
 
 if TYPE_CHECKING:
     from .constraints import Constraint
@@ -212,23 +211,6 @@ def coupled_noise(request: Request, vocab: int, gen: torch.Generator) -> Optiona
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
     return CoupledNoise(seed, vocab, gen.device)
-
-
-def tree_mask(drafts: Sequence[Draft], width: int, device: torch.device) -> torch.Tensor:
-    """[B, width, width] bool: node i sees node j iff j is i or an ancestor of i. Node 0 is the
-    pending token (the root); node k + 1 is draft token k. A chain draft or the padding after a
-    row's draft continues as a chain."""
-    rows = []
-    for d in drafts:
-        anc = [[0]]
-        for k in range(width - 1):
-            parent = d.parents[k] + 1 if d.parents is not None and k < len(d) else k
-            anc.append(anc[parent] + [k + 1])
-        m = torch.zeros(width, width, dtype=torch.bool)
-        for i, a in enumerate(anc):
-            m[i, a] = True
-        rows.append(m)
-    return torch.stack(rows).to(device)
 
 
 _NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
@@ -488,34 +470,16 @@ class DecodeCore:
                 failed.append(r)
                 continue
             g = len(d.tokens)
-            if d.parents is not None:
-                if r.sampling.greedy:
-                    assert argmax is not None
-                    res = greedy_verify_tree(argmax[i][: g + 1], d.tokens, d.parents)
-                elif r.noise is not None:
-                    rates = r.noise.window(len(r.tokens), tree_levels(d.parents) + 1)
-                    res = coupled_verify_tree(probs_from_logits(logits[i, : g + 1], r.sampling), d.tokens, d.parents,
-                                              rates)
-                else:
-                    res = rejection_sample_tree(probs_from_logits(logits[i, : g + 1], r.sampling), d.tokens,
-                                                d.parents, d.probs, r.gen)
+            res = verify_draft(d, logits[i], argmax[i] if argmax is not None else None, r.sampling, len(r.tokens),
+                               r.noise, r.gen, r.request.verify.chain_rule)
+            kept: Optional[list[int]] = None  # a tree's accepted path, root included (None: a chain)
+            if d.parents is not None:  # commit: keep a tree's accepted path, or trim a chain's rejected tail
                 kept = [0] + [k + 1 for k in res.path or ()]
                 self.cache.keep(kept, row=i)
                 accepted = [d.tokens[k] for k in res.path or ()]
             else:
-                if r.sampling.greedy:
-                    assert argmax is not None
-                    res = greedy_verify(argmax[i][: g + 1], d.tokens)
-                elif r.noise is not None:
-                    rates = r.noise.window(len(r.tokens), g + 1)
-                    res = coupled_verify(probs_from_logits(logits[i, : g + 1], r.sampling), d.tokens, rates)
-                else:
-                    draft_ids = torch.tensor(d.tokens, dtype=torch.long, device=logits.device)
-                    rule = CHAIN_RULES[r.request.verify.chain_rule]
-                    res = rule(probs_from_logits(logits[i, : g + 1], r.sampling), draft_ids, d.probs, r.gen)
                 self.cache.trim(width - 1 - res.n_accepted, row=i)
                 accepted = d.tokens[: res.n_accepted]
-                kept = None
             if r.constraint is not None:
                 r.constraint.commit(accepted + [res.next_token])
                 if r.constraint.error is not None:

@@ -9,6 +9,24 @@ passes at a few widths, ``QUICK_REPS``/``QUICK_WIDTHS``: about a second, not min
 cached on disk so later runs start at once. Neither figure is trusted for long: the γ policy
 (``policy.py``) checks both against every pass it runs and replaces a cache file whose figures
 the live passes contradict (``store_costs``).
+
+**The one timer and the one cache.** Every cost figure is timed by ``time_steps`` (warmup rounds,
+then ``reps`` rounds; target passes by width interleaved in alternating order, then the drafter's
+own steps right after them, as a decode step runs them; CUDA synchronised before each clock read;
+the median kept by default) and kept in one on-disk cache (``cache_dir()/<key>.json``, the key from
+``cost_key``: machine, CPU, threads, torch, and per model its files (a GGUF file's size and date),
+dtypes, KV-cache dtype and kernels with their ISA; old files of another ``COST_FORMAT`` are ignored).
+
+**The drafter's hook.** A drafter hands the cost model the steps to time; it never times them:
+
+- a chain drafter (a draft model, a layer-skip exit) needs nothing of its own: ``load_or_measure_costs
+  (target, draft, draft_head, draft_layers)`` builds ``chain_steps`` for it;
+- a drafter that sizes its own steps (Medusa's and EAGLE's trees) implements ``CostTimed``:
+  ``cost_key(target) -> str`` (what else changes its steps' cost: shape, run-time format) and
+  ``cost_steps(target) -> CostSteps`` (the target's pass per width as its steps run it, plus its own
+  named ``Step``s; ``drafters/tree_steps.py`` builds a tree drafter's passes); ``drafter_costs(target, drafter)``
+  returns the ``Costs`` (``c`` from the step named "draft", the others in ``Costs.extras`` relative to
+  a one-token pass), measured once and cached.
 """
 
 from __future__ import annotations
@@ -20,9 +38,9 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence
 
 import torch
 
@@ -38,6 +56,7 @@ WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches
 QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refines it from live passes)
 QUICK_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # pass widths it times; the others are interpolated
 QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
+COST_FORMAT = 5  # part of every cache key: files written under another scheme are ignored
 log = logging.getLogger(__name__)
 
 
@@ -74,17 +93,24 @@ class Costs:
     context_len: int = 0  # tokens in the cache during the measurement
     repeats: int = 0  # timed samples per size
     key: str = ""  # the cost cache entry these came from ("" for costs not cached), for ``store_costs``
+    # a drafter's own steps (``CostSteps.draft`` other than "draft"), each over a one-token target pass
+    extras: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_times(cls, target_s: Sequence[float], draft_s: Optional[float], context_len: int,
-                   repeats: int, key: str = "") -> "Costs":
+                   repeats: int, key: str = "", extras: Optional[Mapping[str, float]] = None) -> "Costs":
         """c and v from median pass times. v is kept as measured, not forced monotonic: the kernel's
         row blocking makes some widths genuinely cheaper than their neighbours (v(3) < v(2) on the
         bundled target); only v >= 1 is imposed, since a wider pass cannot really be cheaper."""
         t1 = target_s[0]
         v = (1.0,) + tuple(max(1.0, t / t1) for t in target_s[1:])
         return cls(c=draft_s / t1 if draft_s is not None else 0.0, v=v, target_s=tuple(target_s), draft_s=draft_s,
-                   context_len=context_len, repeats=repeats, key=key)
+                   context_len=context_len, repeats=repeats, key=key,
+                   extras=tuple(sorted((k, t / t1) for k, t in (extras or {}).items())))
+
+    def extra(self, name: str) -> float:
+        """A drafter step's measured cost over a one-token target pass (0 when it was not measured)."""
+        return dict(self.extras).get(name, 0.0)
 
     def v_at(self, gamma: int) -> float:
         """v(γ); beyond the measured range, extrapolated linearly from the last two points."""
@@ -124,28 +150,117 @@ def cost_clock(model: "Model") -> Callable[[], float]:
     return time.perf_counter
 
 
-def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,
-                  draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
-                  draft_layers: Optional[tuple[int, ...]] = None, widths: Optional[Sequence[int]] = None,
-                  statistic: Callable[[list[float]], float] = statistics.median, draft_runs: int = 1,
-                  draft_run: int = DRAFT_RUN) -> Costs:
-    """Times (``statistic`` of ``reps`` samples; the median by default) of target passes over
-    1..max_gamma+1 new tokens and of a draft step (c = 0 without a draft model), with the engine's
-    own forward calls: tokens appended to a prefilled cache, logits read back, then rolled back, as
-    a decode step does. ``widths``: time only these pass widths and interpolate the others.
-    ``draft_runs``: timed draft runs of ``draft_run`` steps each per round (cheap next to the target's
-    passes: more samples).
+# -- the one timer ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """One thing to time. ``run`` is timed (it reads its result back, as the engine does); ``undo``
+    is not (it rolls a cache back). ``per``: ``run`` does this many of the unit timed (a run of draft
+    steps), so its time is divided by it; ``samples``: runs per round (cheap or noisy steps get more)."""
 
-    ``draft_head`` is the draft's restricted output matrix when it drafts over a subset of the
-    vocabulary. ``context``: the tokens in the cache (real ones, e.g. the workload's mean prompt);
-    by default ``DEFAULT_CONTEXT`` synthetic ones, since a tiny draft's step grows with the cache it
-    attends over (c at 64 tokens read 0.20 where the benchmark's 188-token prompts gave 0.34).
-    Sizes are interleaved (alternating order per round) and the median kept, so a burst of
-    background load hits every size alike. Draft steps are timed in runs of ``DRAFT_RUN`` right
-    after a target pass, as the engine drafts: the target's pass evicts the draft's weights from
-    the caches (on the bundled pair 0.18 of a target step, against 0.11 back to back).
-    ``draft_layers``: the draft step runs only these layers of ``draft`` (a layer-skip draft, where
-    ``draft`` is the target itself)."""
+    run: Callable[[], object]
+    undo: Optional[Callable[[], object]] = None
+    per: int = 1
+    samples: int = 1
+
+
+@dataclass(frozen=True)
+class CostSteps:
+    """What a drafter hands the cost model to time: ``widths[n]``, a target pass over n new tokens as
+    the drafter's steps run it (v is interpolated over 1..``n_max`` from the widths timed, which must
+    include 1 and ``n_max``); ``draft``, the drafter's own steps, in order, right after the passes:
+    the one named "draft" gives c, the others ``Costs.extras``. ``done``: called after timing (state
+    the steps left behind)."""
+
+    widths: Mapping[int, Step]
+    n_max: int
+    context_len: int
+    draft: Mapping[str, Step] = field(default_factory=dict)
+    done: Optional[Callable[[], object]] = None
+
+
+class CostTimed(Protocol):
+    """A drafter that hands the cost model its own steps (see the module docstring)."""
+
+    def cost_key(self, target: "Model") -> str: ...
+
+    def cost_steps(self, target: "Model") -> CostSteps: ...
+
+
+def time_steps(widths: Mapping[int, Step], steps: Mapping[str, Step], clock: Callable[[], float],
+               device: torch.device, reps: int, statistic: Callable[[list[float]], float] = statistics.median,
+               warmup: int = WARMUP_ROUNDS) -> tuple[dict[int, float], dict[str, float]]:
+    """The one timing loop: ``warmup`` untimed rounds, then ``reps`` rounds; per round every width
+    (in alternating order, so a burst of background load hits every width alike), then each step of
+    ``steps`` in order (``Step.samples`` times, interleaved with the others'). Returns the
+    ``statistic`` of each width's and step's samples. On CUDA the device is synchronised before each
+    clock read, so a timing holds the work it launched."""
+    order = sorted(widths)
+    w_samples: dict[int, list[float]] = {n: [] for n in order}
+    s_samples: dict[str, list[float]] = {k: [] for k in steps}
+    rounds = max((s.samples for s in steps.values()), default=0)
+    cuda = device.type == "cuda"
+
+    def timed(step: Step) -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = clock()
+        step.run()
+        if cuda:
+            torch.cuda.synchronize(device)
+        dt = clock() - t0
+        if step.undo is not None:
+            step.undo()
+        return dt / step.per
+
+    with torch.inference_mode():
+        for r in range(reps + warmup):
+            for n in order if r % 2 == 0 else order[::-1]:
+                dt = timed(widths[n])
+                if r >= warmup:
+                    w_samples[n].append(dt)
+            for i in range(rounds):
+                for k, step in steps.items():
+                    if i < step.samples:
+                        dt = timed(step)
+                        if r >= warmup:
+                            s_samples[k].append(dt)
+    return ({n: statistic(x) for n, x in w_samples.items()},
+            {k: statistic(x) for k, x in s_samples.items() if x})
+
+
+def measure_steps(steps: CostSteps, target: "Model", reps: int,
+                  statistic: Callable[[list[float]], float] = statistics.median) -> Costs:
+    """``Costs`` from a drafter's ``CostSteps``, in the target's cost clock."""
+    try:
+        widths, own = time_steps(steps.widths, steps.draft, cost_clock(target), target.device, reps, statistic)
+    finally:
+        if steps.done is not None:
+            steps.done()
+    draft = own.pop("draft", None)
+    return Costs.from_times(interpolate(widths, steps.n_max), draft, steps.context_len, reps, extras=own)
+
+
+def synthetic_context(target: "Model", context_len: int, reserve: int) -> list[int]:
+    """``context_len`` token ids (fewer if the window needs ``reserve`` slots after them)."""
+    return [i % target.vocab_size for i in range(min(context_len, target.max_seq_len - reserve))]
+
+
+def chain_steps(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA,
+                draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
+                draft_layers: Optional[tuple[int, ...]] = None, widths: Optional[Sequence[int]] = None,
+                draft_runs: int = 1, draft_run: int = DRAFT_RUN) -> CostSteps:
+    """A chain drafter's steps, with the engine's own forward calls: target passes over 1..max_gamma+1
+    new tokens appended to a prefilled cache, logits read back, then rolled back, as a decode step
+    does (``widths``: only these, the others interpolated); and (with a ``draft`` model) ``draft_runs``
+    runs of ``draft_run`` draft steps per round, right after the target's passes, as the engine drafts:
+    the target's pass evicts the draft's weights from the caches (on the bundled pair 0.18 of a target
+    step, against 0.11 back to back).
+
+    ``draft_head``: the draft's restricted output matrix when it drafts over a subset of the vocabulary.
+    ``context``: the tokens in the cache (real ones, e.g. the workload's mean prompt); by default
+    ``DEFAULT_CONTEXT`` synthetic ones, since a tiny draft's step grows with the cache it attends over
+    (c at 64 tokens read 0.20 where the benchmark's 188-token prompts gave 0.34). ``draft_layers``:
+    the draft step runs only these layers of ``draft`` (a layer-skip draft, ``draft`` the target)."""
     n_max = max_gamma + 1
     limit = target.max_seq_len - n_max - 1
     vocab = target.vocab_size
@@ -153,40 +268,42 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
         limit, vocab = min(limit, draft.max_seq_len - DRAFT_RUN - 1), min(vocab, draft.vocab_size)
     ids = list(context) if context else [i % vocab for i in range(DEFAULT_CONTEXT)]
     ids = ids[:max(1, min(len(ids), limit))]
-    dev, clock = target.device, cost_clock(target)
+    dev = target.device
     prompt = torch.tensor([ids], device=dev)
     probe = torch.tensor([(ids * -(-n_max // len(ids)))[:n_max]], device=dev)  # real tokens; values barely matter
     sizes = sorted({n for n in (widths or range(1, n_max + 1)) if 1 <= n <= n_max} | {1, n_max})
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
-    d_samples: list[float] = []
     with torch.inference_mode():
         t_cache = target.new_cache(1, len(ids) + n_max)
         target.forward(prompt, t_cache, last_only=True)
-        d_cache = None
+        own: dict[str, Step] = {}
         if draft is not None:
             d_cache = draft.new_cache(1, len(ids) + 1)
             draft.forward(prompt, d_cache, last_only=True, layers=draft_layers)
-        for r in range(reps + WARMUP_ROUNDS):
-            for n in sizes if r % 2 == 0 else sizes[::-1]:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = clock()
-                float(target.forward(probe[:, :n], t_cache)[0, -1, 0])  # the engine reads the logits back
-                dt = clock() - t0
-                t_cache.trim(n)
-                if r >= WARMUP_ROUNDS:
-                    samples[n].append(dt)
-            for _ in range(draft_runs if draft is not None and d_cache is not None else 0):
-                assert draft is not None and d_cache is not None
-                t0 = clock()
+
+            def draft_steps() -> None:
                 for _ in range(draft_run):
                     float(draft.forward(probe[:, :1], d_cache, last_only=True, head=draft_head,
                                         layers=draft_layers)[0, -1, 0])
                     d_cache.trim(1)
-                if r >= WARMUP_ROUNDS:
-                    d_samples.append((clock() - t0) / draft_run)
-    return Costs.from_times(interpolate({n: statistic(samples[n]) for n in sizes}, n_max),
-                            statistic(d_samples) if d_samples else None, len(ids), reps)
+
+            own["draft"] = Step(draft_steps, per=draft_run, samples=draft_runs)
+
+    def width(n: int) -> Step:
+        return Step(lambda: float(target.forward(probe[:, :n], t_cache)[0, -1, 0]),  # the engine reads logits back
+                    lambda: t_cache.trim(n))
+
+    return CostSteps({n: width(n) for n in sizes}, n_max, len(ids), own)
+
+
+def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,
+                  draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
+                  draft_layers: Optional[tuple[int, ...]] = None, widths: Optional[Sequence[int]] = None,
+                  statistic: Callable[[list[float]], float] = statistics.median, draft_runs: int = 1,
+                  draft_run: int = DRAFT_RUN) -> Costs:
+    """c and v(1..max_gamma) of a chain drafter (``chain_steps``, c = 0 without a draft model), the
+    ``statistic`` (median by default) of ``reps`` samples each."""
+    steps = chain_steps(target, draft, max_gamma, draft_head, context, draft_layers, widths, draft_runs, draft_run)
+    return measure_steps(steps, target, reps, statistic)
 
 
 def interpolate(points: dict[int, float], n: int) -> list[float]:
@@ -204,8 +321,8 @@ def interpolate(points: dict[int, float], n: int) -> list[float]:
 def _fingerprint(models: Sequence[Optional["Model"]], extra: str = "") -> str:
     """The cost cache key: machine, threads, torch, and per model its files, dtypes and kernels
     (each model's own: an eager model and a fast one time differently in the same process)."""
-    parts = [extra, platform.processor() or platform.machine(), cpu_name(), str(torch.get_num_threads()),
-             torch.__version__]
+    parts = [f"costs-v{COST_FORMAT}", extra, platform.processor() or platform.machine(), cpu_name(),
+             str(torch.get_num_threads()), torch.__version__]
     for m in models:
         if m is None:
             parts.append("none")
@@ -247,7 +364,8 @@ def cached_costs(key: str) -> Optional[Costs]:
         d = json.loads(path.read_text())
         costs = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
                       target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
-                      context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)), key=key)
+                      context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)), key=key,
+                      extras=tuple((str(k), float(x)) for k, x in d.get("extras", ())))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # a corrupt cache file is re-measured
     if not costs.v or costs.v[0] != 1.0 or costs.c < 0 or any(not x >= 1.0 for x in costs.v):
@@ -279,7 +397,26 @@ def costs_key(target: "Model", draft: Optional["Model"], draft_head: Optional[to
     parts = f"draft_head={None if draft_head is None else tuple(draft_head.shape)}"
     if draft_layers is not None:
         parts += f"|draft_layers={','.join(map(str, draft_layers))}"
-    return _fingerprint([target, draft], parts + (f"|{extra}" if extra else ""))
+    return cost_key([target, draft], parts + (f"|{extra}" if extra else ""))
+
+
+def cost_key(models: Sequence[Optional["Model"]], what: str) -> str:
+    """The one cost cache key: ``what`` (the drafter's steps: shape, run-time format, files) on this
+    machine with these models (see ``_fingerprint``)."""
+    return _fingerprint(models, what)
+
+
+def drafter_costs(target: "Model", drafter: CostTimed, reps: int = 15) -> Costs:
+    """A ``CostTimed`` drafter's costs on ``target``: cached, else measured from its ``cost_steps``
+    (median of ``reps``) and cached."""
+    key = cost_key([target], drafter.cost_key(target))
+    costs = cached_costs(key)
+    if costs is None:
+        log.info("measuring target pass costs v(n) and the drafter's steps for %s (once per machine, target "
+                 "and drafter shape)", type(drafter).__name__)
+        costs = replace(measure_steps(drafter.cost_steps(target), target, reps), key=key)
+        store_costs(costs)
+    return costs
 
 
 def quick_costs(target: "Model", draft: Optional["Model"], draft_head: Optional[torch.Tensor] = None,

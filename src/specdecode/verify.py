@@ -14,6 +14,7 @@ Rules (each exact: the emitted sequence follows the target's law; each has a chi
 * ``rejection_sample_tree`` (tree, per node): multi-draft speculative sampling (SpecInfer,
   arXiv:2305.09781) in the recursive form of Jeon et al. (arXiv:2402.14160), with deterministic
   candidates (top-k heads) as one-hot draft laws.
+* ``verify_draft``: the dispatch the core runs per row (chain or tree; greedy, coupled or sampled).
 * ``coupled_verify`` / ``coupled_verify_tree``: drafter-invariant sampling by the Gumbel-max
   coupling (Daliri, Musco & Suresh, arXiv:2408.07978): the target's token at each position is its
   own seeded draw (``sampling.CoupledNoise``), and a draft token is kept exactly when it equals it;
@@ -23,11 +24,15 @@ Rules (each exact: the emitted sequence follows the target's law; each has a chi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
-from .sampling import coupled_draws, draw
+from .sampling import CoupledNoise, coupled_draws, draw, probs_from_logits
+
+if TYPE_CHECKING:
+    from .config import SamplingConfig
+    from .drafters.base import Draft
 
 # Below this total residual mass, p and q agree up to float32 rounding at the
 # rejected position; a rejection there had probability ~0, so p itself is the
@@ -312,3 +317,47 @@ def coupled_verify_tree(target_probs: torch.Tensor, draft_tokens: Sequence[int],
             return VerifyResult(d, want, node >= 0 and node not in children, tuple(path))
         path.append(nxt)
         node = nxt
+
+
+def verify_draft(draft: "Draft", logits: torch.Tensor, argmax: Optional[Sequence[int]], sampling: "SamplingConfig",
+                 position: int, noise: Optional[CoupledNoise], gen: Optional[torch.Generator],
+                 chain_rule: str) -> VerifyResult:
+    """The rule for one row's draft (the core's dispatch): a tree (``draft.parents``) or a chain,
+    each greedy (``argmax``: the target's argmax per position, needed for a greedy ``sampling``),
+    coupled (``noise``: the row's Gumbel-max draws from sequence ``position`` on) or sampled
+    (``gen``; a chain by ``CHAIN_RULES[chain_rule]``). ``logits``: the row's [width, V] target logits."""
+    g = len(draft.tokens)
+    if draft.parents is not None:
+        if sampling.greedy:
+            assert argmax is not None
+            return greedy_verify_tree(argmax[: g + 1], draft.tokens, draft.parents)
+        probs = probs_from_logits(logits[: g + 1], sampling)
+        if noise is not None:
+            return coupled_verify_tree(probs, draft.tokens, draft.parents,
+                                       noise.window(position, tree_levels(draft.parents) + 1))
+        return rejection_sample_tree(probs, draft.tokens, draft.parents, draft.probs, gen)
+    if sampling.greedy:
+        assert argmax is not None
+        return greedy_verify(argmax[: g + 1], draft.tokens)
+    probs = probs_from_logits(logits[: g + 1], sampling)
+    if noise is not None:
+        return coupled_verify(probs, draft.tokens, noise.window(position, g + 1))
+    draft_ids = torch.tensor(draft.tokens, dtype=torch.long, device=logits.device)
+    return CHAIN_RULES[chain_rule](probs, draft_ids, draft.probs, gen)
+
+
+def tree_mask(drafts: Sequence[Draft], width: int, device: torch.device) -> torch.Tensor:
+    """[B, width, width] bool: node i sees node j iff j is i or an ancestor of i. Node 0 is the
+    pending token (the root); node k + 1 is draft token k. A chain draft or the padding after a
+    row's draft continues as a chain."""
+    rows = []
+    for d in drafts:
+        anc = [[0]]
+        for k in range(width - 1):
+            parent = d.parents[k] + 1 if d.parents is not None and k < len(d) else k
+            anc.append(anc[parent] + [k + 1])
+        m = torch.zeros(width, width, dtype=torch.bool)
+        for i, a in enumerate(anc):
+            m[i, a] = True
+        rows.append(m)
+    return torch.stack(rows).to(device)

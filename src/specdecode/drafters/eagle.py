@@ -39,25 +39,25 @@ another (each has its own prefix length); the target pass is still batched.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
 from bisect import bisect_left
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-from ..costmodel import WARMUP_ROUNDS, Costs, _fingerprint, cache_dir, cost_clock
-from ..config import ConfigError
+from ..costmodel import CostSteps, Costs, Step
+from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, load_eagle, rope_table
-from .medusa import _COST_SIZES, PAIRS, _tree_mask
+from .eagle_sizing import EagleCosts, EdgeCalibration, GrowingTree, load_or_measure_eagle_costs
+from .tree_steps import CONTEXT, MAX_WIDTH, tree_widths
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -69,45 +69,7 @@ QUANT = "int8"  # the draft layer's matrices at run time on the fused path (Q8_0
 BANK = 64  # feature rows: the ingestion's last output, then every expanded level's outputs
 TOPK = 4  # children per expanded node
 EXPAND = 4  # nodes expanded per level
-BUCKETS = 10  # edge calibration: draft probability buckets
-CALIB_PRIOR = 5.0  # observations per bucket the identity prior (acceptance = p) is worth
-CALIB_MEMORY = 2000.0  # observations per bucket the running estimate remembers
 log = logging.getLogger(__name__)
-
-
-class EdgeCalibration:
-    """a(p, first): the chance that a judged draft node whose draft probability given its parent is p is
-    the target's token, per bucket of p, apart for a parent's first child (its draft top-1) and the
-    others, starting from a(p) = p. The two differ at the same p: a top-1 at p = 0.35 tops a flat law,
-    a second child at 0.35 trails a sibling at 0.35 or more. Pooled, 4x4 trees grew less deep than
-    chains (tau 2.47 against 2.68 on 9 held-out bench prompts); apart, the tree drafted tau 2.95
-    against 2.52 pooled (``scripts/drafter_variants.py``, docs/lab-notes.md)."""
-
-    def __init__(self, buckets: int = BUCKETS) -> None:
-        self.buckets = buckets
-        self.accepted = [[0.0] * buckets for _ in range(2)]  # [first child?][bucket]
-        self.judged = [[0.0] * buckets for _ in range(2)]
-
-    def _bucket(self, p: float) -> int:
-        return min(self.buckets - 1, max(0, int(p * self.buckets)))
-
-    def rate(self, p: float, first: bool = True) -> float:
-        b, k = self._bucket(p), int(first)
-        return min(1.0, (self.accepted[k][b] + CALIB_PRIOR * p) / (self.judged[k][b] + CALIB_PRIOR))
-
-    def observe(self, p: float, ok: bool, first: bool = True) -> None:
-        b, k = self._bucket(p), int(first)
-        acc, judged = self.accepted[k], self.judged[k]
-        acc[b] += float(ok)
-        judged[b] += 1.0
-        if judged[b] > CALIB_MEMORY:
-            keep = CALIB_MEMORY / judged[b]
-            acc[b] *= keep
-            judged[b] *= keep
-
-    @property
-    def observations(self) -> float:
-        return sum(map(sum, self.judged))
 
 
 @dataclass
@@ -120,19 +82,6 @@ class _RowState:
     values: torch.Tensor
     positions: list[int] = field(default_factory=list)
     last: Optional[tuple[int, list[int], list[int], list[float]]] = None  # (len(tokens), tokens, parents, p)
-
-
-@dataclass
-class _Tree:
-    """A growing tree of one row: tokens, parents, values, depths; per expanded node its scratch slot."""
-
-    tokens: list[int]
-    parents: list[int]
-    probs: list[float]  # the draft's probability of the node given its parent
-    values: list[float]  # Π calibrated acceptance along the path
-    depths: list[int]
-    feats: list[int]  # the feature bank row of the output that is this node's input feature
-    ancestors: list[int]  # bit j: scratch slot j holds an expanded ancestor's key (itself once expanded)
 
 
 class EagleDrafter(RowZeroAdapter):
@@ -251,6 +200,47 @@ class EagleDrafter(RowZeroAdapter):
         """None: the γ policy's chain model does not describe trees; this drafter plans with its own costs."""
         return None
 
+    def cost_key(self, target: "Model") -> str:
+        """What changes this drafter's timed steps beyond the target (``costmodel.CostTimed``)."""
+        c = self.cfg
+        return (f"eagle-tree|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={self.expand}|topk={self.topk}"
+                f"|layers={c.aux_layers}|{self.runtime}")
+
+    def cost_steps(self, target: "Model") -> CostSteps:
+        """``costmodel.CostTimed``: tree passes over 1..64 tokens with this drafter's hidden layers captured
+        (``tree_steps``); the ingestion of three positions right after a pass ("ingest", the draft's
+        weights cold), then one tree level of ``expand`` nodes ("draft": c) and the next level of a chain,
+        one node ("level_one"), as ``grow`` runs them; and a tree step's extra over a chain step."""
+        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - MAX_WIDTH - 2))]
+        dev, layers = target.device, self.hidden_layers
+        probe = torch.tensor([(ids * 2)[:MAX_WIDTH]], device=dev)
+        with torch.inference_mode():
+            cache = target.new_cache(1, len(ids) + MAX_WIDTH)
+            out = target.run(torch.tensor([ids], device=dev), cache, return_hidden=True, hidden_layers=layers)
+            assert out.hidden is not None
+            states = {k: v[0] for k, v in out.layers.items()}
+            ctx = DraftContext(list(ids) + [1], 8, SamplingConfig(), None, out.hidden[0], layers=states)
+            self.reset_row(0)
+            assert self.ingest(0, ctx) is not None
+        st = self._row(0)
+        n, m = len(ctx.tokens), self.expand
+        toks, src, slot0, pos, anc = list(range(1, m + 1)), [0] * m, len(st.positions), [n - 1] * m, [0] * m
+        # a step's ingestion: the pending token and two accepted ones, right after the target's pass
+        recent = DraftContext(ctx.tokens, 8, ctx.sampling, None, out.hidden[0][-3:],
+                              layers={k: v[-3:] for k, v in states.items()})
+
+        def ingest() -> None:
+            logits = self.ingest(0, recent)
+            assert logits is not None
+            self._children(logits)
+
+        own = {"ingest": Step(ingest),
+               "draft": Step(lambda: self._children(self._layer(st, toks, self._bank, src, 1, slot0, pos, anc))),
+               "level_one": Step(lambda: self._children(self._layer(st, toks[:1], self._bank, src[:1], 1 + m,
+                                                                    slot0 + m, pos[:1], [1])))}
+        widths, pairs = tree_widths(target, cache, probe, layers)
+        return CostSteps(widths, MAX_WIDTH, len(ids), {**own, **pairs}, done=lambda: self.reset_row(0))
+
     @property
     def costs(self) -> Optional[Costs]:
         return self._costs
@@ -270,32 +260,11 @@ class EagleDrafter(RowZeroAdapter):
         """Nothing to roll back: the next proposal reads the accepted path off the tokens themselves."""
 
     def _observe(self, st: _RowState, ctx: DraftContext) -> None:
-        """Calibrate edges with the last grown tree: walk it along the tokens the target wrote since; every
-        child of a node on that path (and of the root) was judged, the one on the path accepted. The
-        whole tree, not only the drafted part: a node left out, or a step that drafted nothing, is
-        judged all the same by the token the target wrote, and without that evidence a
-        conservative start (a(p) = p) would keep trees small and so never learn otherwise."""
-        if st.last is None:
-            return
-        base, toks, parents, probs = st.last
-        st.last = None
-        if len(ctx.tokens) <= base:
-            return
-        children: dict[int, list[int]] = {}
-        for i, par in enumerate(parents):
-            children.setdefault(par, []).append(i)
-        node = -1
-        for t in ctx.tokens[base:]:
-            kids = children.get(node, [])
-            nxt = -1
-            for rank, i in enumerate(kids):  # a node's children were appended best first
-                ok = toks[i] == t
-                self.edges.observe(probs[i], ok, rank == 0)
-                if ok:
-                    nxt = i
-            if nxt < 0:
-                break
-            node = nxt
+        """Calibrate edges with the row's last grown tree against the tokens the target wrote since."""
+        if st.last is not None:
+            base, toks, parents, probs = st.last
+            st.last = None
+            self.edges.observe_tree(ctx.tokens[base:], toks, parents, probs)
 
     # -- the draft layer at run time -----------------------------------------------------------------
     def _layer(self, st: _RowState, tokens: list[int], feats: torch.Tensor, src: list[int], dst: int, slot0: int,
@@ -404,7 +373,7 @@ class EagleDrafter(RowZeroAdapter):
         toks, probs = self._children(logits)
         rate = self.edges.rate
         k0 = len(toks[0])
-        tree = _Tree(toks[0], [-1] * k0, probs[0], [rate(p, r == 0) for r, p in enumerate(probs[0])], [1] * k0,
+        tree = GrowingTree(toks[0], [-1] * k0, probs[0], [rate(p, r == 0) for r, p in enumerate(probs[0])], [1] * k0,
                      [0] * k0, [0] * k0)
         used = 1  # bank rows holding features (row 0: the ingestion's output)
         scratch = 0  # scratch slots written by this tree's levels
@@ -471,133 +440,4 @@ class EagleDrafter(RowZeroAdapter):
         return drafts
 
 
-# -- costs -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EagleCosts:
-    """What tree sizing needs, relative to a one-token target pass: ``costs`` (v(n) of tree passes),
-    ``level`` (one tree level of ``expand`` nodes, the draft's weights warm from the ingestion before it),
-    ``level_one`` (a level of one node), ``tree_extra``
-    (a tree step's extra over a chain step) and ``ingest`` (ingesting a step's few verified
-    positions right after the target's pass, its weights cold)."""
-
-    costs: Costs
-    level: float
-    tree_extra: float
-    ingest: float
-    level_one: float  # a level of one node (a chain's)
-
-
-_MEMO: dict[str, EagleCosts] = {}
-
-
-def measure_eagle_costs(target: "Model", drafter: EagleDrafter, reps: int = 12, context_len: int = 192
-                        ) -> EagleCosts:
-    """``EagleCosts`` in the target's cost clock: v(n) for tree passes over n + 1 tokens with the
-    drafter's hidden layers captured (as the core runs them); the ingestion of three positions right
-    after a pass and then one tree level of ``expand`` nodes, as a step runs them; and a tree step's
-    extra over a chain step of the same width."""
-    from ..core import tree_mask
-
-    ids = [i % target.vocab_size for i in range(min(context_len, target.max_seq_len - 66))]
-    dev, clock = target.device, cost_clock(target)
-    samples: dict[int, list[float]] = {n: [] for n in _COST_SIZES}
-    level_s: list[float] = []
-    one_s: list[float] = []
-    ingest_s: list[float] = []
-    chain_s: list[float] = []
-    tree_s: list[float] = []
-    six = Draft([1, 2, 3, 4, 5], None, [-1, 0, 1, -1, 3])
-    probe = torch.tensor([(ids * 2)[:64]], device=dev)
-    masks = {n: _tree_mask(n).to(dev) if n > 1 else None for n in _COST_SIZES}
-    layers = drafter.hidden_layers
-    with torch.inference_mode():
-        cache = target.new_cache(1, len(ids) + 64)
-        out = target.run(torch.tensor([ids], device=dev), cache, return_hidden=True, hidden_layers=layers)
-        ctx = DraftContext(list(ids) + [1], 8, None, None, out.hidden[0], layers={k: v[0] for k, v in out.layers.items()})  # type: ignore[arg-type]
-        drafter.reset_row(0)
-        assert drafter.ingest(0, ctx) is not None
-        st = drafter._row(0)
-        n, m = len(ctx.tokens), drafter.expand
-        level = (list(range(1, m + 1)), [0] * m, len(st.positions), [n - 1] * m, [0] * m)  # as ``grow`` runs one
-        # a step's ingestion: the pending token and two accepted ones, right after the target's pass
-        recent = DraftContext(ctx.tokens, 8, None, None, ctx.hidden[-3:],  # type: ignore[arg-type]
-                              layers={k: v[-3:] for k, v in ctx.layers.items()})  # type: ignore[union-attr]
-        for r in range(reps + WARMUP_ROUNDS):
-            for w in _COST_SIZES if r % 2 == 0 else _COST_SIZES[::-1]:
-                t0 = clock()
-                float(target.run(probe[:, :w], cache, tree_mask=masks[w], return_hidden=True,
-                                 hidden_layers=layers).logits[0, -1, 0])
-                dt = clock() - t0
-                cache.trim(w)
-                if r >= WARMUP_ROUNDS:
-                    samples[w].append(dt)
-            t0 = clock()  # the ingestion after a target pass (the draft's weights cold), then a level
-            drafter._children(drafter.ingest(0, recent))  # type: ignore[arg-type]
-            t1 = clock()
-            toks, src, slot0, pos, anc = level
-            drafter._children(drafter._layer(st, toks, drafter._bank, src, 1, slot0, pos, anc))
-            t2 = clock()
-            drafter._children(drafter._layer(st, toks[:1], drafter._bank, src[:1], 1 + m, slot0 + m, pos[:1],
-                                             [1]))  # the next level of a chain: one node
-            if r >= WARMUP_ROUNDS:
-                ingest_s.append(t1 - t0)
-                level_s.append(t2 - t1)
-                one_s.append(clock() - t2)
-            for _ in range(PAIRS):
-                t0 = clock()
-                float(target.run(probe[:, :6], cache, return_hidden=True, hidden_layers=layers).logits[0, -1, 0])
-                cache.trim(3)
-                t1 = clock()
-                cache.trim(3)
-                t2 = clock()
-                m6 = tree_mask([six], 6, dev)
-                float(target.run(probe[:, :6], cache, tree_mask=m6, return_hidden=True,
-                                 hidden_layers=layers).logits[0, -1, 0])
-                cache.keep([0, 1, 2], row=0)
-                t3 = clock()
-                cache.trim(3)
-                if r >= WARMUP_ROUNDS:
-                    chain_s.append(t1 - t0)
-                    tree_s.append(t3 - t2)
-        drafter.reset_row(0)
-    med = {w: statistics.median(s) for w, s in samples.items()}
-    times = []
-    for w in range(1, 65):
-        lo = max(s for s in _COST_SIZES if s <= w)
-        hi = min(s for s in _COST_SIZES if s >= w)
-        times.append(med[lo] if lo == hi else med[lo] + (med[hi] - med[lo]) * (w - lo) / (hi - lo))
-    level = statistics.median(level_s)
-    extra = max(0.0, statistics.median(tree_s) - statistics.median(chain_s)) / times[0]
-    return EagleCosts(Costs.from_times(times, level, len(ids), reps), level / times[0], extra,
-                      statistics.median(ingest_s) / times[0], statistics.median(one_s) / times[0])
-
-
-def load_or_measure_eagle_costs(target: "Model", drafter: EagleDrafter) -> EagleCosts:
-    """``measure_eagle_costs``, cached on disk per machine, threads, target and draft shape."""
-    c = drafter.cfg
-    key = _fingerprint([target], f"eagle-tree-v4|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={drafter.expand}"
-                                 f"|topk={drafter.topk}|layers={c.aux_layers}|{drafter.runtime}")
-    if key in _MEMO:
-        return _MEMO[key]
-    path = cache_dir() / f"eagle-{key}.json"
-    if path.is_file():
-        try:
-            d = json.loads(path.read_text())
-            _MEMO[key] = EagleCosts(Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"])), float(d["level"]),
-                                    float(d["tree_extra"]), float(d["ingest"]), float(d["level_one"]))
-            return _MEMO[key]
-        except (ValueError, KeyError, TypeError):
-            pass
-    log.info("eagle: measuring target pass costs v(n) for trees of up to 64 tokens and the draft layer's cost "
-             "(once per machine, target and draft shape)")
-    got = _MEMO[key] = measure_eagle_costs(target, drafter)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**asdict(got.costs), "level": got.level, "tree_extra": got.tree_extra,
-                                    "ingest": got.ingest, "level_one": got.level_one}))
-    except OSError:
-        pass
-    return got
-
-
-__all__ = ["EagleCosts", "EagleDrafter", "load_or_measure_eagle_costs", "measure_eagle_costs"]
+__all__ = ["EagleCosts", "EagleDrafter", "EdgeCalibration", "load_or_measure_eagle_costs"]

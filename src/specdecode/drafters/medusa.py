@@ -9,7 +9,7 @@ rank paths (r_1, ..., r_d), node token = head d's rank-r_d candidate. Candidates
 core's tree rule tries children in order against the residual law, which is exact.
 
 **The tree's size and shape come from the cost model.** On a CPU a node is not free: a pass over
-n + 1 tokens costs v(n) one-token passes (measured up to 64 tokens, ``measure_tree_costs``), and the
+n + 1 tokens costs v(n) one-token passes (measured up to 64 tokens, ``cost_steps``), and the
 heads cost c of one. With p[d][r], the running probability that head d's rank-r candidate is the
 target's token given the path to its parent was (``RankAcceptance``), a node's chance to be on the
 accepted path is the product of p along its rank path, and
@@ -21,7 +21,8 @@ order is a tree, and the best tree of each size n) gives E(n) for n = 1..63; the
 the n maximising E(n) / (c + v(n) + t), and nothing when no n beats plain decoding by the policy's
 margin. t is what a tree step costs beyond a chain step of the same width (the core builds its mask
 and compacts the accepted path; measured too): the best chain (rank 0 at every depth, t = 0)
-competes with the best tree, so a tree is drafted only where its extra candidates pay for it. With B rows drafting together the pass is [B, n + 1]; its cost is read as v of B(n + 1)
+competes with the best tree, so a tree is drafted only where its extra candidates pay for it. With
+B rows drafting together the pass is [B, n + 1]; its cost is read as v of B(n + 1)
 tokens against v of B (plain), so trees narrow as the batch grows. Chain mode (``tree=False``) is
 the same rule restricted to rank 0 (the top-1 of each head, ``parents=None``).
 
@@ -34,10 +35,8 @@ or not the node was in the tree, so the estimate does not depend on the shapes c
 from __future__ import annotations
 
 import heapq
-import json
 import logging
-import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 
@@ -45,11 +44,12 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ConfigError
-from ..costmodel import WARMUP_ROUNDS, Costs, _fingerprint, cache_dir, cost_clock
+from ..costmodel import CostSteps, Costs, Step, drafter_costs
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .medusa_heads import MedusaConfig, check_fits, load_heads
+from .tree_steps import CONTEXT, MAX_WIDTH, tree_extra, tree_widths
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 
 if TYPE_CHECKING:
@@ -202,114 +202,12 @@ def fixed_plan(choices: Sequence[Sequence[int]]) -> TreePlan:
 
 
 # -- costs -----------------------------------------------------------------------------------------
-_COST_SIZES = tuple(range(1, 17)) + tuple(range(20, 65, 4))  # pass widths timed; the rest interpolated
-PAIRS = 3  # chain and tree steps timed per round for the tree's extra cost
-_MEMO: dict[str, tuple[Costs, float]] = {}
-
-
-def _tree_mask(n: int) -> torch.Tensor:
-    """A Medusa-like tree over n new tokens (root, four children, then chains under them)."""
-    anc = [[0]]
-    for k in range(n - 1):
-        parent = 0 if k < 4 else k - 3
-        anc.append(anc[parent] + [k + 1])
-    m = torch.zeros(1, n, n, dtype=torch.bool)
-    for i, a in enumerate(anc):
-        m[0, i, a] = True
-    return m
-
-
-def measure_tree_costs(target: "Model", drafter: "MedusaDrafter", reps: int = 15, context_len: int = 192
-                       ) -> tuple[Costs, float]:
-    """(costs, tree_extra) in the target's cost clock. ``costs.v[k]``: a target pass over k + 1 new
-    tokens (1..64) as the core runs a tree step (``Model.run`` with a tree mask and hidden states,
-    logits read back, rolled back); ``costs.c``: one row's heads (all K, with their top candidates);
-    ``tree_extra``: what a tree step costs beyond a chain step of the same width (the core builds the
-    mask and compacts the accepted path with ``cache.keep``), all over a one-token pass. Widths are
-    interleaved per round (alternating order) and medians kept; widths between those timed are
-    interpolated."""
-    from ..core import tree_mask  # the core's own mask builder (a lazy import: the core imports drafters)
-
-    ids = [i % target.vocab_size for i in range(min(context_len, target.max_seq_len - 66))]
-    dev, clock = target.device, cost_clock(target)
-    samples: dict[int, list[float]] = {n: [] for n in _COST_SIZES}
-    heads_s: list[float] = []
-    chain_s: list[float] = []
-    tree_s: list[float] = []
-    six = Draft([1, 2, 3, 4, 5], None, [-1, 0, 1, -1, 3])  # a two-branch tree over 6 tokens, rank-0 chain first
-    probe = torch.tensor([(ids * 2)[:64]], device=dev)
-    masks = {n: _tree_mask(n).to(dev) if n > 1 else None for n in _COST_SIZES}
-    with torch.inference_mode():
-        cache = target.new_cache(1, len(ids) + 64)
-        target.forward(torch.tensor([ids], device=dev), cache, last_only=True)
-        h = target.run(probe[:, :1], cache, return_hidden=True).hidden
-        cache.trim(1)
-        assert h is not None
-        h = h[0, -1:]
-        for r in range(reps + WARMUP_ROUNDS):
-            for n in _COST_SIZES if r % 2 == 0 else _COST_SIZES[::-1]:
-                t0 = clock()
-                float(target.run(probe[:, :n], cache, tree_mask=masks[n], return_hidden=True).logits[0, -1, 0])
-                dt = clock() - t0
-                cache.trim(n)
-                if r >= WARMUP_ROUNDS:
-                    samples[n].append(dt)
-            t0 = clock()
-            drafter.candidates(h)
-            if r >= WARMUP_ROUNDS:
-                heads_s.append(clock() - t0)
-            for _ in range(PAIRS):  # the difference of two noisy times: more samples than the widths get
-                t0 = clock()  # a chain step of 6 tokens: pass, roll back the rejected tail
-                float(target.run(probe[:, :6], cache, return_hidden=True).logits[0, -1, 0])
-                cache.trim(3)
-                t1 = clock()
-                cache.trim(3)
-                t2 = clock()  # the same width as a tree: mask, pass, keep the accepted (rank-0) path
-                mask = tree_mask([six], 6, dev)
-                float(target.run(probe[:, :6], cache, tree_mask=mask, return_hidden=True).logits[0, -1, 0])
-                cache.keep([0, 1, 2], row=0)
-                t3 = clock()
-                cache.trim(3)
-                if r >= WARMUP_ROUNDS:
-                    chain_s.append(t1 - t0)
-                    tree_s.append(t3 - t2)
-    med = {n: statistics.median(s) for n, s in samples.items()}
-    times = []
-    for n in range(1, 65):
-        lo = max(s for s in _COST_SIZES if s <= n)
-        hi = min(s for s in _COST_SIZES if s >= n)
-        times.append(med[lo] if lo == hi else med[lo] + (med[hi] - med[lo]) * (n - lo) / (hi - lo))
-    extra = max(0.0, statistics.median(tree_s) - statistics.median(chain_s)) / times[0]
-    return Costs.from_times(times, statistics.median(heads_s), len(ids), reps), extra
-
-
 def load_or_measure_tree_costs(target: "Model", drafter: "MedusaDrafter") -> tuple[Costs, float]:
-    """``measure_tree_costs``, cached on disk per machine, threads, target and heads shape (like
-    ``costmodel.load_or_measure_costs``)."""
-    key = _fingerprint([target], f"medusa-tree-v4|heads={drafter.num_heads}x{drafter.dim}|vocab={drafter.vocab_rows}"
-                                 f"|{drafter.runtime}")
-    if key in _MEMO:
-        return _MEMO[key]
-    path = cache_dir() / f"medusa-{key}.json"
-    if path.is_file():
-        try:
-            d = json.loads(path.read_text())
-            _MEMO[key] = (Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
-                                target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
-                                context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0))),
-                          float(d["tree_extra"]))
-            return _MEMO[key]
-        except (ValueError, KeyError, TypeError):
-            pass  # a corrupt cache file is re-measured
-    log.info("medusa: measuring target pass costs v(n) for trees of up to 64 tokens and the heads' cost c "
-             "(once per machine, target and heads)")
-    costs, extra = _MEMO[key] = measure_tree_costs(target, drafter)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**asdict(costs), "tree_extra": extra}))
-    except OSError:
-        pass
-    return costs, extra
+    """(costs, tree_extra) from the cost model (``drafter_costs``: measured once per machine, target
+    and heads shape, then cached): ``costs.v[k]`` of a tree pass over k + 1 tokens, ``costs.c`` of
+    one row's heads, ``tree_extra`` of a tree step beyond a chain step, over a one-token pass."""
+    costs = drafter_costs(target, drafter, reps=15)
+    return costs, tree_extra(costs.extra("chain"), costs.extra("tree"))
 
 
 # -- the drafter -----------------------------------------------------------------------------------
@@ -425,6 +323,26 @@ class MedusaDrafter(RowZeroAdapter):
         """None: the γ policy's chain model does not describe trees; this drafter plans with its own costs."""
         return None
 
+    def cost_key(self, target: "Model") -> str:
+        """What changes this drafter's timed steps beyond the target (``costmodel.CostTimed``)."""
+        return f"medusa-tree|heads={self.num_heads}x{self.dim}|vocab={self.vocab_rows}|{self.runtime}"
+
+    def cost_steps(self, target: "Model") -> CostSteps:
+        """Tree passes over 1..64 tokens as the core runs them (``tree_steps``) and one row's heads
+        (all K, with their top candidates) as the step named "draft" (``costmodel.CostTimed``)."""
+        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - MAX_WIDTH - 2))]
+        dev = target.device
+        probe = torch.tensor([(ids * 2)[:MAX_WIDTH]], device=dev)
+        with torch.inference_mode():
+            cache = target.new_cache(1, len(ids) + MAX_WIDTH)
+            target.forward(torch.tensor([ids], device=dev), cache, last_only=True)
+            h = target.run(probe[:, :1], cache, return_hidden=True).hidden
+            cache.trim(1)
+        assert h is not None
+        h = h[0, -1:]
+        widths, pairs = tree_widths(target, cache, probe)
+        return CostSteps(widths, MAX_WIDTH, len(ids), {"draft": Step(lambda: self.candidates(h)), **pairs})
+
     @property
     def costs(self) -> Optional[Costs]:
         return self._costs
@@ -523,4 +441,3 @@ class MedusaDrafter(RowZeroAdapter):
             tokens = [cands[len(p) - 1][p[-1]] for p in paths]
             drafts[r] = Draft(tokens, None, None if plan.is_chain else list(plan.parents[:n]))
         return drafts
-

@@ -1,0 +1,116 @@
+"""EAGLE tree sizing: what a node's value is (``EdgeCalibration``: calibrated edge acceptance), the
+growing tree (``GrowingTree``) and the measured costs the sizing weighs it against (``EagleCosts``,
+from the cost model's timing of ``EagleDrafter.cost_steps``). ``eagle.py`` grows and drafts the tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from ..costmodel import Costs, drafter_costs
+from .tree_steps import tree_extra
+
+if TYPE_CHECKING:
+    from ..models import Model
+    from .eagle import EagleDrafter
+
+BUCKETS = 10  # edge calibration: draft probability buckets
+CALIB_PRIOR = 5.0  # observations per bucket the identity prior (acceptance = p) is worth
+CALIB_MEMORY = 2000.0  # observations per bucket the running estimate remembers
+
+
+class EdgeCalibration:
+    """a(p, first): the chance that a judged draft node whose draft probability given its parent is p is
+    the target's token, per bucket of p, apart for a parent's first child (its draft top-1) and the
+    others, starting from a(p) = p. The two differ at the same p: a top-1 at p = 0.35 tops a flat law,
+    a second child at 0.35 trails a sibling at 0.35 or more. Pooled, 4x4 trees grew less deep than
+    chains (tau 2.47 against 2.68 on 9 held-out bench prompts); apart, the tree drafted tau 2.95
+    against 2.52 pooled (``scripts/drafter_variants.py``, docs/lab-notes.md)."""
+
+    def __init__(self, buckets: int = BUCKETS) -> None:
+        self.buckets = buckets
+        self.accepted = [[0.0] * buckets for _ in range(2)]  # [first child?][bucket]
+        self.judged = [[0.0] * buckets for _ in range(2)]
+
+    def _bucket(self, p: float) -> int:
+        return min(self.buckets - 1, max(0, int(p * self.buckets)))
+
+    def rate(self, p: float, first: bool = True) -> float:
+        b, k = self._bucket(p), int(first)
+        return min(1.0, (self.accepted[k][b] + CALIB_PRIOR * p) / (self.judged[k][b] + CALIB_PRIOR))
+
+    def observe(self, p: float, ok: bool, first: bool = True) -> None:
+        b, k = self._bucket(p), int(first)
+        acc, judged = self.accepted[k], self.judged[k]
+        acc[b] += float(ok)
+        judged[b] += 1.0
+        if judged[b] > CALIB_MEMORY:
+            keep = CALIB_MEMORY / judged[b]
+            acc[b] *= keep
+            judged[b] *= keep
+
+    @property
+    def observations(self) -> float:
+        return sum(map(sum, self.judged))
+
+    def observe_tree(self, written: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                     probs: Sequence[float]) -> None:
+        """Judge a grown tree (``tokens``, ``parents``, ``probs``) by the tokens the target ``written`` since:
+        walk it along them; every child of a node on that path (and of the root) was judged, the one on
+        the path accepted. The whole tree, not only the drafted part: a node left out, or a step that
+        drafted nothing, is judged all the same by the token the target wrote, and without that evidence
+        a conservative start (a(p) = p) would keep trees small and so never learn otherwise."""
+        children: dict[int, list[int]] = {}
+        for i, par in enumerate(parents):
+            children.setdefault(par, []).append(i)
+        node = -1
+        for t in written:
+            nxt = -1
+            for rank, i in enumerate(children.get(node, [])):  # a node's children were appended best first
+                ok = tokens[i] == t
+                self.observe(probs[i], ok, rank == 0)
+                if ok:
+                    nxt = i
+            if nxt < 0:
+                break
+            node = nxt
+
+
+@dataclass
+class GrowingTree:
+    """A growing tree of one row: tokens, parents, values, depths; per expanded node its scratch slot."""
+
+    tokens: list[int]
+    parents: list[int]
+    probs: list[float]  # the draft's probability of the node given its parent
+    values: list[float]  # Π calibrated acceptance along the path
+    depths: list[int]
+    feats: list[int]  # the feature bank row of the output that is this node's input feature
+    ancestors: list[int]  # bit j: scratch slot j holds an expanded ancestor's key (itself once expanded)
+
+
+@dataclass(frozen=True)
+class EagleCosts:
+    """What tree sizing needs, relative to a one-token target pass: ``costs`` (v(n) of tree passes),
+    ``level`` (one tree level of ``expand`` nodes, the draft's weights warm from the ingestion before it),
+    ``level_one`` (a level of one node), ``tree_extra``
+    (a tree step's extra over a chain step) and ``ingest`` (ingesting a step's few verified
+    positions right after the target's pass, its weights cold)."""
+
+    costs: Costs
+    level: float
+    tree_extra: float
+    ingest: float
+    level_one: float  # a level of one node (a chain's)
+
+    @classmethod
+    def from_costs(cls, costs: Costs) -> "EagleCosts":
+        """The figures from the cost model's ``Costs`` of ``EagleDrafter.cost_steps`` (c: a level)."""
+        return cls(costs, costs.c, tree_extra(costs.extra("chain"), costs.extra("tree")), costs.extra("ingest"),
+                   costs.extra("level_one"))
+
+
+def load_or_measure_eagle_costs(target: "Model", drafter: "EagleDrafter") -> EagleCosts:
+    """``EagleCosts`` from the cost model (``drafter_costs``: measured once per machine, target and draft
+    shape, then cached)."""
+    return EagleCosts.from_costs(drafter_costs(target, drafter, reps=12))

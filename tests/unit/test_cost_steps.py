@@ -1,0 +1,90 @@
+"""The one cost timer (``costmodel.time_steps``) and the one cost cache, as tree drafters use them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdecode as sd
+import specdecode.costmodel as cm
+from specdecode.costmodel import CostSteps, Step, measure_steps, time_steps
+from specdecode.drafters.eagle import EagleDrafter, load_or_measure_eagle_costs
+from specdecode.drafters.medusa import MedusaDrafter, load_or_measure_tree_costs
+
+from eagle_util import make_eagle
+from medusa_util import make_heads
+
+
+class _Ticks:
+    """A clock that advances only when a step says so: each step's time is exactly what it adds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_timer_interleaves_widths_skips_warmup_and_keeps_the_statistic() -> None:
+    clock, log = _Ticks(), []
+
+    def work(name: str, seconds: float) -> Step:
+        def run() -> None:
+            log.append(name)
+            clock.now += seconds
+        return Step(run, undo=lambda: log.append(f"undo {name}"))
+
+    widths = {1: work("w1", 1.0), 2: work("w2", 2.0)}
+    steps = {"draft": Step(work("d", 3.0).run, per=3), "pair": Step(work("p", 0.5).run, samples=2)}
+    w, s = time_steps(widths, steps, clock, torch.device("cpu"), reps=2, statistic=max, warmup=1)
+    assert w == {1: 1.0, 2: 2.0} and s == {"draft": 1.0, "pair": 0.5}  # ``per`` divides; warmup not kept
+    # round 0 ascending, round 1 descending; a step's undo right after it, untimed; samples interleaved
+    assert log[:8] == ["w1", "undo w1", "w2", "undo w2", "d", "p", "p", "w2"]
+    assert log.count("d") == 3 and log.count("p") == 6
+
+
+def test_measure_steps_reads_c_from_the_draft_step_and_the_rest_as_extras() -> None:
+    clock = _Ticks()
+
+    def pause(seconds: float) -> Step:
+        return Step(lambda: setattr(clock, "now", clock.now + seconds))
+
+    steps = CostSteps({1: pause(2.0), 3: pause(4.0)}, 3, 10, {"draft": pause(1.0), "level_one": pause(0.5)})
+
+    class _Target:
+        device = torch.device("cpu")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cm, "cost_clock", lambda target: clock)
+        costs = measure_steps(steps, _Target(), reps=3)  # type: ignore[arg-type]
+    assert costs.v == (1.0, 1.5, 2.0)  # width 2 interpolated
+    assert costs.c == pytest.approx(0.5) and costs.extra("level_one") == pytest.approx(0.25)
+    assert costs.extra("missing") == 0.0 and costs.context_len == 10 and costs.repeats == 3
+
+
+def _fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.setattr(cm, "_MEMO", {})
+
+
+def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _fresh_cache(tmp_path, monkeypatch)
+    target = sd.load_model(tiny_dirs["llama"])
+    medusa = MedusaDrafter.load(make_heads(tmp_path / "h", target.config.dim, target.vocab_size))
+    medusa.prepare(target)  # measures (no costs given)
+    costs, extra = load_or_measure_tree_costs(target, medusa)
+    assert len(costs.v) == 64 and costs.v[0] == 1.0 and costs.c > 0 and extra >= 0.0
+    assert costs.key and {k for k, _ in costs.extras} == {"chain", "tree"}
+    eagle = EagleDrafter.load(make_eagle(tmp_path / "e", target))
+    eagle.prepare(target)
+    got = load_or_measure_eagle_costs(target, eagle)
+    assert got.level == got.costs.c > 0 and got.ingest > 0 and got.level_one > 0 and got.tree_extra >= 0.0
+    files = sorted((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 2  # one cache directory, one file per drafter shape
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setattr(cm, "measure_steps", lambda *a, **k: pytest.fail("measured again despite the cache file"))
+    assert load_or_measure_tree_costs(target, medusa) == (costs, extra)
+    assert load_or_measure_eagle_costs(target, eagle) == got
