@@ -90,3 +90,19 @@ def test_held_out_filter_drops_a_workload_prompt() -> None:
             {"messages": [{"role": "user", "content": "What is the water cycle?"}]}]
     kept, report = held_out_filter(recs)
     assert kept == recs[1:] and "1 of 2 generated prompts dropped" in report and "none of the" in report
+
+
+def test_medusa_reuses_eagle_rollouts(tmp_path: Path, quick_target: Path, corpus_dir: Path, capsys) -> None:
+    """--rollouts: Medusa heads train on the token rows an EAGLE run generated; only their features are computed."""
+    prompts = _prompts(tmp_path / "p.jsonl")
+    common = ["--quick", "--target", str(quick_target), "--corpus", str(corpus_dir), "--threads", "1",
+              "--prompts", str(prompts), "--prompt-len", "24", "--gen-len", "12"]
+    assert train_cli(["distill", "--method", "eagle", *common, "--out", str(tmp_path / "e"), "--run-dir",
+                      str(tmp_path / "re"), "--steps", "1", "--corpus-seqs", "0"]) == 0
+    (data,) = (tmp_path / "re").glob("eagle-data-*.pt")
+    assert train_cli(["distill", "--method", "medusa", *common, "--out", str(tmp_path / "m"), "--run-dir",
+                      str(tmp_path / "rm"), "--rollouts", str(data)]) == 0
+    assert "rollouts x 36 tokens from" in capsys.readouterr().err
+    (mdata,) = (tmp_path / "rm").glob("medusa-data-*.pt")
+    assert torch.equal(torch.load(mdata)["tokens"], torch.load(data)["tokens"])
+    assert (tmp_path / "m" / "draft_vocab.json").is_file()

@@ -234,6 +234,10 @@ def _add_distill(sub) -> None:
                    help="medusa, eagle, early-exit: how the frozen target's weights are held for the rollouts and "
                         "features (default: auto, as generate runs it; a GGUF's Q4_1 then is int8; bf16 or fp32 "
                         "reads float weights)")
+    p.add_argument("--rollouts", default=None, metavar="DATA.pt",
+                   help="medusa, eagle, early-exit: reuse the token rows another of these trainers cached in its run "
+                        "directory (<method>-data-<key>.pt) instead of generating rollouts; only this method's "
+                        "features are computed (one generation serves every drafter)")
     p.add_argument("--sample-temperature", type=float, default=None,
                    help="medusa, eagle, early-exit: temperature of the rollouts that are not greedy (default: 1.0)")
     p.add_argument("--budget-minutes", type=float, default=None,
@@ -263,7 +267,7 @@ _FROZEN_SHARED = ("target", "out", "run_dir", "steps", "batch_size", "lr", "warm
                   "resume", "quick")
 # flags only the frozen-target methods take (None when not typed; an error with --method draft)
 _FROZEN_ONLY = {"prompts": "prompts", "target_weight_dtype": "target_weight_dtype",
-                "sample_temperature": "sample_temperature"}
+                "sample_temperature": "sample_temperature", "rollouts": "rollouts"}
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class SelfDistillConfig:
     prompts: Optional[str] = None  # JSONL of (chat) prompts instead of corpus windows (train/chat_prompts.py)
     target_weight_dtype: str = "auto"  # how the target's weights are held for rollouts and features
     sample_temperature: float = 1.0  # of the sampled (non-greedy) rollouts
+    rollouts: Optional[str] = None  # another run's data cache (.pt): reuse its token rows, compute only features
     steps: int = 3000
     batch_size: int = 512
     lr: float = 1e-3
@@ -143,6 +144,8 @@ def build_rollout_data(target: Model, cfg: SelfDistillConfig, run_dir: Path, pre
     """Rollouts (and ``cfg.corpus_seqs`` corpus windows) with ``features`` of each batch plus ``tokens``,
     computed once and cached in ``run_dir`` as ``<prefix>-data-<key>.pt``. ``describe`` names the
     features in the log line."""
+    if cfg.rollouts:
+        return features_of_rollouts(target, cfg, run_dir, prefix, features, describe, extra_key)
     seq_len = cfg.prompt_len + cfg.gen_len
     chat = load_chat_prompts(target, cfg.prompts, cfg.prompt_len) if cfg.prompts else None
     train_files = D.split_corpus(D.list_corpus(cfg.corpus or None))[0] if chat is None or cfg.corpus_seqs else []
@@ -205,6 +208,41 @@ def build_rollout_data(target: Model, cfg: SelfDistillConfig, run_dir: Path, pre
     log(f"{cfg.onpolicy_seqs} rollouts ({n_greedy} greedy, the rest sampled at T={temp_s}) + {n_win} corpus windows "
         f"x {seq_len} tokens with {describe} and top-{cfg.top_k} teacher log-probs in {time.time() - t0:.0f}s "
         f"-> {path}")
+    return ds
+
+
+def features_of_rollouts(target: Model, cfg: SelfDistillConfig, run_dir: Path, prefix: str, features: Features,
+                         describe: str, extra_key: object = None) -> dict[str, torch.Tensor]:
+    """``--rollouts FILE.pt``: the token rows another trainer's run cached (its ``<prefix>-data-<key>.pt``),
+    with this trainer's ``features`` computed over them: one generation serves every drafter. Cached in
+    ``run_dir`` under a key of the target, the rows' file and the teacher settings."""
+    src = Path(cfg.rollouts or "")
+    if not src.is_file():
+        raise FileNotFoundError(f"--rollouts: no such file {src}")
+    st = src.stat()
+    key = data_key(target, cfg, f"rollouts:{src.resolve()}:{st.st_size}:{int(st.st_mtime)}", extra_key)
+    path = run_dir / f"{prefix}-data-{key}.pt"
+    if path.is_file():
+        log(f"reusing cached target features: {path}")
+        return torch.load(path, weights_only=True)
+    tokens = torch.load(src, weights_only=True, mmap=True)["tokens"].clone()
+    if tokens.shape[1] > target.max_seq_len or int(tokens.max()) >= target.vocab_size:
+        raise ValueError(f"--rollouts {src}: rows of {tokens.shape[1]} tokens up to id {int(tokens.max())} do not fit "
+                         f"the target (context {target.max_seq_len}, vocabulary {target.vocab_size})")
+    t0 = time.time()
+    parts: dict[str, list[torch.Tensor]] = {"tokens": []}
+    for j in tqdm(range(0, len(tokens), cfg.feature_batch), desc="features", unit="batch", file=sys.stderr,
+                  mininterval=10):
+        s = tokens[j:j + cfg.feature_batch].long()
+        parts["tokens"].append(s.to(torch.int32))
+        for name, x in features(s).items():
+            parts.setdefault(name, []).append(x)
+    ds = {name: torch.cat(xs) for name, xs in parts.items()}
+    tmp = path.with_suffix(".tmp")
+    torch.save(ds, tmp)
+    tmp.replace(path)
+    log(f"{len(tokens)} rollouts x {tokens.shape[1]} tokens from {src} with {describe} and top-{cfg.top_k} teacher "
+        f"log-probs in {time.time() - t0:.0f}s -> {path}")
     return ds
 
 
@@ -289,5 +327,5 @@ class CpuBudget:
 
 
 __all__ = ["CpuBudget", "Features", "RunSetup", "SAVE_DTYPES", "SelfDistillConfig", "build_rollout_data",
-           "chat_prompt_order", "cpu_seconds", "data_key", "eval_sequences", "held_out_prompts", "load_target",
-           "start_run", "teacher_topk"]
+           "chat_prompt_order", "cpu_seconds", "data_key", "eval_sequences", "features_of_rollouts", "held_out_prompts",
+           "load_target", "start_run", "teacher_topk"]
