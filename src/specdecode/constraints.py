@@ -16,6 +16,9 @@ engine; a mask for the bundled 8k vocabulary in ~10-20 µs on this CPU (under 1%
 pass of the bundled 27M model); rollback of consumed tokens (drafts); and ``compute_ff_tokens``
 (the tokens the grammar forces), which the core inserts as free drafts.
 
+A ``ConstraintSpec`` (what a user asks for, model-independent) is built in ``constraint_spec.py``
+(re-exported here); this module binds it to a tokenizer and keeps each row's grammar state.
+
 Convention past the end: once EOS is pushed (or the grammar cannot continue) the mask allows
 EOS only. Those positions are never emitted (the row stops at EOS), and target and draft use
 the same convention, so the rule stays exact.
@@ -23,7 +26,6 @@ the same convention, so the rule stays exact.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import weakref
@@ -34,20 +36,15 @@ import numpy as np
 import torch
 
 from .config import ConfigError
+from .constraint_spec import (INSTALL_HINT, JSON_LAYOUT, KIND_NAMES, KINDS, ConstraintSpec, json_schema_spec,
+                              llguidance_module, short_error, spec_from_args, spec_from_files,
+                              spec_from_response_format)
 
 if TYPE_CHECKING:
     from .drafters.base import Draft
     from .models import Model
 
-# JSON layout: json.dumps' separators and no other whitespace. Flexible whitespace lets a model pad
-# the output with spaces or newlines without end (a small model does); a schema may override it
-# with its own "x-guidance" options.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-KINDS = ("json_schema", "json_object", "regex", "grammar")
-_INSTALL = "pip install 'specdecode[structured]' (it adds llguidance)"
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-_WHAT = {"json_schema": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
-         "grammar": "grammar (Lark syntax)"}
 # tokens ``bind`` walks to find a grammar the engine gives up on at once (an object with ~500 optional
 # properties or an enum of ~2000 values fails at its first token): it is refused before it takes a row
 PROBE_TOKENS = 16
@@ -59,53 +56,10 @@ class GrammarLimitError(ConfigError):
     2000 Earley items per parser row): the constraint is too large or too ambiguous for it."""
 
 
-def _llg() -> Any:
-    try:
-        import llguidance
-    except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ConfigError(f"structured output needs llguidance: {_INSTALL}") from e
-    return llguidance
-
-
-# -- what a user asks for (model-independent) -------------------------------------------------------
-@dataclass(frozen=True)
-class ConstraintSpec:
-    """A validated constraint before it meets a tokenizer: ``kind`` (json_schema, json_object,
-    regex, grammar) and its ``source`` text (the schema as JSON, the regex, the Lark grammar;
-    empty for json_object). ``grammar`` is llguidance's grammar text for it."""
-
-    kind: str
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"constraint kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        llg = _llg()
-        err = llg.LLMatcher.validate_grammar(self.grammar)
-        if err:
-            raise ConfigError(f"invalid {_WHAT[self.kind]}: {_short(err)}")
-
-    @property
-    def grammar(self) -> str:
-        llg = _llg()
-        if self.kind == "json_object":
-            return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
-        if self.kind == "json_schema":
-            return llg.LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_LAYOUT)
-        if self.kind == "regex":
-            return llg.LLMatcher.grammar_from_regex(self.source)
-        return llg.LLMatcher.grammar_from_lark(self.source)
-
-
-def _short(err: str) -> str:
-    lines = [ln.strip() for ln in err.strip().splitlines() if ln.strip()]
-    return " ".join(lines[:4])[:400] if lines else "rejected by the grammar compiler"
-
-
 def _gave_up(kind: str, err: str, tokens: int) -> str:
     """What to tell a user whose constraint the engine gave up on (its own text, parser state
     included, goes to the log only)."""
-    log.info("grammar engine gave up on a %s after %d tokens: %s", kind, tokens, _short(err))
+    log.info("grammar engine gave up on a %s after %d tokens: %s", kind, tokens, short_error(err))
     where = f"after {tokens} tokens of output" if tokens else "at the start of the output"
     m = re.search(r"row has (\d+) items; max is (\d+)", err)
     if m:
@@ -113,61 +67,8 @@ def _gave_up(kind: str, err: str, tokens: int) -> str:
                "(an object with many optional properties, a long enum or anyOf)")
     else:
         why = f"it ran past one of the engine's resource limits ({where})"
-    return f"the {_WHAT[kind]} is too large for the structured-output grammar engine: {why}; make it smaller or simpler"
-
-
-def json_schema_spec(schema: Union[str, Mapping[str, Any]]) -> ConstraintSpec:
-    """A JSON-schema constraint from a dict or its JSON text (ConfigError if it is not a schema)."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"the JSON schema is not valid JSON: {e}") from e
-    if not isinstance(schema, Mapping):
-        raise ConfigError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
-    return ConstraintSpec("json_schema", json.dumps(schema))
-
-
-def spec_from_args(json_schema: Union[None, str, Mapping[str, Any]] = None, regex: Optional[str] = None,
-                   grammar: Optional[str] = None, json_object: bool = False) -> Optional[ConstraintSpec]:
-    """At most one of the Python API's / CLI's constraint arguments, as a spec (None: unconstrained)."""
-    given = [n for n, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar),
-                            ("json_object", json_object or None)) if v is not None]
-    if len(given) > 1:
-        raise ConfigError(f"give at most one constraint, got {', '.join(given)}")
-    if json_schema is not None:
-        return json_schema_spec(json_schema)
-    if regex is not None:
-        return ConstraintSpec("regex", regex)
-    if grammar is not None:
-        return ConstraintSpec("grammar", grammar)
-    return ConstraintSpec("json_object") if json_object else None
-
-
-def spec_from_response_format(response_format: Any) -> Optional[ConstraintSpec]:
-    """OpenAI's ``response_format``: {"type": "text"} (None), {"type": "json_object"}, or
-    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
-    Raises ConfigError naming the field and the fix (the server answers it with a 400)."""
-    if response_format is None:
-        return None
-    if not isinstance(response_format, Mapping):
-        raise ConfigError("response_format must be an object such as {\"type\": \"json_object\"}")
-    kind = response_format.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return ConstraintSpec("json_object")
-    if kind == "json_schema":
-        js = response_format.get("json_schema")
-        if not isinstance(js, Mapping) or not isinstance(js.get("schema"), Mapping):
-            raise ConfigError("response_format.json_schema.schema must be a JSON schema object, e.g. "
-                              "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": "
-                              "{\"type\": \"object\"}}}")
-        try:
-            return json_schema_spec(js["schema"])
-        except ConfigError as e:
-            raise ConfigError(f"response_format.json_schema.schema: {e}") from e
-    raise ConfigError(f"response_format.type must be text, json_object or json_schema, got {kind!r}")
+    return (f"the {KIND_NAMES[kind]} is too large for the structured-output grammar engine: {why}; make it smaller "
+            "or simpler")
 
 
 # -- bound to a tokenizer ------------------------------------------------------------------------------
@@ -182,7 +83,7 @@ def grammar_tokenizer(model: "Model") -> Any:
         raise ConfigError(f"structured output needs an end-of-sequence token; {model.path} defines none "
                           "(set eos_token_id in config.json)")
     eos = sorted(model.eos_token_ids)
-    tok = _llg().LLTokenizer(model.tokenizer.to_str(), n_vocab=model.vocab_size, eos_token=eos)
+    tok = llguidance_module().LLTokenizer(model.tokenizer.to_str(), n_vocab=model.vocab_size, eos_token=eos)
     _TOKENIZERS[model] = tok
     return tok
 
@@ -211,7 +112,7 @@ class _TokenList:
 
 def token_list_tokenizer(tokens: Sequence[bytes], eos: int) -> Any:
     """A grammar tokenizer for a vocabulary whose tokens' bytes are listed (``tokens[eos]`` is EOS)."""
-    llg = _llg()
+    llg = llguidance_module()
     return llg.LLTokenizer(llg.TokenizerWrapper(_TokenList(tokens, eos)), n_vocab=len(tokens))
 
 
@@ -301,10 +202,10 @@ class ConstraintState:
         self._eos_ids: frozenset[int] = frozenset()
         if c is not None:
             self.eos = int(c.tokenizer.eos_token)
-            self.matcher = _llg().LLMatcher(c.tokenizer, c.spec.grammar, log_level=0)
+            self.matcher = llguidance_module().LLMatcher(c.tokenizer, c.spec.grammar, log_level=0)
             if self.matcher.is_error():
                 raise ConfigError(f"the {c.spec.kind} constraint does not compile: "
-                                  f"{_short(self.matcher.get_error())}")
+                                  f"{short_error(self.matcher.get_error())}")
             self._eos_ids = frozenset(c.tokenizer.eos_tokens) | {self.eos}
         self.error: Optional[str] = None  # set when the grammar engine gave up (the row must fail)
         self._committed = 0  # tokens committed (for the error message)
@@ -532,21 +433,7 @@ def check_request(request: Any, target: "Model") -> None:
                           f"target's end-of-sequence tokens {sorted(target.eos_token_ids)}")
 
 
-def spec_from_files(json_schema_file: Optional[str], regex: Optional[str], grammar_file: Optional[str],
-                    json_object: bool = False) -> Optional[ConstraintSpec]:
-    """The CLI's ``--json-schema FILE``, ``--regex``, ``--grammar FILE`` and ``--json-object``."""
-    def read(path: str, flag: str) -> str:
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read()
-        except OSError as e:
-            raise ConfigError(f"cannot read {flag} {path}: {e.strerror or e}") from e
-
-    schema = read(json_schema_file, "--json-schema") if json_schema_file is not None else None
-    lark = read(grammar_file, "--grammar") if grammar_file is not None else None
-    try:
-        return spec_from_args(json_schema=schema, regex=regex, grammar=lark, json_object=json_object)
-    except ConfigError as e:
-        flag = ("--json-schema" if schema is not None else "--regex" if regex is not None
-                else "--grammar" if lark is not None else "--json-object")
-        raise ConfigError(f"{flag}: {e}") from e
+__all__ = ["INSTALL_HINT", "JSON_LAYOUT", "KINDS", "KIND_NAMES", "PROBE_TOKENS", "Constraint", "ConstraintSpec",
+           "ConstraintState", "GrammarLimitError", "bind", "check_request", "constraint_from_response_format",
+           "grammar_tokenizer", "json_schema_spec", "llguidance_module", "parse_logit_bias", "row_state",
+           "short_error", "spec_from_args", "spec_from_files", "spec_from_response_format", "token_list_tokenizer"]

@@ -14,204 +14,30 @@ and adds only admission, cancellation, timeouts and HTTP. One invariant holds fo
 the target's cache holds every token of the sequence except the last, which is fed together
 with the draft at the next pass. Every row is computed identically whatever else is in the
 batch, so a greedy request gives the same tokens alone or beside others.
+
+Requests, rows and events live in ``rows.py``, the text helpers in ``text.py`` (both re-exported
+here), the verify dispatch in ``verify.verify_draft``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
 from .cache import ContextLengthError
-from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
-from .constraints import check_request, row_state
-from .logprobs import TokenLogprob, check_logprobs, token_logprobs
+from .config import ConfigError
+from .constraints import check_request
 from .costmodel import cost_clock, store_costs
 from .drafters.base import BatchDrafter, Draft, DraftContext
-from .metrics import GenerationStats
+from .logprobs import check_logprobs, token_logprobs
 from .models import Model
 from .ops import argmax_list
-from .policy import GammaPolicy, RowEvidence, RowPlan
-from .sampling import CoupledNoise, make_generator
+from .policy import GammaPolicy, RowPlan
+from .rows import Event, Failure, FinishEvent, Request, Row, StepEvent, coupled_noise
+from .text import IncrementalDetokenizer, Prompt, find_stop, prompt_ids, truncate_pieces
 from .verify import VerifyResult, tree_mask, verify_draft
-
-if TYPE_CHECKING:
-    from .constraints import Constraint
-
-Prompt = Union[str, Sequence[int]]
-
-
-# -- events ------------------------------------------------------------------------------------
-@dataclass
-class StepEvent:
-    """Tokens produced by one target pass, with their text pieces and origin."""
-
-    token_ids: list[int]
-    from_draft: list[bool]  # True: a draft token the target accepted
-    pieces: list[str]  # text delta per token ('' while a multi-byte character is incomplete)
-    drafted: int = 0  # draft tokens the target judged for this step
-    logprobs: Optional[list[TokenLogprob]] = None  # per token, when the request asks (``Request.logprobs``)
-    proposed: Optional[list[int]] = None  # the draft for this pass (a chain, or a tree's nodes; None: no draft)
-    parents: Optional[list[int]] = None  # a tree draft: each node's parent in ``proposed`` (-1: the root)
-    path: Optional[list[int]] = None  # a tree draft: the accepted nodes' indices in ``proposed``, root to leaf
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-
-@dataclass
-class FinishEvent:
-    reason: str  # "stop" (EOS or stop string) or "length" (token budget or context window)
-    token_ids: list[int]
-    text: str
-    stats: GenerationStats
-
-
-@dataclass
-class Failure:
-    """A request ended without a normal finish; ``kind`` is timeout, shutdown, internal, or constraint
-    (the grammar engine gave up on the row's structured output: ``message`` says so for the user)."""
-
-    kind: str
-    message: str
-
-
-Event = Union[StepEvent, FinishEvent, Failure]
-
-
-# -- text ----------------------------------------------------------------------------------------
-class IncrementalDetokenizer:
-    """Text deltas per token that concatenate to the decoded text, never splitting a UTF-8 character."""
-
-    def __init__(self, model: Model, context: Sequence[int]) -> None:
-        self.model = model
-        self.ids = list(context[-4:])  # a little prompt context so leading spaces decode right
-        self.prefix = 0
-        self.read = len(self.ids)
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        prefix_text = self.model.decode(self.ids[self.prefix : self.read])
-        new_text = self.model.decode(self.ids[self.prefix :])
-        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            self.prefix, self.read = self.read, len(self.ids)
-            return new_text[len(prefix_text) :]
-        return ""
-
-    def flush(self) -> str:
-        """Whatever is still held back (an incomplete character at the very end)."""
-        prefix_text = self.model.decode(self.ids[self.prefix : self.read])
-        new_text = self.model.decode(self.ids[self.prefix :])
-        self.prefix = self.read = len(self.ids)
-        return new_text[len(prefix_text) :]
-
-
-def find_stop(previous: str, delta: str, stops: Sequence[str]) -> Optional[int]:
-    """Index in the full text where the earliest stop string starts, if one completed in ``delta``."""
-    full = previous + delta
-    lo = max(0, len(previous) - max(len(s) for s in stops) + 1)
-    hits = [i for s in stops if (i := full.find(s, lo)) >= 0]
-    return min(hits) if hits else None
-
-
-def truncate_pieces(pieces: list[str], keep: int) -> list[str]:
-    out = []
-    for p in pieces:
-        out.append(p[: max(0, keep)])
-        keep -= len(p)
-    return out
-
-
-def prompt_ids(target: Model, prompt: Prompt) -> list[int]:
-    """Tokenise (or validate) a prompt, with errors that say what to change."""
-    if isinstance(prompt, str):
-        ids = target.encode(prompt)
-    else:
-        ids = [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < target.vocab_size]
-        if bad:
-            raise ConfigError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {target.vocab_size})")
-    if not ids:
-        raise ConfigError("the prompt is empty; give at least one token of text")
-    if len(ids) >= target.max_seq_len:
-        raise ContextLengthError(
-            f"prompt has {len(ids)} tokens but the context window of {target.name} is {target.max_seq_len}; "
-            "shorten the prompt so at least one token can be generated"
-        )
-    return ids
-
-
-# -- rows ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Request:
-    """What one sequence asks of the core (already validated).
-
-    ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` is the draft
-    length (None: the drafter's own γ, or the policy's maximum when that is "auto"). ``adaptive``
-    lets the γ policy choose up to that length each step (None: when the drafter's γ is "auto" and
-    the request names no ``gamma``: an explicit γ is honoured); False drafts it whenever there is room.
-    ``verify`` picks the sampled rule (by default the Gumbel-max coupling for a seeded request, else
-    block verification)."""
-
-    prompt_ids: list[int]
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    drafter: Optional[str] = None
-    gamma: Optional[int] = None
-    adaptive: Optional[bool] = None
-    verify: VerifyConfig = field(default_factory=VerifyConfig)
-    constraint: Optional["Constraint"] = None  # structured output (constraints.py): a token mask per step
-    logit_bias: Optional[Mapping[int, float]] = None  # token id -> added to its logit, target and draft alike
-    logprobs: Optional[int] = None  # report each token's log-probability and this many top alternatives
-
-
-class Row:
-    """A running sequence: its tokens, generator, detokenizer and stats (one cache row)."""
-
-    def __init__(self, request: Request, target: Model, max_len: int, drafter: Optional[BatchDrafter],
-                 gamma_cap: int, adaptive: bool, owner: Any) -> None:
-        self.request = request
-        self.owner = owner  # whatever the caller ties to the row (the server: its request handle)
-        self.tokens = list(request.prompt_ids)
-        self.n_prompt = len(self.tokens)
-        self.max_len = max_len
-        self.sampling = request.sampling
-        self.drafter = drafter
-        self.gamma_cap = gamma_cap
-        self.adaptive = adaptive
-        self.gen = make_generator(request.sampling.seed, target.device)
-        self.noise = coupled_noise(request, target.vocab_size, self.gen)
-        self.detok = IncrementalDetokenizer(target, self.tokens) if target.tokenizer is not None else None
-        self.eos = frozenset() if request.generation.ignore_eos else target.eos_token_ids
-        self.constraint = row_state(request.constraint, request.logit_bias, target.vocab_size)
-        self.stats = GenerationStats(prompt_tokens=self.n_prompt)
-        # this request's own acceptance evidence and probe schedule (the drafter's history: a prior)
-        self.evidence = RowEvidence(drafter.acceptance) if drafter is not None else None
-        self.probing = False  # this pass drafts because the row's probe schedule said so
-        self.hidden: Optional[torch.Tensor] = None
-        self.layers: Optional[dict[int, torch.Tensor]] = None  # residual after layer i, same tokens as hidden
-        self.generated: list[int] = []
-        self.text = ""
-        self.decode_start = 0.0
-
-    def room(self) -> int:
-        """Tokens this row may still produce (token budget and context window)."""
-        return min(self.request.generation.max_new_tokens - len(self.generated), self.max_len - len(self.tokens))
-
-
-def coupled_noise(request: Request, vocab: int, gen: torch.Generator) -> Optional[CoupledNoise]:
-    """The row's Gumbel-max noise when it samples by the coupled rule (``VerifyConfig.coupled``), keyed
-    by its seed (``accept_rule="coupled"`` without one: a seed drawn from the row's generator)."""
-    if not request.verify.coupled(request.sampling):
-        return None
-    seed = request.sampling.seed
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
-    return CoupledNoise(seed, vocab, gen.device)
-
 
 _NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
 _PLAIN = RowPlan(None, 0, False, 0.0)
@@ -309,6 +135,7 @@ class DecodeCore:
                     # every position's states, but no logits worth computing (one output row stands in)
                     out = self.target.run(ids, self.cache, rows=slice(i, i + 1), return_hidden=True,
                                           hidden_layers=self._hidden_layers, head=self.target.output_matrix()[:1])
+                    assert out.hidden is not None
                     row.hidden, row.layers = out.hidden[0], {k: v[0] for k, v in out.layers.items()}
                 else:
                     self.target.forward(ids, self.cache, rows=slice(i, i + 1), last_only=True)
@@ -349,8 +176,8 @@ class DecodeCore:
         rows, cache = self.rows, self.cache
         lengths = cache.lengths
         room_ctx = (cache.max_len - max(lengths[: len(rows)])) - 1
-        for d in self._drafter_list:
-            d.acceptance.fade()  # once per pass: a switched-off drafter's evidence loses weight
+        for prepared in self._drafter_list:
+            prepared.acceptance.fade()  # once per pass: a switched-off drafter's evidence loses weight
         plans = []
         for r in rows:
             d = r.drafter
@@ -452,8 +279,9 @@ class DecodeCore:
         if any(m is not None for m in masks):
             logits = logits.clone()  # may be an inference tensor (or a reused buffer): mask a copy
         for i, m in enumerate(masks):  # the constrained law: forbidden tokens at -inf, before any filter
-            if m is not None:
-                logits[i, : m.shape[0]] = rows[i].constraint.apply(logits[i, : m.shape[0]], m)
+            state = rows[i].constraint
+            if m is not None and state is not None:
+                logits[i, : m.shape[0]] = state.apply(logits[i, : m.shape[0]], m)
         argmax = None
         if any(r.sampling.greedy for r in rows):
             flat = argmax_list(logits.reshape(batch * width, -1))
@@ -555,3 +383,7 @@ class DecodeCore:
         r.stats.decode_s = time.perf_counter() - r.decode_start
         events.append((r, FinishEvent(reason, list(r.generated), r.text, r.stats)))
         return True
+
+
+__all__ = ["DecodeCore", "Event", "Failure", "FinishEvent", "IncrementalDetokenizer", "Prompt", "Request", "Row",
+           "StepEvent", "coupled_noise", "find_stop", "prompt_ids", "tree_mask", "truncate_pieces"]
