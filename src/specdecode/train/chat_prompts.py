@@ -90,7 +90,9 @@ def load_chat_prompts(target: Model, path: str | Path, max_len: int) -> ChatProm
         except ValueError as e:
             raise ValueError(f"{path}: prompt {n}: {e}") from None
     ids = [e.ids for e in target.tokenizer.encode_batch(texts, add_special_tokens=False)]
-    train, held, too_long = [], [], 0
+    train: list[list[int]] = []
+    held: list[list[int]] = []
+    too_long = 0
     for text, tok in zip(texts, ids):
         if not 0 < len(tok) <= max_len:
             too_long += 1

@@ -260,12 +260,12 @@ def held_out_prompts(target: Model, cfg: SelfDistillConfig) -> torch.Tensor | li
     """The final evaluation's prompts: ``eval_prompts`` windows of the held-out files (a fixed seed), or
     with ``--prompts`` up to ``eval_prompts`` of the file's held-out prompts (token lists, ragged)."""
     if cfg.prompts:
-        held = load_chat_prompts(target, cfg.prompts, cfg.prompt_len).held_out
-        if not held:
+        held_chat = load_chat_prompts(target, cfg.prompts, cfg.prompt_len).held_out
+        if not held_chat:
             raise ValueError(f"{cfg.prompts}: no held-out prompt (one in {HELD_OUT_SHARE} is held out by a hash of its "
                              "text); add prompts")
         g = torch.Generator().manual_seed(EVAL_SEED)
-        return [held[i] for i in torch.randperm(len(held), generator=g)[: cfg.eval_prompts].tolist()]
+        return [held_chat[i] for i in torch.randperm(len(held_chat), generator=g)[: cfg.eval_prompts].tolist()]
     _, held = D.split_corpus(D.list_corpus(cfg.corpus or None))
     assert target.tokenizer is not None
     stream = D.token_stream(held, encode_batch_fn(target.tokenizer), doc_separator(target))
