@@ -6,9 +6,11 @@ uses). Speculation pays only while v stays low: verifying a draft of gamma token
 decode steps. So anyone can check on their own CPU how the bf16, int8 and int4 paths, and each SIMD
 path the kernels offer there (``--isas``), price a verification pass. Paths are timed round by round in
 alternating order in one process, the median kept, so background load hits every path alike; with
-1 thread the timer is this thread's CPU time.
+1 thread the timer is this thread's CPU time. With ``--draft`` each row also gives c, a draft model's
+step (over its ``draft_vocab.json`` cut, as the drafter runs it) over the target's one-token pass.
 
     specdecode bench costs [--target DIR] [--formats bf16,int8,int4] [--threads 1,2] [--max-tokens 16]
+    specdecode bench costs --draft models/code-draft --formats bf16 --json runs/cost.json
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
                        description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--target", help="target model directory (default: bundled models/code-target)")
+    c.add_argument("--draft", help="also time this draft model's step: c = draft step / one-token target pass")
     c.add_argument("--formats", default=",".join(FORMATS), help="weight formats (default: %(default)s)")
     c.add_argument("--isas", default=None,
                    help="kernel paths to compare, comma-separated, for each format where the CPU has them: "
@@ -72,10 +75,17 @@ def _set_path(fmt: str, isa: str) -> None:
 
 
 def measure(target: str, formats: list[str], isas: Optional[list[str]], threads: list[int], max_tokens: int,
-            context: int, rounds: int, reps: int, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """One row per (format, path, threads): median seconds of passes over 1..max_tokens new tokens and v(n)."""
+            context: int, rounds: int, reps: int, log: Callable[[str], None] = print,
+            draft: Optional[str] = None) -> list[dict[str, Any]]:
+    """One row per (format, path, threads): median seconds of passes over 1..max_tokens new tokens and v(n)
+    (with ``draft``: also its step's median seconds and c)."""
     from ..costmodel import measure_costs
+    from ..drafters.vocab import draft_vocab_for
     from ..models import load_model
+
+    draft_model = load_model(draft) if draft else None
+    cut = draft_vocab_for(draft_model) if draft_model is not None else None
+    draft_head = cut.head if cut is not None else None
 
     rows: list[dict[str, Any]] = []
     before = torch.get_num_threads()
@@ -90,15 +100,23 @@ def measure(target: str, formats: list[str], isas: Optional[list[str]], threads:
             for nt in threads:
                 torch.set_num_threads(nt)
                 times: dict[str, list[tuple[float, ...]]] = {p: [] for p in paths}
+                draft_times: dict[str, list[float]] = {p: [] for p in paths}
                 for r in range(rounds):
                     for isa in paths if r % 2 == 0 else paths[::-1]:
                         _set_path(fmt, isa)
-                        c = measure_costs(model, None, max_gamma=max_tokens - 1, reps=reps, context=ids)
+                        c = measure_costs(model, draft_model, max_gamma=max_tokens - 1, reps=reps, context=ids,
+                                          draft_head=draft_head)
                         times[isa].append(tuple(c.target_s))
+                        if c.draft_s is not None:
+                            draft_times[isa].append(c.draft_s)
                 for isa in paths:
                     med = [statistics.median(t[n] for t in times[isa]) for n in range(max_tokens)]
-                    rows.append({"format": fmt, "isa": isa, "threads": nt, "pass_s": med,
-                                 "v": [m / med[0] for m in med], "kernels": model.kernels.describe()})
+                    row = {"format": fmt, "isa": isa, "threads": nt, "pass_s": med,
+                           "v": [m / med[0] for m in med], "kernels": model.kernels.describe()}
+                    if draft_times[isa]:
+                        step = statistics.median(draft_times[isa])
+                        row.update(draft_step_s=step, c=step / med[0])
+                    rows.append(row)
                 _set_path(fmt, "auto")
             del model
     finally:
@@ -112,7 +130,8 @@ def format_table(rows: list[dict[str, Any]], max_tokens: int) -> str:
     lines = [head, f"{'':<34}v(n): a pass over n new tokens / a one-token pass"]
     for r in rows:
         lines.append(f"{r['format']:<7}{r['isa']:<12}{r['threads']:>4}{1e3 * r['pass_s'][0]:>11.2f}  "
-                     + " ".join(f"{v:5.2f}" for v in r["v"][1:]))
+                     + " ".join(f"{v:5.2f}" for v in r["v"][1:])
+                     + (f"   c {r['c']:.4f} (draft step {1e3 * r['draft_step_s']:.3f} ms)" if "c" in r else ""))
     return "\n".join(lines)
 
 
@@ -130,10 +149,11 @@ def cmd_costs(args: argparse.Namespace) -> int:
     isas = [i.strip() for i in args.isas.split(",") if i.strip()] if args.isas else None
     threads = parse_int_list(args.threads, "--threads")
     target = resolve_target(args)
-    rows = measure(target, formats, isas, threads, args.max_tokens, args.context, args.rounds, args.reps)
+    rows = measure(target, formats, isas, threads, args.max_tokens, args.context, args.rounds, args.reps,
+                   draft=args.draft)
     print(f"{target}: {args.context}-token context, median of {args.rounds} rounds x {args.reps} samples")
     print(format_table(rows, args.max_tokens))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"target": target, "context": args.context, "rows": rows}, f, indent=2)
+            json.dump({"target": target, "draft": args.draft, "context": args.context, "rows": rows}, f, indent=2)
     return 0

@@ -1,6 +1,6 @@
 """Plain decode speed, ours against llama.cpp's, on the same GGUF files: interleaved, decode only.
 
-    python -m specdecode.bench.llamacpp_decode --llama-cpp DIR --gguf A.gguf [--gguf B.gguf ...] \\
+    specdecode bench llamacpp-decode --llama-cpp DIR --gguf A.gguf [--gguf B.gguf ...] \\
         [--threads 1] [--context 512] [--n 128] [--rounds 3] [--json OUT.json]
 
 Each round runs, per file, ours then llama.cpp (A B A B ...), each in its own process:
@@ -72,8 +72,22 @@ def _mmm(xs: list[float]) -> str:
     return f"{min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f}"
 
 
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    ap = sub.add_parser("llamacpp-decode", help="plain decode tok/s, ours against llama.cpp's llama-bench, on the "
+                                                "same GGUF files, interleaved",
+                        description=__doc__.split("\n\n")[0])
+    _add_arguments(ap)
+    ap.set_defaults(func=lambda a: run(a, ap))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m specdecode.bench.llamacpp_decode``: the same command (and its per-run child process)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _add_arguments(ap)
+    return run(ap.parse_args(argv), ap)
+
+
+def _add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--llama-cpp", help="llama.cpp build (scripts/build_llama_cpp.sh) or its bin folder")
     ap.add_argument("--gguf", action="append", default=[], help="GGUF file (repeat for several)")
     ap.add_argument("--threads", type=int, default=1)
@@ -82,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="write every sample here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+
+
+def run(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if a.child:
         print(json.dumps(ours(a.child, a.threads, a.context, a.n)))
         return 0

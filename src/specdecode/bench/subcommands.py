@@ -1,0 +1,26 @@
+"""The measurements under `specdecode bench <name>`, each a module with ``add_parser(sub)``.
+
+Plain `specdecode bench` runs the method table (``bench/cli.py``); these are the recurring
+measurements that used to live in one-off scripts. A new one is a module here plus a line in
+``MODULES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+MODULES = (
+    "costs",  # v(n) per weight format, kernel path and thread count (and c with --draft)
+    "variants",  # registered drafters and their option values against plain decoding
+    "load",  # `specdecode serve` under concurrent clients, speculation on vs off
+    "kv_dtype",  # decode step time per KV-cache storage dtype against context length
+    "llamacpp_decode",  # plain decode speed, ours against llama.cpp's, on the same GGUF files
+    "kernel_ab",  # the quantized kernel against its source at a git revision
+)
+
+
+def add_subcommands(bench: argparse.ArgumentParser) -> None:
+    sub = bench.add_subparsers(dest="bench_command", metavar="{costs,variants,load,kv-dtype,llamacpp-decode,kernel-ab}")
+    for name in MODULES:
+        importlib.import_module(f"{__package__}.{name}").add_parser(sub)
