@@ -24,4 +24,5 @@ $PY -m specdecode.train.cli distill --target models/code-target --out models/cod
 # 3. Held-out acceptance rate (also printed at the end of step 2) and the draft/target cost ratio.
 $PY -m specdecode.train.cli eval-draft --target models/code-target --draft models/code-draft \
     --json runs/alpha.json
-$PY scripts/measure_cost_ratio.py --target models/code-target --draft models/code-draft
+$PY -m specdecode.cli bench costs --target models/code-target --draft models/code-draft --formats bf16 \
+    --isas auto --max-tokens 2 --context 128 --json runs/cost.json
