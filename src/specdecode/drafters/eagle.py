@@ -14,23 +14,8 @@ whole prompt's). With n = len(tokens) and k features, they sit at positions n-k-
    parent's output as its feature and attending to the prefix plus its own ancestors (tree
    attention over the row's draft cache, whose scratch slots after the prefix hold the tree's
    keys), giving ``topk`` children each. On the CPU's fused path a level is one C++ call.
-3. **Size from the cost model.** The draft is the top-n nodes by value (parents always rank
-   before children, so any prefix is a tree), n maximising E(n) / (cost of the levels run +
-   v(n) + t): E(n) = 1 + Σ values, v(n) the measured cost of a target pass over n + 1 tree
-   tokens, the ingestion's and a level's cost and t (a tree step's extra over a chain step)
-   measured once per machine. A level expands the m best frontier nodes, m chosen by the
-   predicted speedup of an optimistic next level (each expanded node's best child at the running
-   mean top-1 acceptance) against what m nodes cost (a level of one node and of ``expand`` measured,
-   linear between): a confident chain expands one node a level and pays for one, an uncertain
-   step branches. Growth stops when no m could raise the predicted speedup; nothing is drafted
-   unless it beats a plain pass after the same draft work by the policy's margin.
-
-A node's value is the product of calibrated edge acceptances, not of raw draft probabilities: a
-draft trained on the target's soft laws is under-confident about greedy acceptance (a top-1 at
-p = 0.45 is the target's argmax far more often than 45% of the time), and the error compounds
-with depth. ``EdgeCalibration`` learns, per bucket of draft probability, how often a judged node
-(a child of a node on the target's path, drafted or not) was accepted, read off the tokens the
-target actually wrote.
+3. **Size from the cost model** (``eagle_sizing.py``): the top-n nodes by calibrated value, n and
+   each level's width chosen by predicted speedup against the measured costs.
 
 Candidates are deterministic (``probs=None``): greedy verification follows the target's argmax
 through the tree, and the core's sampled tree rule is exact for them. Rows are drafted one after
@@ -56,7 +41,8 @@ from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, load_eagle, rope_table
-from .eagle_sizing import EagleCosts, EdgeCalibration, GrowingTree, load_or_measure_eagle_costs
+from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
+                           load_or_measure_eagle_costs)
 from .tree_steps import CONTEXT, MAX_WIDTH, tree_widths
 
 if TYPE_CHECKING:
@@ -338,19 +324,10 @@ class EagleDrafter(RowZeroAdapter):
     def _speedup(self, values: list[float], spent: float) -> tuple[int, float]:
         """(n, predicted speedup) of the best prefix of ``values`` (sorted) given draft cost ``spent``."""
         assert self._costs is not None
-        e, best_n, best_s = 1.0, 0, 0.0
-        for n, v in enumerate(values, start=1):
-            e += v
-            s = e / (spent + self._tree_extra + self._costs.v_at(n))
-            if s > best_s:
-                best_n, best_s = n, s
-        return best_n, best_s
+        return best_prefix(values, spent + self._tree_extra, self._costs)
 
     def _level_cost(self, m: int) -> float:
-        """A level of m nodes: measured at one node and at ``expand``, linear between."""
-        if self.expand <= 1:
-            return self._level_one
-        return self._level_one + (self._level - self._level_one) * (m - 1) / (self.expand - 1)
+        return level_cost(m, self._level_one, self._level, self.expand)
 
     def _expansion(self, values: list[float], frontier: list[float], spent: float, cap: int) -> tuple[int, float]:
         """(m, predicted speedup) for expanding the m best of ``frontier`` (values, best first) next: each

@@ -1,6 +1,25 @@
 """EAGLE tree sizing: what a node's value is (``EdgeCalibration``: calibrated edge acceptance), the
 growing tree (``GrowingTree``) and the measured costs the sizing weighs it against (``EagleCosts``,
-from the cost model's timing of ``EagleDrafter.cost_steps``). ``eagle.py`` grows and drafts the tree."""
+from the cost model's timing of ``EagleDrafter.cost_steps``). ``eagle.py`` grows and drafts the tree.
+
+**Size from the cost model.** The draft is the top-n nodes by value (parents always rank
+before children, so any prefix is a tree), n maximising E(n) / (cost of the levels run +
+v(n) + t): E(n) = 1 + Σ values, v(n) the measured cost of a target pass over n + 1 tree
+tokens, the ingestion's and a level's cost and t (a tree step's extra over a chain step)
+measured once per machine. A level expands the m best frontier nodes, m chosen by the
+predicted speedup of an optimistic next level (each expanded node's best child at the running
+mean top-1 acceptance) against what m nodes cost (a level of one node and of ``expand`` measured,
+linear between): a confident chain expands one node a level and pays for one, an uncertain
+step branches. Growth stops when no m could raise the predicted speedup; nothing is drafted
+unless it beats a plain pass after the same draft work by the policy's margin.
+
+A node's value is the product of calibrated edge acceptances, not of raw draft probabilities: a
+draft trained on the target's soft laws is under-confident about greedy acceptance (a top-1 at
+p = 0.45 is the target's argmax far more often than 45% of the time), and the error compounds
+with depth. ``EdgeCalibration`` learns, per bucket of draft probability, how often a judged node
+(a child of a node on the target's path, drafted or not) was accepted, read off the tokens the
+target actually wrote.
+"""
 
 from __future__ import annotations
 
@@ -114,3 +133,22 @@ def load_or_measure_eagle_costs(target: "Model", drafter: "EagleDrafter") -> Eag
     """``EagleCosts`` from the cost model (``drafter_costs``: measured once per machine, target and draft
     shape, then cached)."""
     return EagleCosts.from_costs(drafter_costs(target, drafter, reps=12))
+
+
+def best_prefix(values: Sequence[float], spent: float, costs: Costs) -> tuple[int, float]:
+    """(n, predicted speedup) of the best prefix of ``values`` (node values, best first) after draft work
+    ``spent`` (a tree's extra included): E(n) / (spent + v(n)), E(n) = 1 + the first n values."""
+    e, best_n, best_s = 1.0, 0, 0.0
+    for n, v in enumerate(values, start=1):
+        e += v
+        s = e / (spent + costs.v_at(n))
+        if s > best_s:
+            best_n, best_s = n, s
+    return best_n, best_s
+
+
+def level_cost(m: int, one: float, full: float, expand: int) -> float:
+    """A level of m nodes: measured at one node (``one``) and at ``expand`` (``full``), linear between."""
+    if expand <= 1:
+        return one
+    return one + (full - one) * (m - 1) / (expand - 1)
