@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
+from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET, REPO_MODELS, default_model_dir  # noqa: F401 (re-exported)
 from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyConfig, add_dataclass_args, from_args
 
 if TYPE_CHECKING:
@@ -20,55 +20,31 @@ if TYPE_CHECKING:
 SUBCOMMAND_MODULES = ("specdecode.chat_cli", "specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli",
                       "specdecode.drafters.calibrate")
 
-REPO_MODELS = Path(__file__).resolve().parents[2] / "models"
-
-
-def default_model_dir(name: str) -> Path:
-    """The bundled default models: $SPECDECODE_MODELS_DIR, else models/ beside the source tree."""
-    root = Path(os.environ.get("SPECDECODE_MODELS_DIR", REPO_MODELS))
-    return root / name
-
-
-DEFAULT_TARGET = "code-target"
-DEFAULT_DRAFT = "code-draft"
-DEFAULT_HEADS = "code-medusa"
-DEFAULT_EAGLE = "code-eagle"
-DEFAULT_EXIT_ADAPTER = "code-exit-adapter"
-
 
 class CLIError(Exception):
     """A user error the CLI reports in one line, without a traceback."""
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    from .drafters.registry import REGISTRY
+    """The target, draft and drafter flags of generate and serve: the drafters' own flags come from the registry."""
+    from .drafters.registry import ALONE_DEFAULT, PAIRED_DEFAULT, REGISTRY, add_drafter_args
 
     p.add_argument("--target", help="target model: a Hugging Face directory, a .gguf file, a cached hub id, or a name "
                                     f"`specdecode pull` fetched (default: bundled models/{DEFAULT_TARGET})")
-    p.add_argument("--draft", help=f"draft model directory (default with --drafter model: bundled models/{DEFAULT_DRAFT})")
+    p.add_argument("--draft", help="draft model directory (default with a drafter that needs one: bundled "
+                                   f"models/{DEFAULT_DRAFT})")
     p.add_argument("--drafter", choices=tuple(REGISTRY), default=None,
-                   help="how tokens are proposed (default: model with the bundled target, else auto): "
-                        + "; ".join(f"{name} = {spec.help}" for name, spec in REGISTRY.items()))
+                   help=f"how tokens are proposed (default: {PAIRED_DEFAULT} with the bundled target or --draft, else "
+                        f"{ALONE_DEFAULT}): " + "; ".join(f"{name} = {spec.help}" for name, spec in REGISTRY.items()))
     p.add_argument("--gamma", type=parse_gamma, default="auto",
                    help="draft tokens proposed per target pass, or 'auto': chosen each step from the measured "
-                        "cost model and the running acceptance rate (default: auto; prompt lookup: 10)")
+                        "cost model and the running acceptance rate (default: auto)")
     p.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
                    help="tokens a draft model may propose: 'auto' = the cut recommended by the draft's "
                         "draft_vocab.json (its most frequent training tokens; full vocabulary without one), "
                         "'full', or a number N of most frequent tokens. A smaller output layer makes each draft "
                         "step cheaper; the output is exact either way (default: auto)")
-    p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest n-gram to match (default: 3)")
-    p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest n-gram to match (default: 1)")
-    p.add_argument("--exit-layer", type=int, default=None,
-                   help="layerskip: draft with the target's first N layers (overrides `specdecode calibrate`'s choice)")
-    p.add_argument("--skip-layers", type=parse_layer_list, default=None,
-                   help="layerskip: draft with every layer but these, e.g. 1,5 (overrides the calibration)")
-    p.add_argument("--heads", default=None, metavar="DIR",
-                   help="medusa, medusa-chain: the Medusa heads directory (`specdecode distill --method medusa`; "
-                        f"default with the bundled target: bundled models/{DEFAULT_HEADS}); eagle: an EAGLE-3 "
-                        f"draft directory (`distill --method eagle`; default: bundled models/{DEFAULT_EAGLE}); "
-                        "layerskip-adapter: an exit adapter directory (`distill --method early-exit`; default: "
-                        f"bundled models/{DEFAULT_EXIT_ADAPTER})")
+    add_drafter_args(p)
     add_dataclass_args(p, ModelLoadConfig)
 
 
@@ -80,13 +56,6 @@ def parse_draft_vocab(text: str) -> object:
         return parse_vocab_spec(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def parse_layer_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected layer numbers like 1,5, got {text!r}") from None
 
 
 def parse_gamma(text: str) -> object:
@@ -119,63 +88,34 @@ def resolve_draft_path(args: argparse.Namespace, needed: bool) -> Optional[str]:
     if not needed:
         return None
     if args.target and getattr(args, "drafter", None) is None:
-        raise CLIError("--target given without --draft: pass --draft DIR, or --drafter ngram / --drafter none")
+        from .drafters.registry import REGISTRY
+
+        free = ", ".join(n for n, sp in REGISTRY.items() if not sp.needs_draft_model)
+        raise CLIError(f"--target given without --draft: pass --draft DIR, or a --drafter that needs none ({free})")
     path = default_model_dir(DEFAULT_DRAFT)
     if not (path / "config.json").is_file():
         raise CLIError(f"no --draft given and the bundled draft is missing at {path}; pass --draft DIR")
     return str(path)
 
 
-def resolve_heads_path(args: argparse.Namespace) -> Optional[str]:
-    """The Medusa heads directory: --heads if given; else the bundled heads when the target is the bundled
-    one (they fit only it); else None (a medusa drafter then says it needs --heads)."""
-    if getattr(args, "heads", None):
-        from .drafters.eagle_model import is_eagle_dir
+def default_drafter_name(args: argparse.Namespace) -> str:
+    """--drafter, else the bundled target's (or a --draft's) paired default, else the one needing no artifact."""
+    from .drafters.registry import ALONE_DEFAULT, PAIRED_DEFAULT
 
-        return None if is_eagle_dir(args.heads) else str(args.heads)  # an EAGLE directory is not Medusa's
-    path = default_model_dir(DEFAULT_HEADS)
-    if not getattr(args, "target", None) and path.is_dir():
-        return str(path)
-    return None
+    if args.drafter:
+        return str(args.drafter)
+    return ALONE_DEFAULT if args.target and not getattr(args, "draft", None) else PAIRED_DEFAULT
 
 
-def resolve_eagle_path(args: argparse.Namespace) -> Optional[str]:
-    """The EAGLE-3 draft directory: --heads when it is one; else the bundled one when the target is the
-    bundled one (it fits only it); else None (the eagle drafter then says it needs --heads)."""
-    from .drafters.eagle_model import is_eagle_dir
-
-    heads = getattr(args, "heads", None)
-    if heads:
-        return str(heads) if is_eagle_dir(heads) else None
-    path = default_model_dir(DEFAULT_EAGLE)
-    if not getattr(args, "target", None) and is_eagle_dir(path):
-        return str(path)
-    return None
-
-
-def resolve_exit_adapter_path(args: argparse.Namespace) -> Optional[str]:
-    """The exit adapter directory: --heads when it is one; else the bundled one when the target is the
-    bundled one (it fits only it); else None (layerskip-adapter then says it needs --heads)."""
-    from .drafters.exit_adapter import is_exit_adapter_dir
-
-    heads = getattr(args, "heads", None)
-    if heads:
-        return str(heads) if is_exit_adapter_dir(heads) else None
-    path = default_model_dir(DEFAULT_EXIT_ADAPTER)
-    if not getattr(args, "target", None) and is_exit_adapter_dir(path):
-        return str(path)
-    return None
-
-
-def drafter_options(args: argparse.Namespace, load: Callable[[str], object], needs_draft_model: bool) -> "DrafterOptions":
+def drafter_options(args: argparse.Namespace, load: Callable[[str], object],
+                    needs_draft_model: bool) -> "DrafterOptions":
     """What the registry builds drafters from, as the model flags say (loads the draft model if needed)."""
     from .drafters import DrafterOptions
+    from .drafters.registry import artifacts_from_args, options_from_args
 
     path = resolve_draft_path(args, needs_draft_model)
     return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,  # type: ignore[arg-type]
-                          ngram_max=args.ngram_max, ngram_min=args.ngram_min, exit_layer=args.exit_layer,
-                          skip_layers=args.skip_layers, heads=resolve_heads_path(args), eagle=resolve_eagle_path(args),
-                          exit_adapter=resolve_exit_adapter_path(args))
+                          options=options_from_args(args), artifacts=artifacts_from_args(args))
 
 
 def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> object:
@@ -183,11 +123,11 @@ def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> ob
     from .drafters import build_drafter as build
     from .drafters.registry import get_spec
 
-    # the bundled target's default is its distilled draft; any other target's is auto, which needs no artifact
-    name = args.drafter or ("auto" if args.target and not getattr(args, "draft", None) else "model")
+    name = default_drafter_name(args)
     spec = get_spec(name)
-    # auto takes the bundled draft model beside the bundled target (it fits no other); --draft for others
-    return build(name, drafter_options(args, load, spec.needs_draft_model or (spec.uses_draft_model and not args.target)))
+    # a drafter that merely uses a draft model (auto) takes the bundled one beside the bundled target only
+    needs_draft = spec.needs_draft_model or (spec.uses_draft_model and not args.target)
+    return build(name, drafter_options(args, load, needs_draft))
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -255,7 +195,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        drafter_name = (args.drafter or ("auto" if args.target and not args.draft else "model")) if drafter else "none"
+        from .drafters.registry import PLAIN
+
+        drafter_name = default_drafter_name(args) if drafter else PLAIN
         legend = f" | {GREEN}green{RESET} = accepted draft tokens" if colour else ""
         print(f"[{drafter_name}] {finish.stats.summary()} | finish: {finish.reason}{legend}", file=sys.stderr)
     return 0

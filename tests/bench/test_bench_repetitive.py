@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import specdecode
-from specdecode.bench.runners import REGISTRY, BenchContext, build_methods
+from specdecode.bench.runners import BenchContext, build_methods, method_table
 from specdecode.bench.workloads import DEFAULT_WORKLOAD, WORKLOAD_DIR, load_workloads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_history_methods_forget_when_a_prompt_comes_round_again(tiny_dirs: dict[
         again = m.run(prompt, 32)  # the next repetition: it must not draft from the first run's output
         assert len(forgotten) == 1
         assert first.token_ids == again.token_ids == plain
-    assert "suffix" in REGISTRY and "auto" in REGISTRY
+    assert "suffix" in method_table() and "auto" in method_table()
 
 
 def test_suffix_forget_empties_the_shared_index(tiny_dirs: dict[str, Path]) -> None:

@@ -56,7 +56,7 @@ def test_bench_eagle_method(tiny_dirs: dict[str, Path], eagle: Path, tmp_path: P
 
 def test_server_state_loads_eagle(tiny_dirs: dict[str, Path], eagle: Path) -> None:
     target = sd.load_model(tiny_dirs["llama"])
-    state = make_state(target, None, ServerConfig(), default_drafter="eagle", eagle=str(eagle))
+    state = make_state(target, None, ServerConfig(), default_drafter="eagle", artifacts={"eagle": str(eagle)})
     assert "eagle" in state.scheduler.drafters
     with pytest.raises(ConfigError, match="needs an EAGLE-3 draft"):
         make_state(target, None, ServerConfig(), default_drafter="eagle")

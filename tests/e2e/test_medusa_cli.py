@@ -83,7 +83,7 @@ def test_serve_flags_and_state(tiny_dirs: dict[str, Path], heads: Path) -> None:
     args = build_parser().parse_args(["serve", "--drafter", "medusa", "--heads", str(heads)])
     assert args.drafter == "medusa" and args.heads == str(heads)
     target = sd.load_model(tiny_dirs["llama"])
-    state = make_state(target, None, ServerConfig(), default_drafter="medusa", heads=str(heads))
+    state = make_state(target, None, ServerConfig(), default_drafter="medusa", artifacts={"medusa": str(heads)})
     assert {"medusa", "medusa-chain"} <= set(state.scheduler.drafters)
     with pytest.raises(ConfigError, match="needs Medusa heads"):
         make_state(target, None, ServerConfig(), default_drafter="medusa")

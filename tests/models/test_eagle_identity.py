@@ -39,7 +39,7 @@ def test_eagle_on_the_eager_path_and_in_a_batch(tiny_dirs: dict[str, Path], tmp_
     """Eager weights (fast=False), and three rows in one core: each row's tokens are plain decoding's."""
     target = load_model(tiny_dirs["llama"], fast=False)
     eagle = make_eagle(tmp_path / "eagle", target)
-    drafter = build_drafter("eagle", DrafterOptions(eagle=str(eagle), gamma=8))
+    drafter = build_drafter("eagle", DrafterOptions(artifacts={"eagle": str(eagle)}, gamma=8))
     assert isinstance(drafter, EagleDrafter)
     drafter._costs, drafter._level, drafter._tree_extra = FLAT, 0.0, 0.0  # drafts whatever it finds
     core = DecodeCore(target, {"eagle": drafter}, max_rows=3)

@@ -46,7 +46,7 @@ def test_auto_greedy_identity_and_attribution(tiny_dirs: dict[str, Path], arch: 
     own = {"llama": "draft", "gpt2": "gpt2_draft"}.get(arch)
     draft = sd.load_model(tiny_dirs[own]) if own else None
     plain = sd.generate(target, PROMPT, max_new_tokens=NEW, ignore_eos=True)
-    auto = build_drafter("auto", DrafterOptions(draft=draft, exit_layer=1))
+    auto = build_drafter("auto", DrafterOptions(draft=draft, options={"exit_layer": 1}))
     for _ in range(3):  # later runs: the suffix index holds the earlier outputs, the members' rates have moved
         r = sd.generate(target, PROMPT, drafter=auto, max_new_tokens=NEW, ignore_eos=True)
         assert r.token_ids == plain.token_ids and r.text == plain.text
@@ -73,7 +73,7 @@ def test_auto_with_medusa_heads(tiny_dirs: dict[str, Path], tmp_path: Path) -> N
     target = sd.load_model(tiny_dirs["llama"])
     heads = make_heads(tmp_path / "heads", target.config.dim, target.vocab_size, num_heads=2, scale=0.3)
     plain = sd.generate(target, PROMPT, max_new_tokens=NEW, ignore_eos=True)
-    auto = build_drafter("auto", DrafterOptions(heads=str(heads)))
+    auto = build_drafter("auto", DrafterOptions(artifacts={"medusa": str(heads)}))
     for _ in range(2):
         r = sd.generate(target, PROMPT, drafter=auto, max_new_tokens=NEW, ignore_eos=True)
         assert r.token_ids == plain.token_ids

@@ -1,59 +1,94 @@
 """`serve` with default flags offers every registered drafter (the bundled artifacts each from its own
-default), and each one's greedy output equals plain decoding's; artifact flags never unload each other."""
+default, exactly as `generate` finds them), and each one's greedy output equals plain decoding's;
+artifact flags never unload each other."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
 
-from specdecode.cli import DEFAULT_EAGLE, DEFAULT_EXIT_ADAPTER, DEFAULT_HEADS, build_parser, default_model_dir
+from specdecode.cli import build_parser, default_model_dir
 from specdecode.config import ConfigError
-from specdecode.drafters.registry import REGISTRY
-from specdecode.server.cli import resolve_artifacts
+from specdecode.drafters.eagle_model import ARCHITECTURE
+from specdecode.drafters.registry import REGISTRY, all_artifacts, artifacts_from_args
 
 from server_helpers import RunningServer, start_server
 
-BUNDLED = {k: str(default_model_dir(d)) for k, d in
-           (("heads", DEFAULT_HEADS), ("eagle", DEFAULT_EAGLE), ("exit_adapter", DEFAULT_EXIT_ADAPTER))}
-needs_bundled = pytest.mark.skipif(not all(Path(p).is_dir() for p in BUNDLED.values()),
+BUNDLED = {a.name: str(default_model_dir(a.bundled)) for a in all_artifacts().values() if a.bundled}
+needs_bundled = pytest.mark.skipif(not BUNDLED or not all(Path(p).is_dir() for p in BUNDLED.values()),
                                    reason="the bundled drafter artifacts are not in models/")
 
 
-def _args(*flags: str) -> argparse.Namespace:
-    return build_parser().parse_args(["serve", *flags])
+def _args(*flags: str, command: str = "serve") -> argparse.Namespace:
+    return build_parser().parse_args([command, *flags])
 
 
 @needs_bundled
 def test_default_flags_resolve_every_bundled_artifact() -> None:
-    a = resolve_artifacts(_args())
-    assert (a.heads, a.eagle, a.exit_adapter) == (BUNDLED["heads"], BUNDLED["eagle"], BUNDLED["exit_adapter"])
+    assert artifacts_from_args(_args()) == BUNDLED
 
 
 @needs_bundled
-@pytest.mark.parametrize("kind", ["heads", "eagle", "exit_adapter"])
+def test_serve_loads_every_bundled_drafter_generate_loads() -> None:
+    """Issue #28 item 8: serve and generate resolve artifacts by one function, so with default flags
+    serve offers every drafter generate can build (the exit adapter was once missing)."""
+    generate = artifacts_from_args(_args("--prompt", "x", command="generate"))
+    assert artifacts_from_args(_args()) == generate == BUNDLED
+    assert {"exit-adapter", "medusa", "eagle"} <= set(generate)
+
+
+@needs_bundled
+@pytest.mark.parametrize("kind", sorted(BUNDLED))
 def test_shared_heads_flag_fills_its_own_kind_and_keeps_the_others(kind: str) -> None:
-    a = resolve_artifacts(_args("--heads", BUNDLED[kind]))
-    assert (a.heads, a.eagle, a.exit_adapter) == (BUNDLED["heads"], BUNDLED["eagle"], BUNDLED["exit_adapter"])
+    assert artifacts_from_args(_args("--heads", BUNDLED[kind])) == BUNDLED
 
 
 @needs_bundled
 def test_own_flags_win_and_a_wrong_kind_is_named(tmp_path: Path) -> None:
-    a = resolve_artifacts(_args("--exit-adapter", BUNDLED["exit_adapter"], "--eagle-draft", BUNDLED["eagle"],
-                                "--medusa-heads", BUNDLED["heads"]))
-    assert a.exit_adapter == BUNDLED["exit_adapter"] and a.eagle == BUNDLED["eagle"] and a.heads == BUNDLED["heads"]
+    flags = [x for a in all_artifacts().values() if a.name in BUNDLED for x in (a.flag, BUNDLED[a.name])]
+    assert artifacts_from_args(_args(*flags)) == BUNDLED
     with pytest.raises(ConfigError, match="--exit-adapter .*not an exit adapter directory"):
-        resolve_artifacts(_args("--exit-adapter", BUNDLED["eagle"]))
+        artifacts_from_args(_args("--exit-adapter", BUNDLED["eagle"]))
     with pytest.raises(ConfigError, match="--eagle-draft .*not an EAGLE-3 draft directory"):
-        resolve_artifacts(_args("--eagle-draft", str(tmp_path)))
+        artifacts_from_args(_args("--eagle-draft", str(tmp_path)))
 
 
 def test_another_target_gets_no_bundled_artifacts(tmp_path: Path) -> None:
-    a = resolve_artifacts(_args("--target", str(tmp_path)))
-    assert (a.heads, a.eagle, a.exit_adapter) == (None, None, None)
+    assert artifacts_from_args(_args("--target", str(tmp_path))) == {}
+
+
+def test_artifacts_found_beside_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TARGET/drafters/<artifact>/ for a target folder, a GGUF file's folder, and a catalogued name's
+    models/<name>/ (where trained drafters for a pulled model live)."""
+    from specdecode.models.catalog import CATALOG
+
+    def kit(folder: Path) -> dict[str, str]:
+        out = {}
+        for a in all_artifacts().values():
+            d = folder / "drafters" / a.name
+            d.mkdir(parents=True)
+            marker = {"medusa": "medusa_config.json", "exit-adapter": "exit_adapter.json"}.get(a.name)
+            if marker:
+                (d / marker).write_text("{}")
+            else:  # an EAGLE-3 config
+                (d / "config.json").write_text(json.dumps({"architectures": [ARCHITECTURE]}))
+            if a.accepts(d):
+                out[a.name] = str(d)
+        return out
+
+    found = kit(tmp_path / "t")
+    assert found and artifacts_from_args(_args("--target", str(tmp_path / "t"))) == found
+    (tmp_path / "t" / "model.gguf").write_bytes(b"GGUF")
+    assert artifacts_from_args(_args("--target", str(tmp_path / "t" / "model.gguf"))) == found
+    name = next(iter(CATALOG))
+    monkeypatch.setenv("SPECDECODE_MODELS_DIR", str(tmp_path / "repo-models"))
+    beside_name = kit(tmp_path / "repo-models" / name)
+    assert beside_name and artifacts_from_args(_args("--target", name)) == beside_name
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> specdecode.Model:
 def server(target: specdecode.Model) -> Iterator[RunningServer]:
     config = ServerConfig(max_batch_size=4, max_queue=16, request_timeout=60, speculation="always")
     running = start_server(make_state(target, None, config, default_drafter="layerskip", default_gamma=3,
-                                      model_name="tiny", exit_layer=2))
+                                      model_name="tiny", options={"exit_layer": 2}))
     try:
         yield running
     finally:

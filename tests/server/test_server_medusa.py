@@ -35,7 +35,8 @@ def medusa_server(models: Models, heads: Path) -> Iterator[RunningServer]:
         mp.setattr(medusa, "load_or_measure_tree_costs", lambda target, drafter: (FLAT, 0.0))
         state = make_state(models.target, None, ServerConfig(max_batch_size=8, max_queue=16, request_timeout=60,
                                                              speculation="always"),
-                           default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME, heads=str(heads))
+                           default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,
+                           artifacts={"medusa": str(heads)})
         running = start_server(state)
         try:
             yield running

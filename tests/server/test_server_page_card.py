@@ -46,8 +46,8 @@ def tree_server(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Ite
                    lambda target, drafter: eagle.EagleCosts(EAGLE_FLAT, 0.0, 0.0, 0.0, 0.0))
         state = make_state(models.target, None, ServerConfig(max_batch_size=2, request_timeout=60,
                                                              speculation="always"),
-                           default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME, heads=str(heads),
-                           eagle=str(eagle_dir))
+                           default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,
+                           artifacts={"medusa": str(heads), "eagle": str(eagle_dir)})
         running = start_server(state)
         try:
             yield running

@@ -20,6 +20,7 @@ from specdecode.drafters.exit_adapter import (CONFIG_FILE, WEIGHTS_FILE, ExitAda
                                               ExitAdapterDrafter, ExitAdapterError, load_adapter, save_adapter)
 from specdecode.drafters.layerskip import LayerSkipDrafter
 from specdecode.drafters.medusa_heads import describe_target
+from specdecode.drafters.registry import resolve_artifacts
 from tiny import build_model
 
 PROMPTS = ["def fib(n):\n", "class Point:\n    def __init__(self", "def add(a, b):\n    return a"]
@@ -256,12 +257,10 @@ def test_registry_options(deep: dict[str, Path], tmp_path: Path) -> None:
     d = save_adapter(tmp_path / "ad", random_adapter(m))
     with pytest.raises(ConfigError, match="needs an exit adapter directory.*--heads DIR.*distill --method early-exit"):
         build_drafter("layerskip-adapter", DrafterOptions(gamma=2))
-    for options in (DrafterOptions(gamma=2, exit_adapter=str(d)), DrafterOptions(gamma=2, heads=str(d))):
-        drafter = build_drafter("layerskip-adapter", options)
-        assert isinstance(drafter, ExitAdapterDrafter) and drafter.gamma == 2
-    # an adapter passed as --heads is not Medusa's (the server builds every drafter it can)
-    assert build_drafter("medusa", DrafterOptions(heads=str(d))) is None
-    assert not isinstance(build_drafter("layerskip", DrafterOptions(heads=str(d))), ExitAdapterDrafter)
+    drafter = build_drafter("layerskip-adapter", DrafterOptions(gamma=2, artifacts={"exit-adapter": str(d)}))
+    assert isinstance(drafter, ExitAdapterDrafter) and drafter.gamma == 2
+    # an adapter passed as --heads fills only its own kind (the server builds every drafter it can)
+    assert resolve_artifacts({}, str(d), "elsewhere") == {"exit-adapter": str(d)}
 
 
 def test_cli_generate_and_bench_methods(deep: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -281,7 +280,7 @@ def test_cli_generate_and_bench_methods(deep: dict[str, Path], tmp_path: Path, m
                      "--ignore-eos", "--json", *flags]) == 0
         outs.append(json.loads(capsys.readouterr().out)["token_ids"])
     assert outs[0] == outs[1]
-    ctx = BenchContext(m, None, str(m.path), None, exit_adapter=str(d))
+    ctx = BenchContext(m, None, str(m.path), None, artifacts={"exit-adapter": str(d)})
     methods, skipped = build_methods(ctx, ["plain", "layerskip-adapter", "layerskip-adapter-auto"], {"gammas": [2]})
     assert not skipped and [x.name for x in methods] == ["plain", "layerskip-adapter/g2", "layerskip-adapter/auto"]
     prompt = m.encode(PROMPTS[0])

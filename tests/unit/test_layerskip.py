@@ -276,7 +276,7 @@ def test_calibration_files(deep: dict[str, Path], tmp_path: Path, monkeypatch: p
 
 
 def test_registry_and_options(deep: dict[str, Path]) -> None:
-    d = build_drafter("layerskip", DrafterOptions(gamma=3, exit_layer=2))
+    d = build_drafter("layerskip", DrafterOptions(gamma=3, options={"exit_layer": 2}))
     assert isinstance(d, LayerSkipDrafter) and d.exit_layer == 2 and d.gamma == 3
     assert "layerskip" in sd.drafter_names()
     m = sd.load_model(deep["llama"])

@@ -143,8 +143,8 @@ def test_registry_needs_heads(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs Medusa heads \\(--heads DIR\\)"):
         build_drafter("medusa", DrafterOptions())
     d = make_heads(tmp_path / "h", 16, 50)
-    tree = build_drafter("medusa", DrafterOptions(heads=str(d), gamma=5))
-    chain = build_drafter("medusa-chain", DrafterOptions(heads=str(d)))
+    tree = build_drafter("medusa", DrafterOptions(artifacts={"medusa": str(d)}, gamma=5))
+    chain = build_drafter("medusa-chain", DrafterOptions(artifacts={"medusa": str(d)}))
     assert isinstance(tree, MedusaDrafter) and tree.tree and tree.gamma == 5
     assert isinstance(chain, MedusaDrafter) and not chain.tree and chain.gamma == MAX_NODES
 

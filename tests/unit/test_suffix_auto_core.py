@@ -21,7 +21,7 @@ def test_suffix_and_auto_rows_in_one_batch(tiny_dirs: dict[str, Path]) -> None:
     target, draft = sd.load_model(tiny_dirs["llama"]), sd.load_model(tiny_dirs["draft"])
     gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)
     suffix = SuffixDrafter(costs=CHEAP)
-    auto = build_drafter("auto", DrafterOptions(draft=draft, exit_layer=1))
+    auto = build_drafter("auto", DrafterOptions(draft=draft, options={"exit_layer": 1}))
     names = ["suffix", "auto", "suffix", "auto", "suffix"]
     requests = [Request(target.encode(PROMPTS[i % len(PROMPTS)]), SamplingConfig(), gen, name)
                 for i, name in enumerate(names)]

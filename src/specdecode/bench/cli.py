@@ -87,7 +87,9 @@ def parse_per_category(text: str) -> int:
 
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from ..cli import parse_draft_vocab
-    from .runners import DEFAULT_METHODS, REGISTRY
+    from ..drafters.registry import REGISTRY as DRAFTERS
+    from ..drafters.registry import add_drafter_args
+    from .runners import default_methods, method_table
 
     b = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding and transformers",
                        description="Run plain decoding, draft-model speculation (γ swept) and prompt lookup in "
@@ -95,28 +97,26 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                    "print a table and write JSON + plots.")
     b.add_argument("--target", help="target model directory (default: bundled models/code-target)")
     b.add_argument("--draft", help="draft model directory (default: bundled models/code-draft)")
-    b.add_argument("--crosstok-draft", help="draft with its own tokenizer for the crosstok method (default: --draft, "
-                                            "re-tokenized through text)")
-    b.add_argument("--heads", help="Medusa heads directory for the medusa methods (default with the bundled target: "
-                                   "bundled models/code-medusa), or an EAGLE-3 directory for the eagle method "
-                                   "(default: bundled models/code-eagle)")
+    for spec in DRAFTERS.values():  # a drafter taking a draft with its own tokenizer: that draft, beside --draft
+        if spec.own_tokenizer:
+            b.add_argument(f"--{spec.name}-draft", dest=own_draft_dest(spec.name),
+                           help=f"draft with its own tokenizer for the {spec.name} methods (default: --draft)")
     b.add_argument("--workload", help="JSONL file with id, category, prompt (or chat messages), max_new_tokens per "
                                       "line, or a shipped one by name: stdlib, mixed, repetitive, or real (chat "
                                       "prompts in the target's template: code, chat, edit, summarize, reasoning; "
                                       "8 per category unless --per-category) (default: stdlib)")
-    b.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help=f"comma-separated method families; known: {', '.join(REGISTRY)} (default: %(default)s)")
-    b.add_argument("--gammas", help=f"draft lengths to sweep for 'draft'; 'auto' adds the draft-auto method "
-                                    f"(gamma='auto', chosen every step by the library's cost model) "
+    b.add_argument("--methods", default=",".join(default_methods()),
+                   help=f"comma-separated method families; known: {', '.join(method_table())} (default: %(default)s)")
+    b.add_argument("--gammas", help="draft lengths to sweep for the swept methods; 'auto' adds their gamma='auto' "
+                                    "methods (chosen every step by the library's cost model) "
                                     f"(default: {FULL.gammas}; quick: {QUICK.gammas})")
     b.add_argument("--lookup-tokens", help=f"prompt-lookup draft lengths, ours and transformers' "
                                            f"(default: {FULL.lookup_tokens}; quick: {QUICK.lookup_tokens})")
     b.add_argument("--peer-gammas", help=f"γ for transformers' assistant_model (default: {FULL.peer_gammas})")
     b.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
                    help="output vocabulary of the draft methods: auto (the draft's draft_vocab.json cut, if any), "
-                        "full, or N most frequent tokens; 'draft-fullvocab' always uses the full one (default: auto)")
-    b.add_argument("--lookup-max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches (default: 3)")
-    b.add_argument("--lookup-min-ngram", type=int, default=1, help="shortest n-gram (ours; default: 1)")
+                        "full, or N most frequent tokens; a method declaring its own vocabulary keeps it "
+                        "(default: auto)")
     b.add_argument("--reps", type=int, help=f"timed repetitions of every run (default: {FULL.reps}; quick: {QUICK.reps})")
     b.add_argument("--per-category", type=parse_per_category,
                    help="use only the first N prompts of each category; 'all' for every one")
@@ -139,16 +139,17 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                         "q8_0, q4_0 (made by llama-quantize, --allow-requantize from a quantized GGUF) "
                         "(default: file for a GGUF target, bf16,q8_0,q4_0 for an HF directory)")
     add_dataclass_args(b, ModelLoadConfig)
-    add_dataclass_args(b, SamplingConfig)  # every method samples alike; > 0 adds 'draft-token' beside 'draft'
+    add_dataclass_args(b, SamplingConfig)  # every method samples alike; > 0 adds each family's sampled companion
+    add_drafter_args(b)  # the drafters' own options and artifacts, as generate and serve take them
     b.add_argument("--cost-repeats", type=int, help="timed rounds when measuring c and v(γ) (default: 20)")
     b.add_argument("--out", help="output directory (default: runs/bench-<timestamp>)")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--quick", action="store_true", help=QUICK_HELP)
     b.set_defaults(func=cmd_bench)
-    from .costs import add_parser as add_costs_parser  # `bench costs`: v(n) per weight format and kernel path
+    from .subcommands import add_subcommands as add_bench_subcommands  # `bench costs`, `bench load`, ...
 
-    add_costs_parser(b.add_subparsers(dest="bench_command", metavar="{costs}"))
+    add_bench_subcommands(b)
 
     t = sub.add_parser("theory", help="expected speedup of speculative decoding (Leviathan et al.'s model)",
                        description="E = (1-α^(γ+1))/(1-α) tokens per target pass; speedup = E/(γc + v), with "
@@ -276,24 +277,21 @@ class BenchSettings:
 
 def resolve_settings(args: argparse.Namespace) -> BenchSettings:
     """Fail on a bad flag before a minute is spent loading models."""
-    from .runners import REGISTRY
+    from .ours import baseline_family
+    from .runners import method_table
 
+    table = method_table()
     d = QUICK if args.quick else FULL
     families = [f.strip() for f in args.methods.split(",") if f.strip()]
-    unknown = [f for f in families if f not in REGISTRY]
+    unknown = [f for f in families if f not in table]
     if unknown:
-        raise ConfigError(f"unknown method(s) {unknown} in --methods; known: {', '.join(REGISTRY)}")
-    if "plain" not in families:
-        families.insert(0, "plain")  # the baseline every speedup and exact-match check is relative to
+        raise ConfigError(f"unknown method(s) {unknown} in --methods; known: {', '.join(table)}")
+    baseline = baseline_family()
+    if baseline not in families:
+        families.insert(0, baseline)  # the baseline every speedup and exact-match check is relative to
     gammas, auto = parse_gammas(args.gammas or d.gammas)
-    if auto and "draft" in families and "draft-auto" not in families:
-        families.append("draft-auto")
-    if auto and "layerskip" in families and "layerskip-auto" not in families:
-        families.append("layerskip-auto")
-    if auto and "layerskip-adapter" in families and "layerskip-adapter-auto" not in families:
-        families.append("layerskip-adapter-auto")
-    if auto and "quant" in families and "quant-auto" not in families:
-        families.append("quant-auto")
+    if auto:  # 'auto' in --gammas: each swept family's gamma='auto' companion
+        families += [c for f in list(families) if (c := table[f].with_auto) and c not in families]
     s = BenchSettings(
         families=families,
         gammas=gammas,
@@ -336,6 +334,27 @@ def adaptive_threads() -> int:
     return cores if os.getloadavg()[0] < 0.75 else 1
 
 
+def ours_look_up(families: Sequence[str]) -> bool:
+    """Whether one of our methods sweeps --lookup-tokens (then llama.cpp's lookup decoding runs beside it)."""
+    from .ours import OursMethod
+    from .runners import method_table
+
+    table = method_table()
+    return any(table[f].sweep == "lookup_tokens" and table[f].runtime == OursMethod.runtime for f in families)
+
+
+def own_draft_dest(drafter: str) -> str:
+    return "own_draft_" + drafter.replace("-", "_")
+
+
+def own_drafts(args: argparse.Namespace, load: Any) -> dict[str, Any]:
+    """Each own-tokenizer drafter's --<name>-draft model, loaded (absent: it takes --draft)."""
+    from ..drafters.registry import REGISTRY
+
+    paths = {n: getattr(args, own_draft_dest(n), None) for n, s in REGISTRY.items() if s.own_tokenizer}
+    return {n: load(p) for n, p in paths.items() if p}
+
+
 def _peer_source(target: str) -> Path:
     """What --target names on disk (a catalogued name resolves to its GGUF), for choosing llama.cpp's formats."""
     from ..models.loading import resolve_model_path
@@ -349,12 +368,12 @@ def _peer_source(target: str) -> Path:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import (model_loader, resolve_draft_path, resolve_eagle_path, resolve_exit_adapter_path,
-                       resolve_heads_path, resolve_target)
+    from ..cli import model_loader, resolve_draft_path, resolve_target
+    from ..drafters.registry import DrafterOptions, artifacts_from_args, options_from_args, with_defaults
     from ..costmodel import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .real import prepare_real_prompts
-    from .runners import BenchContext, build_methods, run_all, warm_up
+    from .runners import BenchContext, build_methods, method_table, run_all, warm_up
     from .workloads import load_workloads, resolve_workload, select
 
     started = time.time()
@@ -365,11 +384,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gammas, lookup_tokens, peer_gammas, reps = st.gammas, st.lookup_tokens, st.peer_gammas, st.reps
     sampling = from_args(SamplingConfig, args)
     families = list(st.families)
-    if not sampling.greedy and "draft" in families and "draft-token" not in families:
-        families.append("draft-token")  # sampled: token-by-token beside block verification (the default)
+    if not sampling.greedy:  # sampled: e.g. token-by-token beside block verification (the default)
+        table = method_table()
+        families += [c for f in list(families) if (c := table[f].with_sampling) and c not in families]
     torch.set_num_threads(st.threads or adaptive_threads())
     threads = torch.get_num_threads()
 
+    artifacts = artifacts_from_args(args)  # a bad artifact flag fails before loading
     workload_path = resolve_workload(args.workload)
     if args.stop_at_eos is None:  # greedy outputs are identical, so every method still emits the same tokens
         args.stop_at_eos = args.workload == "real"
@@ -393,17 +414,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     draft = load(draft_path) if draft_path else None
     memory = {"after_loading_mib": _maxrss_mib()}
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
-                       ignore_eos=not args.stop_at_eos, lookup_max_ngram=args.lookup_max_ngram,
-                       lookup_min_ngram=args.lookup_min_ngram, draft_vocab=args.draft_vocab,
-                       heads=resolve_heads_path(args), eagle=resolve_eagle_path(args),
-                       exit_adapter=resolve_exit_adapter_path(args), sampling=sampling,
-                       crosstok_draft=load(args.crosstok_draft) if args.crosstok_draft else None)
+                       ignore_eos=not args.stop_at_eos, draft_vocab=args.draft_vocab, sampling=sampling,
+                       options=options_from_args(args), artifacts=artifacts, own_drafts=own_drafts(args, load))
     methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
                                                      "peer_gammas": peer_gammas})
     peer_files: dict[str, str] = {}
     if peer_build is not None:
         peer_methods, peer_skipped, peer_files = llamacpp_gguf.build_methods(
-            peer_build, target, draft, peer_formats, peer_gammas, lookup_tokens if "lookup" in families else [],
+            peer_build, target, draft, peer_formats, peer_gammas, lookup_tokens if ours_look_up(families) else [],
             threads, sampling, log=sys.stderr)
         methods += peer_methods
         skipped += peer_skipped
@@ -459,7 +477,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "workload_file": str(workload_path),
         "workload_sha1": hashlib.sha1(workload_path.read_bytes()).hexdigest(), **template_info,
         "methods": families, "gammas": gammas, "lookup_tokens": lookup_tokens, "peer_gammas": peer_gammas,
-        "lookup_ngram": [args.lookup_min_ngram, args.lookup_max_ngram], "reps": reps, "quick": args.quick,
+        "drafter_options": with_defaults(DrafterOptions(options=options_from_args(args))).options,
+        "artifacts": artifacts, "reps": reps, "quick": args.quick,
         "ignore_eos": not args.stop_at_eos, "greedy": sampling.greedy, "sampling": dataclasses.asdict(sampling),
         "speedup_definition": "mean over prompts of tokens/s (prefill included) / same mean for 'plain', "
                               "per repetition; mean ± std over repetitions",

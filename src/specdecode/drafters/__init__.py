@@ -10,9 +10,12 @@ from .medusa import MedusaDrafter
 from .ngram import PromptLookupDrafter
 from .quant import QuantDrafter
 from .suffix import SuffixDrafter
+from .plugin import Artifact, AutoMember, BenchVariant, Option
 from .registry import DrafterOptions, DrafterSpec, build_drafter, drafter_names, register
 
-__all__ = ["Acceptance", "BatchDrafter", "Draft", "DraftContext", "DraftModelDrafter", "Drafter", "DrafterOptions",
-           "DrafterSpec", "DraftLayers", "EagleDrafter", "ExitAdapterDrafter", "LayerSkipDrafter", "MedusaDrafter", "PerRowDrafters", "PromptLookupDrafter", "QuantDrafter", "SuffixDrafter",
+__all__ = ["Acceptance", "Artifact", "AutoMember", "BatchDrafter", "BenchVariant", "Draft", "DraftContext",
+           "DraftModelDrafter", "Drafter", "DrafterOptions", "DrafterSpec", "DraftLayers", "EagleDrafter",
+           "ExitAdapterDrafter", "LayerSkipDrafter", "MedusaDrafter", "Option", "PerRowDrafters",
+           "PromptLookupDrafter", "QuantDrafter", "SuffixDrafter",
            "VocabularyMismatchError", "as_batch_drafter",
            "build_drafter", "check_vocab_compatible", "drafter_names", "register"]

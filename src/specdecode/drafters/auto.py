@@ -54,6 +54,7 @@ from ..costmodel import (
 )
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter
+from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -360,3 +361,39 @@ class AutoDrafter(RowZeroAdapter):
                 m.idle = 0
                 self._pending[r] = (m, len(out[r].tokens))
         return out
+
+
+def _build(o: DrafterOptions) -> AutoDrafter:
+    """Every registered member this run can build (a draft model only with one, heads only with them),
+    preferred by their declared rank on ties; each member sizes its own drafts."""
+    from .registry import REGISTRY, build_drafter  # lazy: auto composes the registry's own drafters
+
+    members: dict[str, BatchDrafter] = {}
+    usable: dict[str, Callable[[BatchDrafter], bool]] = {}
+    with_draft_model = False
+    for spec in sorted((s for s in REGISTRY.values() if s.auto is not None), key=lambda s: s.auto.rank):  # type: ignore[union-attr]
+        role = spec.auto
+        assert role is not None
+        if role.only_without_draft_model and with_draft_model:
+            continue
+        try:  # each member sizes its own drafts; the request's gamma still caps them
+            d = build_drafter(spec.name, dataclasses.replace(o, gamma="auto"))
+        except (ConfigError, OSError, ValueError, KeyError):  # it lacks what it needs
+            continue
+        if d is None:
+            continue
+        members[spec.name] = d
+        with_draft_model = with_draft_model or spec.needs_draft_model
+        check = role.usable
+        if check is not None:
+            usable[spec.name] = lambda member, check=check: check(member, o)  # type: ignore[misc]
+    return AutoDrafter(members, usable=usable)
+
+
+SPECS = (DrafterSpec(
+    "auto", "choose per request and step among the drafters available (draft model, heads, calibrated layer skip, "
+    "the target's int4 copy when there is no draft model, suffix, prompt lookup) by the cost model; plain when "
+    "none pays", _build, uses_draft_model=True,
+    bench=(BenchVariant("auto", "--drafter auto: per step, the member the cost model ranks first (draft model with "
+                        "--draft, heads with --heads, calibrated layer skip, suffix, lookup); plain when none pays",
+                        history=True),)),)

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 
 from ..config import ConfigError
-from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma, draft_rows
+from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma, draft_rows
+from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -250,3 +251,14 @@ class CrossTokenizerDrafter(RowZeroAdapter):
         if n_target:
             self.ratio = 0.9 * self.ratio + 0.1 * min(4.0, max(0.25, n_draft / n_target))
         return drafts
+
+
+def _build(o: DrafterOptions) -> Optional[BatchDrafter]:
+    return CrossTokenizerDrafter(o.draft, gamma=o.gamma) if o.draft is not None else None
+
+
+SPECS = (DrafterSpec(
+    "crosstok", "a draft model with its OWN tokenizer (--draft DIR): its text is re-tokenized for the target (SLEM, "
+    "arXiv:2502.05202), exact as a deterministic draft", _build, needs_draft_model=True, own_tokenizer=True,
+    bench=(BenchVariant("crosstok", "a draft with its own tokenizer (--crosstok-draft DIR, else --draft), "
+                        "re-tokenized as text (SLEM), γ from --gammas", sweep="gammas"),)),)

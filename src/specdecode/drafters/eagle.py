@@ -40,9 +40,10 @@ from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
-from .eagle_model import EagleNet, check_fits, input_embedding, load_eagle, rope_table
+from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, load_eagle, rope_table
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
                            load_or_measure_eagle_costs)
+from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .tree_steps import CONTEXT, MAX_WIDTH, tree_widths
 
 if TYPE_CHECKING:
@@ -418,3 +419,20 @@ class EagleDrafter(RowZeroAdapter):
 
 
 __all__ = ["EagleCosts", "EagleDrafter", "EdgeCalibration", "load_or_measure_eagle_costs"]
+
+
+EAGLE_DRAFT = Artifact("eagle", "an EAGLE-3 draft directory", "an EAGLE-3 draft directory",
+                       "specdecode distill --method eagle --target TARGET --out DIR", lambda p: is_eagle_dir(p),
+                       "--eagle-draft", bundled="code-eagle")
+
+
+def _build(o: DrafterOptions) -> EagleDrafter:
+    path = o.artifact(EAGLE_DRAFT.name)
+    assert path is not None
+    return EagleDrafter.load(path, gamma=o.gamma)
+
+
+SPECS = (DrafterSpec(
+    "eagle", "EAGLE-3 draft layer on the target's low/mid/high features (--heads DIR): an EAGLE-2 dynamic tree "
+    "sized by the cost model", _build, artifacts=(EAGLE_DRAFT,), auto=AutoMember(1),
+    bench=(BenchVariant("eagle", "EAGLE-3 draft layer, EAGLE-2 dynamic trees sized by the measured costs"),)),)

@@ -42,6 +42,7 @@ from .exit_adapter_model import (BLOCK_WEIGHTS, CONFIG_FILE, FORMAT_VERSION, WEI
                                  ExitAdapterConfig, ExitAdapterError, check_fits, final_norm, full_vocab_logits,
                                  is_exit_adapter_dir, load_adapter, proposal_head, save_adapter)
 from .layerskip import DraftLayers, LayerSkipDrafter
+from .plugin import Artifact, BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -261,3 +262,23 @@ __all__ = ["BLOCK_WEIGHTS", "CONFIG_FILE", "FORMAT_VERSION", "WEIGHTS_FILE", "Ex
            "ExitAdapterDrafter",
            "ExitAdapterError", "check_fits", "final_norm", "full_vocab_logits", "is_exit_adapter_dir",
            "load_adapter", "proposal_head", "save_adapter"]
+
+
+EXIT_ADAPTER = Artifact("exit-adapter", "an exit adapter directory", "an exit adapter directory",
+                        "specdecode distill --method early-exit --target TARGET --out DIR",
+                        lambda p: is_exit_adapter_dir(p), "--exit-adapter", bundled="code-exit-adapter")
+
+
+def _build(o: DrafterOptions) -> ExitAdapterDrafter:
+    path = o.artifact(EXIT_ADAPTER.name)
+    assert path is not None
+    return ExitAdapterDrafter.load(path, gamma=o.gamma)
+
+
+SPECS = (DrafterSpec(
+    "layerskip-adapter", "self-speculation: the target's first layers plus a trained exit adapter (--heads DIR from "
+    "`specdecode distill --method early-exit`; the bundled target's by default)", _build, artifacts=(EXIT_ADAPTER,),
+    bench=(BenchVariant("layerskip-adapter", "layer-skip early exit through a trained exit adapter, γ from --gammas",
+                        sweep="gammas", with_auto="layerskip-adapter-auto"),
+           BenchVariant("layerskip-adapter-auto", "the exit adapter's draft with gamma='auto' (the γ policy, from its "
+                        "measured c, adapter included)", label="layerskip-adapter/auto"))),)

@@ -43,7 +43,8 @@ from ..config import ConfigError
 from ..costmodel import Costs, cache_dir, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
-from .base import Acceptance, Draft, DraftContext, Gamma, check_gamma, draft_rows, draw_token
+from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, check_gamma, draft_rows, draw_token
+from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec, Option
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -433,3 +434,38 @@ class LayerSkipDrafter:
             self._n_cached[row] = self._base[row] + min(n_accepted, g - 1)
             self._drafted[row] = 0
 
+
+def parse_layer_list(text: str) -> tuple[int, ...]:
+    """'1,5' -> (1, 5): the layers a skip set leaves out."""
+    import argparse
+
+    try:
+        return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers like 1,5, got {text!r}") from None
+
+
+def _build(o: DrafterOptions) -> LayerSkipDrafter:
+    exit_layer, skip = o.options["exit_layer"], o.options["skip_layers"]
+    return LayerSkipDrafter(exit_layer=exit_layer if isinstance(exit_layer, int) else None,
+                            skip_layers=tuple(skip) if isinstance(skip, tuple) else None, gamma=o.gamma)
+
+
+def _usable(d: BatchDrafter, o: DrafterOptions) -> bool:
+    """In auto: layer skip only with an explicit layer choice or a calibration for this target."""
+    explicit = o.options.get("exit_layer") is not None or o.options.get("skip_layers") is not None
+    return explicit or getattr(d, "calibration", None) is not None
+
+
+SPECS = (DrafterSpec(
+    "layerskip", "self-speculation: the target's own first layers (or all but a skip set) draft; "
+    "`specdecode calibrate` picks them", _build,
+    options=(Option("exit_layer", int, None, "layerskip: draft with the target's first N layers (overrides "
+                    "`specdecode calibrate`'s choice)", metavar="N"),
+             Option("skip_layers", parse_layer_list, None, "layerskip: draft with every layer but these, e.g. 1,5 "
+                    "(overrides the calibration)", metavar="LAYERS")),
+    auto=AutoMember(3, usable=_usable),
+    bench=(BenchVariant("layerskip", "layer-skip self-speculation (the target's calibrated layers, `specdecode "
+                        "calibrate`), γ from --gammas", sweep="gammas", with_auto="layerskip-auto"),
+           BenchVariant("layerskip-auto", "layer-skip self-speculation with gamma='auto' (the γ policy, from the "
+                        "partial model's measured c)", label="layerskip/auto"))),)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,7 @@ from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, b
                           plan_tree)
 from .tree_steps import CONTEXT, MAX_WIDTH, tree_extra, tree_widths
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
+from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -304,3 +305,29 @@ class MedusaDrafter(RowZeroAdapter):
             tokens = [cands[len(p) - 1][p[-1]] for p in paths]
             drafts[r] = Draft(tokens, None, None if plan.is_chain else list(plan.parents[:n]))
         return drafts
+
+
+MEDUSA_HEADS = Artifact("medusa", "a Medusa heads directory", "Medusa heads",
+                        "specdecode distill --method medusa --target TARGET --out DIR", has_file("medusa_config.json"),
+                        "--medusa-heads", bundled="code-medusa")
+
+
+def _builder(tree: bool) -> Callable[[DrafterOptions], MedusaDrafter]:
+    def build(o: DrafterOptions) -> MedusaDrafter:
+        path = o.artifact(MEDUSA_HEADS.name)
+        assert path is not None
+        return MedusaDrafter.load(path, tree=tree, gamma=o.gamma, vocab=o.vocab)
+
+    return build
+
+
+SPECS = (
+    DrafterSpec("medusa", "Medusa heads on the target's hidden state (--heads DIR): a token tree sized by the cost "
+                "model", _builder(True), artifacts=(MEDUSA_HEADS,), auto=AutoMember(2),
+                bench=(BenchVariant("medusa", "Medusa heads, a token tree sized each step by the measured v(nodes) "
+                                    "and running α by depth"),)),
+    DrafterSpec("medusa-chain", "Medusa heads, top-1 of each head as a chain (--heads DIR)", _builder(False),
+                artifacts=(MEDUSA_HEADS,),
+                bench=(BenchVariant("medusa-chain", "Medusa heads, top-1 of each head as a chain, length by the "
+                                    "same cost model"),)),
+)

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 import torch
 
-from ..config import ConfigError
+from ..config import ConfigError, VerifyConfig
 from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
-from .base import (Acceptance, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma, draft_rows,
-                   draw_token)
+from .base import (Acceptance, BatchDrafter, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma,
+                   draft_rows, draw_token)
 from .vocab import VocabSpec, draft_vocab_for
+from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from ..cache import KVCache
@@ -280,3 +281,28 @@ class DraftModelDrafter:
         self._cache.set_length(keep - self._offset[row], row)
         self._n_cached[row] = keep
         self._drafted[row] = 0
+
+
+def _build(o: DrafterOptions) -> BatchDrafter:
+    assert o.draft is not None
+    return DraftModelDrafter(o.draft, gamma=o.gamma, vocab=o.vocab)
+
+
+SPECS = (DrafterSpec(
+    "model", "a separate small draft model (--draft DIR)", _build, needs_draft_model=True, auto=AutoMember(0),
+    bench=(
+        BenchVariant("draft", "draft model, γ from --gammas (sampled chains: block verification, the default rule)",
+                     sweep="gammas", verify=VerifyConfig(accept_rule="rejection"), with_auto="draft-auto",
+                     with_sampling="draft-token", default=True),
+        BenchVariant("draft-token", "draft model verified token by token, γ from --gammas (sampling only; added "
+                     "beside 'draft' when --temperature > 0)", sweep="gammas",
+                     verify=VerifyConfig(chain_rule="token", accept_rule="rejection"), sampled_only=True),
+        BenchVariant("draft-coupled", "draft model under the Gumbel-max coupled rule (drafter-invariant seeds; the "
+                     "default when a request has a seed), γ from --gammas (sampling only)", sweep="gammas",
+                     verify=VerifyConfig(accept_rule="coupled"), sampled_only=True),
+        BenchVariant("draft-auto", "draft model with gamma='auto': γ chosen every step from measured costs and "
+                     "running α̂", label="draft/auto", default=True),
+        BenchVariant("draft-fullvocab", "draft model over its full output vocabulary (the ablation of "
+                     "draft_vocab.json), γ from --gammas", sweep="gammas", vocab="full"),
+        BenchVariant("eager-draft", "draft model on the eager path, γ from --peer-gammas", sweep="peer_gammas",
+                     eager=True))),)

@@ -13,7 +13,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..config import ConfigError
-from .base import Draft, DraftContext
+from .base import BatchDrafter, Draft, DraftContext, PerRowDrafters
+from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec, Option
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -74,3 +75,23 @@ class PromptLookupDrafter:
                 start = int(full[-1] if full.size else hits[-1]) + n
                 return Draft(buf[start : start + k].tolist())
         return Draft()
+
+
+LOOKUP_GAMMA = 10  # prompt lookup's draft length when γ is "auto" (its drafts cost microseconds)
+
+
+def _build(o: DrafterOptions) -> BatchDrafter:
+    k = LOOKUP_GAMMA if o.gamma == "auto" else int(o.gamma)
+    hi, lo = int(o.options["ngram_max"]), int(o.options["ngram_min"])  # type: ignore[call-overload]
+    PromptLookupDrafter(hi, lo, k)  # validate the options now, not at the first request
+    return PerRowDrafters(lambda: PromptLookupDrafter(hi, lo, k), k)
+
+
+SPECS = (DrafterSpec(
+    "ngram", "prompt lookup: copy what followed the last match of the recent tokens", _build,
+    options=(Option("ngram_max", int, 3, "prompt lookup: longest n-gram to match",
+                    ("--ngram-max", "--lookup-max-ngram")),
+             Option("ngram_min", int, 1, "prompt lookup: shortest n-gram to match",
+                    ("--ngram-min", "--lookup-min-ngram"))),
+    auto=AutoMember(6),
+    bench=(BenchVariant("lookup", "prompt lookup, k from --lookup-tokens", sweep="lookup_tokens", default=True),)),)

@@ -27,6 +27,7 @@ from ..config import ConfigError
 from ..costmodel import Costs, load_or_measure_costs
 from .base import Acceptance, Gamma
 from .layerskip import DraftLayers, LayerSkipDrafter, check_family
+from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -87,3 +88,20 @@ class QuantDrafter(LayerSkipDrafter):
         if self._copy is None:
             raise ConfigError("drafter 'quant': the quantized copy is missing; call prepare_rows(target, ...) first")
         return self._copy.forward(ids, view, rows=rows, last_only=last_only)
+
+
+def _build(o: DrafterOptions) -> QuantDrafter:
+    return QuantDrafter(o.gamma)
+
+
+# The int4 copy joins auto only when there is no draft model: it costs ~0.28 bytes per weight of memory and its
+# quantization at load, and a draft model (c ~ 0.05 of a target pass on the bundled pair against the copy's ~0.35)
+# beats it unless its acceptance is far lower. Without one (a user with one checkpoint) it is the strongest
+# training-free member: 1.5x plain on the bundled target, where suffix and lookup need repeats.
+SPECS = (DrafterSpec(
+    "quant", "self-speculation: an int4 copy of the target drafts (quantized at load; no training, no second "
+    "checkpoint; CPU)", _build, auto=AutoMember(4, only_without_draft_model=True),
+    bench=(BenchVariant("quant", "quantized self-draft (--drafter quant): the target's int4 copy drafts, γ from "
+                        "--gammas", sweep="gammas", with_auto="quant-auto"),
+           BenchVariant("quant-auto", "quantized self-draft with gamma='auto' (the γ policy, from the int4 copy's "
+                        "measured c)", label="quant/auto"))),)

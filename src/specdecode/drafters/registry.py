@@ -1,70 +1,53 @@
-"""Drafters by name: ``generate``, ``serve`` and ``bench`` list and build the same ones.
+"""Drafters by name: the specs every drafter module declares (``plugin.py``), collected in one table.
 
-A new drafter adds one ``register(DrafterSpec(...))`` here (or in its own module) and nothing
-else: the CLI's ``--drafter`` choices, the server's per-request ``drafter`` field and the
-bench's methods all read this table.
+``generate``, ``serve``, ``bench`` and ``auto`` only iterate this table: the CLI's ``--drafter``
+choices and its per-drafter flags, the server's drafters, the bench's methods and auto's members are
+all derived from the specs, so adding a drafter is one module ending in ``SPECS = (DrafterSpec(...),)``
+(found here by scanning the package) or one ``register(...)`` call anywhere.
+
+**Flags: per-drafter groups derived from the declared options**, not a generic ``--drafter-opt k=v``.
+Each ``Option`` becomes a typed flag in a ``--drafter NAME`` group of ``--help`` (its parser checks
+the value when the command line is read, before any model loads, and ``--help`` shows its help and
+default), and the flags users and docs already know (``--ngram-max``, ``--exit-layer``,
+``--skip-layers``, serve's ``--medusa-heads``/``--eagle-draft``/``--exit-adapter``) are simply the
+declared spellings, so nothing had to change for them. Each ``Artifact`` gets its own flag too, and
+the shared ``--heads DIR`` stays as a documented alias that fills whichever kind the directory holds.
+Options share one namespace: two drafters may declare the same key only with the same declaration.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import Mapping, Optional
 
+from ..bundled import DEFAULT_TARGET, default_model_dir
 from ..config import ConfigError
-from .base import BatchDrafter, Gamma, PerRowDrafters
-from .eagle import EagleDrafter
-from .exit_adapter import ExitAdapterDrafter, is_exit_adapter_dir
-from .medusa import MedusaDrafter
-from .crosstok import CrossTokenizerDrafter
-from .layerskip import LayerSkipDrafter
-from .model import DraftModelDrafter
-from .ngram import PromptLookupDrafter
-from .quant import QuantDrafter
-from .suffix import SuffixDrafter
-from .vocab import VocabSpec
+from .base import BatchDrafter
+from .plugin import SHARED_ARTIFACT_FLAG, Artifact, DrafterOptions, DrafterSpec, Option
 
-if TYPE_CHECKING:
-    from ..models import Model
+__all__ = ["ALONE_DEFAULT", "PAIRED_DEFAULT", "PLAIN", "REGISTRY", "DrafterOptions", "DrafterSpec", "add_drafter_args",
+           "all_artifacts", "all_options", "artifacts_from_args", "build_drafter", "drafter_names", "get_spec",
+           "options_from_args", "register", "resolve_artifacts", "target_folder", "with_defaults"]
 
-LOOKUP_GAMMA = 10  # prompt lookup's draft length when γ is "auto" (its drafts cost microseconds)
-
-
-@dataclass(frozen=True)
-class DrafterOptions:
-    """Everything a registered drafter may be built from (each takes what it needs)."""
-
-    draft: Optional["Model"] = None  # a separate draft model sharing the target's tokenizer
-    gamma: Gamma = "auto"
-    vocab: VocabSpec = "auto"  # a draft model's proposal vocabulary (FR-Spec)
-    ngram_max: int = 3
-    ngram_min: int = 1
-    heads: Optional[str] = None  # a Medusa heads directory (``distill --method medusa``)
-    exit_layer: Optional[int] = None  # layer skip: draft with the first N layers (overrides the calibration)
-    skip_layers: Optional[tuple[int, ...]] = None  # layer skip: draft without these layers (likewise)
-    eagle: Optional[str] = None  # an EAGLE-3 draft directory (``distill --method eagle``; the CLI's --heads DIR)
-    exit_adapter: Optional[str] = None  # an exit adapter directory (``distill --method early-exit``; --heads DIR)
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    name: str
-    help: str  # one line for --help and the server's error messages
-    needs_draft_model: bool
-    build: Callable[[DrafterOptions], Optional[BatchDrafter]]  # None: plain decoding, or what it needs is absent
-    needs_heads: bool = False  # Medusa: a heads directory (--heads DIR)
-    uses_draft_model: bool = False  # takes a draft model when there is one (auto): the CLI loads the bundled one
-    needs_eagle: bool = False  # EAGLE: an EAGLE-3 draft directory (--heads DIR)
-    needs_exit_adapter: bool = False  # layerskip-adapter: an exit adapter directory (--heads DIR)
-    own_tokenizer: bool = False  # takes a draft model whose tokenizer differs from the target's (crosstok)
-
+PLAIN = "none"  # plain decoding, no drafts
+PAIRED_DEFAULT = "model"  # the default drafter with a draft model (the bundled pair)
+ALONE_DEFAULT = "auto"  # the default drafter for a target without one (needs no artifact)
 
 REGISTRY: dict[str, DrafterSpec] = {}
 
 
 def register(spec: DrafterSpec) -> None:
+    """Add a drafter; its options must not clash with another drafter's same-named option."""
     if spec.name in REGISTRY:
         raise ValueError(f"drafter {spec.name!r} is already registered")
+    known = all_options()
+    for o in spec.options:
+        if o.key in known and known[o.key] != o:
+            raise ValueError(f"drafter {spec.name!r}: option {o.key!r} is declared differently by another drafter")
     REGISTRY[spec.name] = spec
 
 
@@ -78,113 +61,148 @@ def get_spec(name: str) -> DrafterSpec:
     return REGISTRY[name]
 
 
+def all_options() -> dict[str, Option]:
+    return {o.key: o for s in REGISTRY.values() for o in s.options}
+
+
+def all_artifacts() -> dict[str, Artifact]:
+    return {a.name: a for s in REGISTRY.values() for a in s.artifacts}
+
+
+def with_defaults(o: DrafterOptions) -> DrafterOptions:
+    """``o`` with every declared option present (the declared default where ``o`` has none)."""
+    return dataclasses.replace(o, options={**{k: opt.default for k, opt in all_options().items()}, **o.options})
+
+
+def _draft_free() -> str:
+    return f"; or choose one of: {', '.join(n for n, s in REGISTRY.items() if not s.needs_draft_model)}"
+
+
 def build_drafter(name: str, options: DrafterOptions) -> Optional[BatchDrafter]:
-    """The named drafter (None for plain decoding), with a clear error when it lacks a draft model."""
+    """The named drafter (None for plain decoding); its own error when it lacks what it needs."""
     spec = get_spec(name)
-    if spec.needs_draft_model and options.draft is None:
-        raise ConfigError(f"drafter {name!r} needs a draft model (--draft DIR); or choose one of: "
-                          f"{', '.join(n for n, s in REGISTRY.items() if not s.needs_draft_model)}")
-    if spec.needs_heads and options.heads is None:
-        raise ConfigError(f"drafter {name!r} needs Medusa heads (--heads DIR); train them with `specdecode distill "
-                          "--method medusa --target TARGET --out DIR`")
-    if spec.needs_eagle and options.eagle is None:
-        raise ConfigError(f"drafter {name!r} needs an EAGLE-3 draft directory (--heads DIR); train one with "
-                          "`specdecode distill --method eagle --target TARGET --out DIR`")
-    if spec.needs_exit_adapter and exit_adapter_dir(options) is None:
-        raise ConfigError(f"drafter {name!r} needs an exit adapter directory (--heads DIR); train one with "
-                          "`specdecode distill --method early-exit --target TARGET --out DIR`")
-    return spec.build(options)
+    spec.check(options, _draft_free())
+    return spec.build(with_defaults(options))
 
 
-def exit_adapter_dir(o: DrafterOptions) -> Optional[str]:
-    """The exit adapter to draft with: ``exit_adapter``, else ``heads`` when it holds one (the server and
-    the CLI pass every ``--heads DIR`` as ``heads``)."""
-    if o.exit_adapter is not None:
-        return o.exit_adapter
-    return o.heads if is_exit_adapter_dir(o.heads) else None
+def missing(name: str, options: DrafterOptions) -> Optional[str]:
+    """Why ``name`` cannot be built from ``options`` (None: it can)."""
+    return get_spec(name).missing(options, _draft_free())
 
 
-def _model(o: DrafterOptions) -> BatchDrafter:
-    assert o.draft is not None
-    return DraftModelDrafter(o.draft, gamma=o.gamma, vocab=o.vocab)
+# -- artifacts -------------------------------------------------------------------------------------
+def target_folder(target: Optional[str]) -> Optional[Path]:
+    """Where a target's drafters live (in ``drafters/<artifact>/`` there): the bundled target's folder
+    when ``target`` is None, a directory itself, a file's folder (GGUF), a catalogued name's
+    ``models/<name>/``; None for anything else (a hub id)."""
+    if target is None:
+        return default_model_dir(DEFAULT_TARGET)
+    path = Path(target).expanduser()
+    if path.is_file():
+        return path.parent
+    if path.is_dir():
+        return path
+    from ..models.catalog import CATALOG
+
+    return default_model_dir(target) if target in CATALOG else None
 
 
-def _ngram(o: DrafterOptions) -> BatchDrafter:
-    k = LOOKUP_GAMMA if o.gamma == "auto" else int(o.gamma)
-    PromptLookupDrafter(o.ngram_max, o.ngram_min, k)  # validate the options now, not at the first request
-    return PerRowDrafters(lambda: PromptLookupDrafter(o.ngram_max, o.ngram_min, k), k)
-
-
-def _layerskip(o: DrafterOptions) -> BatchDrafter:
-    return LayerSkipDrafter(exit_layer=o.exit_layer, skip_layers=o.skip_layers, gamma=o.gamma)
-
-
-def _exit_adapter(o: DrafterOptions) -> Optional[BatchDrafter]:
-    path = exit_adapter_dir(o)
-    return ExitAdapterDrafter.load(path, gamma=o.gamma) if path is not None else None
-
-
-def _medusa(tree: bool) -> Callable[[DrafterOptions], Optional[BatchDrafter]]:
-    def build(o: DrafterOptions) -> Optional[BatchDrafter]:
-        if o.heads is None or is_exit_adapter_dir(o.heads):
-            return None  # the server builds every drafter it can: without heads, not this one
-        return MedusaDrafter.load(o.heads, tree=tree, gamma=o.gamma, vocab=o.vocab)
-
-    return build
-
-
-register(DrafterSpec("model", "a separate small draft model (--draft DIR)", True, _model))
-register(DrafterSpec("crosstok", "a draft model with its OWN tokenizer (--draft DIR): its text is re-tokenized for "
-                     "the target (SLEM, arXiv:2502.05202), exact as a deterministic draft", True,
-                     lambda o: CrossTokenizerDrafter(o.draft, gamma=o.gamma) if o.draft is not None else None,
-                     own_tokenizer=True))
-register(DrafterSpec("ngram", "prompt lookup: copy what followed the last match of the recent tokens", False, _ngram))
-register(DrafterSpec("layerskip", "self-speculation: the target's own first layers (or all but a skip set) draft; "
-                     "`specdecode calibrate` picks them", False, _layerskip))
-register(DrafterSpec("layerskip-adapter", "self-speculation: the target's first layers plus a trained exit adapter "
-                     "(--heads DIR from `specdecode distill --method early-exit`; the bundled target's by default)",
-                     False, _exit_adapter, needs_exit_adapter=True))
-register(DrafterSpec("medusa", "Medusa heads on the target's hidden state (--heads DIR): a token tree sized by "
-                                "the cost model", False, _medusa(True), needs_heads=True))
-register(DrafterSpec("medusa-chain", "Medusa heads, top-1 of each head as a chain (--heads DIR)", False,
-                     _medusa(False), needs_heads=True))
-register(DrafterSpec("suffix", "suffix drafting: trees of the most frequent continuations of the longest match in "
-                     "the sequence and in earlier outputs (shared by all requests)", False,
-                     lambda o: SuffixDrafter(o.gamma)))
-register(DrafterSpec("eagle", "EAGLE-3 draft layer on the target's low/mid/high features (--heads DIR): an EAGLE-2 "
-                     "dynamic tree sized by the cost model", False,
-                     lambda o: EagleDrafter.load(o.eagle, gamma=o.gamma) if o.eagle is not None else None,
-                     needs_eagle=True))
-AUTO_MEMBERS = ("model", "eagle", "medusa", "layerskip", "quant", "suffix", "ngram")  # candidates, preferred first on ties
-# The target's int4 copy ("quant") joins only when there is no draft model: it costs ~0.28 bytes per weight of
-# memory and its quantization at load, and a draft model (c ~ 0.05 of a target pass on the bundled pair against
-# the copy's ~0.35) beats it unless its acceptance is far lower. Without one (a user with one checkpoint) it is
-# the strongest training-free member: 1.5x plain on the bundled target, where suffix and lookup need repeats.
-
-
-def _auto(o: DrafterOptions) -> Optional[BatchDrafter]:
-    """Every candidate this run can build (a draft model only with --draft, heads only with --heads)."""
-    from .auto import AutoDrafter  # lazy: auto composes the registry's own drafters
-
-    members: dict[str, BatchDrafter] = {}
-    for name in AUTO_MEMBERS:
-        if name not in REGISTRY or (name == "quant" and "model" in members):
+def resolve_artifacts(explicit: Mapping[str, Optional[str]], shared: Optional[str],
+                      target: Optional[str]) -> dict[str, str]:
+    """Every registered artifact this run has, by name (see ``plugin``'s docstring for the order):
+    ``explicit`` (its own flag), ``shared`` (``--heads``: the kinds it holds), ``TARGET/drafters/<name>/``,
+    the bundled folder when ``target`` is None (the bundled target)."""
+    kinds = all_artifacts()
+    found: dict[str, str] = {}
+    if shared:
+        held = [a for a in kinds.values() if a.accepts(Path(shared))]
+        if not held:
+            state = "does not exist" if not Path(shared).exists() else "holds no drafter artifact"
+            raise ConfigError(f"{SHARED_ARTIFACT_FLAG} {shared} {state} (expected "
+                              f"{' or '.join(a.what for a in kinds.values())}); train one with "
+                              + " or ".join(f"`{a.train}`" for a in kinds.values()))
+        found.update({a.name: str(shared) for a in held})
+    folder = target_folder(target)
+    for a in kinds.values():
+        own = explicit.get(a.name)
+        if own:
+            if not a.accepts(Path(own)):
+                raise ConfigError(f"{a.flag} {own}: not {a.what}; pass the directory `{a.train.split(' --target')[0]}` "
+                                  f"wrote, or drop {a.flag}")
+            found[a.name] = str(own)
             continue
-        try:  # each member sizes its own drafts; the request's gamma still caps them
-            d = build_drafter(name, dataclasses.replace(o, gamma="auto"))
-        except (ConfigError, OSError, ValueError, KeyError):  # it lacks what it needs, or --heads holds another kind
+        if a.name in found:
             continue
-        if d is not None:
-            members[name] = d
-    explicit = o.exit_layer is not None or o.skip_layers is not None
-    usable = {"layerskip": lambda d: explicit or getattr(d, "calibration", None) is not None}
-    return AutoDrafter(members, usable=usable)
+        places = [folder / "drafters" / a.name] if folder is not None else []
+        if target is None and a.bundled:
+            places.append(default_model_dir(a.bundled))
+        for place in places:
+            if a.accepts(place):
+                found[a.name] = str(place)
+                break
+    return found
 
 
-register(DrafterSpec("auto", "choose per request and step among the drafters available (draft model, heads, "
-                     "calibrated layer skip, the target's int4 copy when there is no draft model, suffix, prompt "
-                     "lookup) by the cost model; plain when none pays", False,
-                     _auto, uses_draft_model=True))
-register(DrafterSpec("quant", "self-speculation: an int4 copy of the target drafts (quantized at load; no training, "
-                     "no second checkpoint; CPU)", False, lambda o: QuantDrafter(o.gamma)))
-register(DrafterSpec("none", "plain decoding (no drafts)", False, lambda o: None))
+# -- command-line flags, derived -------------------------------------------------------------------
+def artifact_dest(a: Artifact) -> str:
+    return "artifact_" + a.name.replace("-", "_")
+
+
+def add_drafter_args(p: argparse.ArgumentParser) -> None:
+    """Every registered drafter's options and artifact flags, one group per drafter, plus ``--heads``."""
+    seen: set[str] = set()
+    for spec in REGISTRY.values():
+        new_opts = [o for o in spec.options if o.key not in seen]
+        new_arts = [a for a in spec.artifacts if a.name not in seen]
+        if not new_opts and not new_arts:
+            continue
+        g = p.add_argument_group(f"--drafter {spec.name}")
+        for o in new_opts:
+            seen.add(o.key)
+            g.add_argument(*o.flag_names, dest=o.key, type=o.parse, default=None, metavar=o.metavar,
+                           help=f"{o.help} (default: {o.default})")
+        for a in new_arts:
+            seen.add(a.name)
+            bundled = f"; the bundled target's: models/{a.bundled}" if a.bundled else ""
+            g.add_argument(a.flag, dest=artifact_dest(a), default=None, metavar="DIR",
+                           help=f"{a.what} (`{a.train}`; default: TARGET/drafters/{a.name}/{bundled})")
+    arts = all_artifacts().values()
+    p.add_argument(SHARED_ARTIFACT_FLAG, default=None, metavar="DIR",
+                   help="a trained drafter directory of any kind, told apart by its contents ("
+                        + ", ".join(f"{a.what}: {a.flag}" for a in arts) + ")")
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """The declared options given on the command line (absent ones take their declared defaults)."""
+    return {k: getattr(args, k) for k in all_options() if getattr(args, k, None) is not None}
+
+
+def artifacts_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """The artifact directories the flags name or the target has beside it (``resolve_artifacts``)."""
+    explicit = {a.name: getattr(args, artifact_dest(a), None) for a in all_artifacts().values()}
+    return resolve_artifacts(explicit, getattr(args, "heads", None), getattr(args, "target", None))
+
+
+# -- collection ------------------------------------------------------------------------------------
+def _none(o: DrafterOptions) -> Optional[BatchDrafter]:
+    return None
+
+
+def _collect() -> None:
+    """Register plain decoding, then every ``SPECS`` declared by a module of this package, in module order."""
+    from .. import drafters
+    from .plugin import BenchVariant
+
+    register(DrafterSpec(PLAIN, "plain decoding (no drafts)", _none, bench=(
+        BenchVariant("plain", "our decode loop with no drafter: the baseline", default=True),
+        BenchVariant("eager-plain", "plain decoding on PyTorch's eager F.linear with fp32 weights (the fast kernel "
+                     "off)", eager=True, default=True))))
+    for info in pkgutil.iter_modules(drafters.__path__):
+        if info.name in ("registry", "plugin") or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{drafters.__name__}.{info.name}")
+        for spec in getattr(module, "SPECS", ()):
+            register(spec)
+
+
+_collect()

@@ -40,6 +40,7 @@ from ..config import ConfigError
 from ..costmodel import Costs, cost_clock, load_or_measure_costs
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
+from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -433,3 +434,14 @@ def _top_chain(conts: Sequence[Sequence[int]], cap: int, min_prob: float, match_
     while n < len(tree.parents) and tree.parents[n] == n - 1 and n < cap:
         n += 1
     return SuffixTree(tree.tokens[:n], tree.parents[:n], tree.freqs[:n], match_len)
+
+
+def _build(o: DrafterOptions) -> SuffixDrafter:
+    return SuffixDrafter(o.gamma)
+
+
+SPECS = (DrafterSpec(
+    "suffix", "suffix drafting: trees of the most frequent continuations of the longest match in the sequence and "
+    "in earlier outputs (shared by all requests)", _build, auto=AutoMember(5),
+    bench=(BenchVariant("suffix", "suffix drafting: frequency-ranked trees from the sequence and earlier outputs "
+                        "(history restarts per repetition)", history=True),)),)

@@ -1,0 +1,139 @@
+"""What a drafter module declares to plug in (``SPECS = (DrafterSpec(...),)`` at its end).
+
+A spec holds everything the rest of the program needs to know about one drafter: its options
+(typed, with help and a default), the trained artifacts it needs and how they are found, how it is
+built, its own error text, how ``auto`` may use it and its benchmark variants. ``registry.py``
+collects the specs; the command-line flags, the server's drafters, the bench's methods and auto's
+members are derived from them, so adding a drafter is one module.
+
+Artifacts resolve in one order for every drafter (``resolve_artifacts``): an explicit flag; else
+the shared ``--heads DIR`` when that directory holds this kind; else beside the target, in
+``TARGET/drafters/<artifact>/`` (TARGET: the target's folder, a GGUF file's folder, or for a
+catalogued model name ``models/<name>/``); else, with the bundled target only, the artifact's
+bundled folder (``models/code-medusa`` ...), where the bundled ones lived before the convention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
+
+from ..config import ConfigError, VerifyConfig
+from .base import BatchDrafter, Gamma
+from .vocab import VocabSpec
+
+if TYPE_CHECKING:
+    from ..models import Model
+
+SHARED_ARTIFACT_FLAG = "--heads"  # one directory of any kind, told apart by its contents (generate's habit)
+SWEEPS = ("none", "gammas", "lookup_tokens", "peer_gammas")  # the bench's settings lists a variant sweeps
+
+
+@dataclass(frozen=True)
+class Option:
+    """One drafter-specific knob. It becomes the command-line flag(s) ``flags`` (default: ``--key``
+    with dashes) for generate, serve and bench, and ``DrafterOptions.options[key]``."""
+
+    key: str
+    parse: Callable[[str], object]  # text -> value (argparse's ``type``)
+    default: object
+    help: str
+    flags: tuple[str, ...] = ()
+    metavar: Optional[str] = None
+
+    @property
+    def flag_names(self) -> tuple[str, ...]:
+        return self.flags or ("--" + self.key.replace("_", "-"),)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A trained directory a drafter needs. ``name`` is its folder beside the target
+    (``TARGET/drafters/<name>/``) and its key in ``DrafterOptions.artifacts``."""
+
+    name: str
+    what: str  # "a Medusa heads directory": for "--flag DIR: not <what>"
+    needs: str  # "Medusa heads": for "drafter 'x' needs <needs> (--heads DIR)"
+    train: str  # the command that writes one
+    accepts: Callable[[Path], bool]  # does this directory hold one
+    flag: str  # its own flag (serve loads every kind at once, so each has one)
+    bundled: Optional[str] = None  # legacy: the bundled target's copy in models/<bundled>
+
+
+@dataclass(frozen=True)
+class BenchVariant:
+    """One bench method family of a drafter. ``sweep``: which settings list gives its variants (γ, or
+    lookup tokens), each built with that γ; "none": one variant with γ 'auto'."""
+
+    family: str
+    help: str
+    sweep: str = "none"
+    label: Optional[str] = None  # the method name (a swept one gets /g<γ> or /k<k>); default: family
+    vocab: Optional[VocabSpec] = None  # None: the bench's --draft-vocab
+    verify: VerifyConfig = VerifyConfig()
+    sampled_only: bool = False  # compares verification rules: only with --temperature > 0
+    history: bool = False  # remembers earlier requests: forgets when a prompt comes round again
+    eager: bool = False  # runs on the eager (fast=False) copies of the models
+    with_auto: Optional[str] = None  # the family 'auto' in --gammas adds beside this one
+    with_sampling: Optional[str] = None  # the family --temperature > 0 adds beside this one
+    default: bool = False  # among the bench's default methods
+
+
+@dataclass(frozen=True)
+class AutoMember:
+    """How ``auto`` may use a drafter: ``rank`` orders members (lower first on ties)."""
+
+    rank: int
+    only_without_draft_model: bool = False  # left out when a draft model is a member
+    usable: Optional[Callable[[BatchDrafter, "DrafterOptions"], bool]] = None  # checked after prepare_rows
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """What a registered drafter is built from: the shared knobs, the declared options by key
+    (absent: the declared default) and the resolved artifact directories by artifact name."""
+
+    draft: Optional["Model"] = None  # a separate draft model (shared by the drafters that take one)
+    gamma: Gamma = "auto"
+    vocab: VocabSpec = "auto"  # a draft model's proposal vocabulary (FR-Spec)
+    options: Mapping[str, object] = field(default_factory=dict)
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+
+    def artifact(self, name: str) -> Optional[str]:
+        return self.artifacts.get(name)
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str
+    help: str  # one line for --help and the server's error messages
+    build: Callable[[DrafterOptions], Optional[BatchDrafter]]  # None: plain decoding
+    needs_draft_model: bool = False
+    uses_draft_model: bool = False  # takes a draft model when there is one (auto): the CLI loads the bundled one
+    own_tokenizer: bool = False  # takes a draft model whose tokenizer differs from the target's
+    options: tuple[Option, ...] = ()
+    artifacts: tuple[Artifact, ...] = ()  # each one required
+    optional_artifacts: tuple[str, ...] = ()  # artifact names it uses when present (auto)
+    auto: Optional[AutoMember] = None
+    bench: tuple[BenchVariant, ...] = ()
+
+    def missing(self, o: DrafterOptions, alternatives: str = "") -> Optional[str]:
+        """Why this drafter cannot be built from ``o`` (None: it can), in its own words."""
+        if self.needs_draft_model and o.draft is None:
+            return f"drafter {self.name!r} needs a draft model (--draft DIR){alternatives}"
+        for a in self.artifacts:
+            if o.artifact(a.name) is None:
+                return (f"drafter {self.name!r} needs {a.needs} ({SHARED_ARTIFACT_FLAG} DIR); or {a.flag} DIR, or "
+                        f"put it in TARGET/drafters/{a.name}/; train one with `{a.train}`")
+        return None
+
+    def check(self, o: DrafterOptions, alternatives: str = "") -> None:
+        why = self.missing(o, alternatives)
+        if why is not None:
+            raise ConfigError(why)
+
+
+def has_file(name: str) -> Callable[[Path], bool]:
+    """An ``Artifact.accepts`` for a kind whose directory holds a file called ``name``."""
+    return lambda path: (path / name).is_file()
