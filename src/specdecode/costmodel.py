@@ -10,12 +10,9 @@ cached on disk so later runs start at once. Neither figure is trusted for long: 
 (``policy.py``) checks both against every pass it runs and replaces a cache file whose figures
 the live passes contradict (``store_costs``).
 
-**The one timer and the one cache.** Every cost figure is timed by ``time_steps`` (warmup rounds,
-then ``reps`` rounds; target passes by width interleaved in alternating order, then the drafter's
-own steps right after them, as a decode step runs them; CUDA synchronised before each clock read;
-the median kept by default) and kept in one on-disk cache (``cache_dir()/<key>.json``, the key from
-``cost_key``: machine, CPU, threads, torch, and per model its files (a GGUF file's size and date),
-dtypes, KV-cache dtype and kernels with their ISA; old files of another ``COST_FORMAT`` are ignored).
+**The one timer and the one cache.** Every cost figure is timed by ``time_steps`` and kept in one
+on-disk cache (``cache_dir()/<key>.json``, keyed by ``cost_key``; files of another ``COST_FORMAT``
+are ignored).
 
 **The drafter's hook.** A drafter hands the cost model the steps to time; it never times them:
 
@@ -24,9 +21,9 @@ dtypes, KV-cache dtype and kernels with their ISA; old files of another ``COST_F
 - a drafter that sizes its own steps (Medusa's and EAGLE's trees) implements ``CostTimed``:
   ``cost_key(target) -> str`` (what else changes its steps' cost: shape, run-time format) and
   ``cost_steps(target) -> CostSteps`` (the target's pass per width as its steps run it, plus its own
-  named ``Step``s; ``drafters/tree_steps.py`` builds a tree drafter's passes); ``drafter_costs(target, drafter)``
-  returns the ``Costs`` (``c`` from the step named "draft", the others in ``Costs.extras`` relative to
-  a one-token pass), measured once and cached.
+  named ``Step``s; ``drafters/tree_steps.py`` builds a tree drafter's passes);
+  ``drafter_costs(target, drafter)`` returns the ``Costs`` (``c`` from the step named "draft", the
+  others in ``Costs.extras`` relative to a one-token pass), measured once and cached.
 """
 
 from __future__ import annotations
@@ -240,11 +237,6 @@ def measure_steps(steps: CostSteps, target: "Model", reps: int,
     return Costs.from_times(interpolate(widths, steps.n_max), draft, steps.context_len, reps, extras=own)
 
 
-def synthetic_context(target: "Model", context_len: int, reserve: int) -> list[int]:
-    """``context_len`` token ids (fewer if the window needs ``reserve`` slots after them)."""
-    return [i % target.vocab_size for i in range(min(context_len, target.max_seq_len - reserve))]
-
-
 def chain_steps(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA,
                 draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
                 draft_layers: Optional[tuple[int, ...]] = None, widths: Optional[Sequence[int]] = None,
@@ -318,10 +310,11 @@ def interpolate(points: dict[int, float], n: int) -> list[float]:
     return out
 
 
-def _fingerprint(models: Sequence[Optional["Model"]], extra: str = "") -> str:
-    """The cost cache key: machine, threads, torch, and per model its files, dtypes and kernels
-    (each model's own: an eager model and a fast one time differently in the same process)."""
-    parts = [f"costs-v{COST_FORMAT}", extra, platform.processor() or platform.machine(), cpu_name(),
+def cost_key(models: Sequence[Optional["Model"]], what: str = "") -> str:
+    """The one cost cache key: ``what`` (the drafter's steps: shape, run-time format, files), machine,
+    threads, torch, and per model its files (a GGUF file's size and date), dtypes, KV-cache dtype and
+    kernels with their ISA (each model's own: an eager model and a fast one time differently)."""
+    parts = [f"costs-v{COST_FORMAT}", what, platform.processor() or platform.machine(), cpu_name(),
              str(torch.get_num_threads()), torch.__version__]
     for m in models:
         if m is None:
@@ -398,12 +391,6 @@ def costs_key(target: "Model", draft: Optional["Model"], draft_head: Optional[to
     if draft_layers is not None:
         parts += f"|draft_layers={','.join(map(str, draft_layers))}"
     return cost_key([target, draft], parts + (f"|{extra}" if extra else ""))
-
-
-def cost_key(models: Sequence[Optional["Model"]], what: str) -> str:
-    """The one cost cache key: ``what`` (the drafter's steps: shape, run-time format, files) on this
-    machine with these models (see ``_fingerprint``)."""
-    return _fingerprint(models, what)
 
 
 def drafter_costs(target: "Model", drafter: CostTimed, reps: int = 15) -> Costs:
