@@ -17,10 +17,12 @@ MODULES = (
     "kv_dtype",  # decode step time per KV-cache storage dtype against context length
     "llamacpp_decode",  # plain decode speed, ours against llama.cpp's, on the same GGUF files
     "kernel_ab",  # the quantized kernel against its source at a git revision
+    "ab",  # the same bench on this tree and on a git revision, alternating pair by pair
 )
 
 
 def add_subcommands(bench: argparse.ArgumentParser) -> None:
-    sub = bench.add_subparsers(dest="bench_command", metavar="{costs,variants,load,kv-dtype,llamacpp-decode,kernel-ab}")
+    sub = bench.add_subparsers(dest="bench_command",
+                               metavar="{costs,variants,load,kv-dtype,llamacpp-decode,kernel-ab,ab}")
     for name in MODULES:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)

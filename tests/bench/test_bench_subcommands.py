@@ -1,0 +1,87 @@
+"""The `specdecode bench <name>` measurements that replaced one-off scripts: they parse, run on tiny models,
+and refuse bad input with a message (not a traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdecode.cli import build_parser, main
+
+SUBCOMMANDS = ("costs", "variants", "load", "kv-dtype", "llamacpp-decode", "kernel-ab", "ab")
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_every_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", name, "--help"])
+    assert e.value.code == 0 and name in capsys.readouterr().out
+
+
+def test_costs_with_a_draft_gives_c(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "costs.json"
+    rc = main(["bench", "costs", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["draft"]),
+               "--formats", "bf16", "--isas", "auto", "--max-tokens", "2", "--rounds", "1", "--reps", "1",
+               "--context", "8", "--json", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["c"] > 0 and row["draft_step_s"] > 0
+
+
+def test_variants_match_plain_decoding(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"p{i}", "category": "c", "prompt": p, "max_new_tokens": 8}) + "\n"
+                                for i, p in enumerate(["def f(x):\n    return x", "a b a b a b"])))
+    out = tmp_path / "v.json"
+    rc = main(["bench", "variants", "ngram", "ngram:ngram_max=2", "--target", str(tiny_dirs["llama"]),
+               "--workload", str(workload), "--reps", "1", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["mismatches"] == 0
+    assert {(r["category"], r["variant"]) for r in report["rows"]} == {
+        (c, v) for c in ("c", "overall") for v in ("plain", "ngram", "ngram:ngram_max=2")}
+    assert "outputs differing from plain decoding: 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("variant, words", [("no-such-drafter", "unknown drafter"),
+                                            ("ngram:depth=3", "ngram_max"),
+                                            ("ngram:ngram_max=two", "ngram_max")])
+def test_a_bad_variant_is_a_message(variant: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "variants", variant]) != 0
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_kv_dtype_compares_two_storage_dtypes(tiny_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "kv-dtype", "--target", str(tiny_dirs["llama"]), "--weight-dtype", "bf16",
+               "--contexts", "8,16", "--pairs", "2"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "context     8" in text and "fp16 vs fp32" in text
+
+
+def test_ab_compares_each_method_pair_by_pair() -> None:
+    from specdecode.bench.ab import compare, overall_tps
+
+    def run(plain: float, lookup: float) -> dict:
+        return {"methods": [{"name": "plain", "status": "ok",
+                             "categories": {"overall": {"tokens_per_s": {"mean": plain}}}},
+                            {"name": "lookup/k4", "status": "ok",
+                             "categories": {"overall": {"tokens_per_s": {"mean": lookup}}}},
+                            {"name": "broken", "status": "failed", "categories": {}}]}
+
+    this = [overall_tps(run(100, 200)), overall_tps(run(110, 200))]
+    rev = [overall_tps(run(100, 100)), overall_tps(run(100, 250))]
+    rows = {r["method"]: r for r in compare(this, rev)}
+    assert set(rows) == {"plain", "lookup/k4"}
+    assert rows["lookup/k4"]["ratio_min"] == pytest.approx(0.8) and rows["lookup/k4"]["ratio_max"] == pytest.approx(2.0)
+    assert rows["plain"]["this_speedup"] == pytest.approx(1.0)
+    assert rows["lookup/k4"]["this_speedup"] == pytest.approx(200 / 105)
+
+
+def test_ab_wants_out_before_the_bench_args(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "ab", "--rev", "HEAD", "--", "--quick", "--out", "x"]) != 0
+    assert "--out before" in capsys.readouterr().err
