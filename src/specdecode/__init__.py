@@ -10,8 +10,8 @@
 from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter,
-                       ExitAdapterDrafter, LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter, SuffixDrafter,
-                       VocabularyMismatchError, build_drafter, drafter_names)
+                       ExitAdapterDrafter, LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter,
+                       SuffixDrafter, VocabularyMismatchError, build_drafter, drafter_names)
 from .core import DecodeCore, Request
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
 from .metrics import GenerationStats
@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter",
-    "Drafter", "DrafterOptions", "EagleDrafter", "ExitAdapterDrafter", "FinishEvent", "GenerationConfig", "GenerationResult",
+    "Drafter", "DrafterOptions", "EagleDrafter", "ExitAdapterDrafter", "FinishEvent", "GenerationConfig",
+    "GenerationResult",
     "GenerationStats", "KVCache", "LayerSkipDrafter", "MedusaDrafter", "Model", "ModelNotFoundError",
     "PromptLookupDrafter", "QuantDrafter", "Request", "SamplingConfig", "StepEvent", "SuffixDrafter",
     "UnsupportedModelError", "VerifyConfig", "VocabularyMismatchError", "build_drafter", "drafter_names", "generate",

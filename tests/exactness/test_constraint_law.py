@@ -45,7 +45,8 @@ def allowed(text: str) -> list[bool]:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model]:
     root = tmp_path_factory.mktemp("cv8")
-    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=21))
+    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1,
+                                       seed=21))
     draft = sd.load_model(build_model(root / "d", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=22))
     return target, draft
 

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow  # full tier: make test-full
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model, Path]:
     root = tmp_path_factory.mktemp("eagle-v8")
-    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=2, seed=11))
+    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=2,
+                                       seed=11))
     other = sd.load_model(build_model(root / "d", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=2, seed=12))
     return target, other, make_eagle(root / "eagle", target, seed=3)
 

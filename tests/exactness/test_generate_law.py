@@ -24,7 +24,8 @@ V, N, PROMPT = 8, 2500, [1, 2]
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model]:
     root = tmp_path_factory.mktemp("v8")
-    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=11))
+    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1,
+                                       seed=11))
     draft = sd.load_model(build_model(root / "d", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=12))
     return target, draft
 

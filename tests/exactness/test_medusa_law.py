@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow  # full tier: make test-full
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model, Path]:
     root = tmp_path_factory.mktemp("medusa-v8")
-    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=11))
+    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1,
+                                       seed=11))
     other = sd.load_model(build_model(root / "d", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=12))
     heads = make_heads(root / "heads", 16, V, num_heads=2, scale=0.3, seed=3)
     return target, other, heads

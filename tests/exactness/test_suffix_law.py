@@ -22,7 +22,8 @@ FREE = Costs(c=0.0, v=(1.0,) * 64)  # every node pays: wide trees from the first
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model]:
     root = tmp_path_factory.mktemp("suffix-v8")
-    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=11))
+    target = sd.load_model(build_model(root / "t", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1,
+                                       seed=11))
     other = sd.load_model(build_model(root / "d", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1, seed=12))
     return target, other
 

@@ -39,7 +39,8 @@ def test_serve_subprocess_answers_then_shuts_down_on_sigterm(models: Models) -> 
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "specdecode.cli", "serve", "--target", str(models.target_dir), "--drafter", "ngram",
            "--port", str(port), "--max-batch-size", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -55,7 +56,8 @@ def test_serve_subprocess_answers_then_shuts_down_on_sigterm(models: Models) -> 
         body = {"model": models.target_dir.name, "prompt": "def fib(n):", "max_tokens": 10, "temperature": 0}
         r = httpx.post(url + "/v1/completions", json=body, timeout=30)
         assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == specdecode.generate(models.target, "def fib(n):", max_new_tokens=10).text
+        expected = specdecode.generate(models.target, "def fib(n):", max_new_tokens=10).text
+        assert r.json()["choices"][0]["text"] == expected
         # SIGTERM mid-stream: the running request still ends normally, then the process exits
         stream_body = {**body, "max_tokens": 300, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=stream_body, timeout=30) as r:

@@ -35,7 +35,8 @@ async def _stream_all(url: str, max_tokens: list[int]) -> list[tuple[str, list[b
 
 
 @pytest.mark.parametrize("which", ["server", "auto_server"])
-def test_16_concurrent_streams_equal_single_requests(which: str, models: Models, request: pytest.FixtureRequest) -> None:
+def test_16_concurrent_streams_equal_single_requests(which: str, models: Models,
+                                                     request: pytest.FixtureRequest) -> None:
     server: RunningServer = request.getfixturevalue(which)
     # different lengths, so requests finish at different steps and rows are freed and compacted mid-batch
     max_tokens = [12 + 3 * (i % 5) for i in range(16)]
@@ -45,7 +46,8 @@ def test_16_concurrent_streams_equal_single_requests(which: str, models: Models,
     after = server.get("/metrics").text
     assert [t for t, _ in outs] == refs
     assert _metric(after, "specdecode_requests_total") - _metric(before, "specdecode_requests_total") == 16
-    singles = _metric(after, 'specdecode_batch_size_bucket{le="1.0"}') - _metric(before, 'specdecode_batch_size_bucket{le="1.0"}')
+    bucket = 'specdecode_batch_size_bucket{le="1.0"}'
+    singles = _metric(after, bucket) - _metric(before, bucket)
     steps = _metric(after, "specdecode_batch_size_count") - _metric(before, "specdecode_batch_size_count")
     assert steps > 0 and singles < steps  # requests really shared batched forwards
     assert server.get("/health").json()["active_rows"] == 0

@@ -16,7 +16,8 @@ from specdecode.server.config import ServerConfig
 from server_helpers import MODEL_NAME, Models, serve, start_server
 from tiny import build_model, build_tokenizer
 
-PROMPTS = [f"def f{i}(x{'y' * (i % 4)}):\n    return" if i % 2 else f"class C{i}:\n    def __init__(self" for i in range(8)]
+PROMPTS = [f"def f{i}(x{'y' * (i % 4)}):\n    return" if i % 2 else f"class C{i}:\n    def __init__(self"
+           for i in range(8)]
 BUNDLED = Path(__file__).resolve().parents[2] / "models"
 
 

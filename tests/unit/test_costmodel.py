@@ -84,7 +84,8 @@ def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
     import specdecode.drafters.model as drafter_module
 
     # a cheap draft with flat verification cost: with draft == target (alpha = 1) auto must draft
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs",
+                        lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
     target = sd.load_model(tiny_dirs["llama"])
     plain = sd.generate(target, "def fib(n):", max_new_tokens=20, ignore_eos=True)
     auto = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
@@ -119,7 +120,8 @@ def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str,
     import specdecode.drafters.model as drafter_module
     from specdecode.config import SamplingConfig
 
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
+    monkeypatch.setattr(drafter_module, "load_or_measure_costs",
+                        lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
     target = sd.load_model(tiny_dirs["llama"])
     drafter = sd.DraftModelDrafter(target)  # self-speculation: everything it proposes is accepted
     drafter.prepare(target)

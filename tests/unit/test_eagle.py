@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from specdecode import generate
 from specdecode.costmodel import Costs

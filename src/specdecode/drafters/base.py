@@ -70,7 +70,8 @@ class DraftContext:
     target_cache: Optional["KVCache"] = None
     noise: Optional[CoupledNoise] = None
     constraint: Optional["DraftConstraint"] = None
-    layers: Optional[Mapping[int, torch.Tensor]] = None  # EAGLE-3: residual after layer i, [k, dim], same tokens as hidden
+    # EAGLE-3: residual after layer i, [k, dim], same tokens as hidden
+    layers: Optional[Mapping[int, torch.Tensor]] = None
 
 
 class DraftConstraint(Protocol):

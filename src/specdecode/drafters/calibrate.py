@@ -83,7 +83,8 @@ def read_prompts(path: Optional[str], max_prompts: Optional[int] = None) -> list
     if path is None:
         from ..bench.workloads import DEFAULT_WORKLOAD, load_workloads, select
 
-        prompts = [w.prompt for w in select(load_workloads(DEFAULT_WORKLOAD), per_category=DEFAULT_PROMPTS_PER_CATEGORY)]
+        chosen = select(load_workloads(DEFAULT_WORKLOAD), per_category=DEFAULT_PROMPTS_PER_CATEGORY)
+        prompts = [w.prompt for w in chosen]
     else:
         p = Path(path)
         try:

@@ -92,7 +92,8 @@ class EagleConfig:
         aux = tuple(int(i) for i in aux_layers) if aux_layers is not None else default_aux_layers(c.n_layers)
         if len(aux) != 3 or any(not 0 <= i < c.n_layers for i in aux):
             raise EagleError(f"EAGLE-3 fuses exactly three target layers in 0..{c.n_layers - 1}, got {list(aux)}")
-        return cls(dim=c.dim, n_heads=heads, n_kv_heads=kv, head_dim=c.dim // heads, ffn=int(ffn or c.intermediate_size),
+        return cls(dim=c.dim, n_heads=heads, n_kv_heads=kv, head_dim=c.dim // heads,
+                   ffn=int(ffn or c.intermediate_size),
                    vocab_size=c.vocab_size, draft_vocab_size=int(draft_vocab_size), aux_layers=aux,
                    target_layers=c.n_layers, norm_eps=float(c.norm_eps),
                    rope_theta=float(getattr(c, "rope_theta", 10000.0) or 10000.0),

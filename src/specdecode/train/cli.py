@@ -123,11 +123,14 @@ def _add_train(sub) -> None:
     p.add_argument("--vocab-size", type=int, default=d.vocab_size, help="BPE vocabulary size (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="linear warmup steps (default: %(default)s)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)s)")
-    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="clip gradient norm to this (default: %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help="AdamW weight decay (default: %(default)s)")
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip,
+                   help="clip gradient norm to this (default: %(default)s)")
     p.add_argument("--eval-tokens", type=int, default=d.eval_tokens,
                    help="held-out tokens scored for the final loss/perplexity (default: %(default)s)")
-    p.add_argument("--log-every", type=int, default=d.log_every, help="log a plain line every N steps (default: %(default)s)")
+    p.add_argument("--log-every", type=int, default=d.log_every,
+                   help="log a plain line every N steps (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help="tiny recipe that finishes in seconds (tests, smoke runs); explicit flags still win")
     p.set_defaults(func=_run_train, _parser=p)
@@ -167,7 +170,8 @@ def _add_distill(sub) -> None:
     _common(p)
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="on-policy sequences per step; corpus steps use the same number of tokens (default: %(default)s)")
+                   help="on-policy sequences per step; corpus steps use the same number of tokens "
+                        "(default: %(default)s)")
     _shape(p, d, "draft ")
     p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="linear warmup steps (default: %(default)s)")
@@ -177,7 +181,8 @@ def _add_distill(sub) -> None:
                    help="target rollouts to generate and train on (default: %(default)s)")
     p.add_argument("--prompt-len", type=int, default=d.prompt_len,
                    help="corpus tokens in each rollout's prompt (default: %(default)s)")
-    p.add_argument("--gen-len", type=int, default=d.gen_len, help="tokens the target writes per rollout (default: %(default)s)")
+    p.add_argument("--gen-len", type=int, default=d.gen_len,
+                   help="tokens the target writes per rollout (default: %(default)s)")
     p.add_argument("--greedy-frac", type=float, default=d.greedy_frac,
                    help="fraction of rollouts decoded greedily; the rest are sampled at T=1 (default: %(default)s)")
     p.add_argument("--corpus-seqs", type=int, default=d.corpus_seqs,
@@ -186,7 +191,8 @@ def _add_distill(sub) -> None:
                    help="fraction of steps trained on corpus windows instead of rollouts (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=d.top_k,
                    help="teacher log-probs kept per position (the rest is one tail bucket) (default: %(default)s)")
-    p.add_argument("--gen-batch", type=int, default=d.gen_batch, help="rollouts generated together (default: %(default)s)")
+    p.add_argument("--gen-batch", type=int, default=d.gen_batch,
+                   help="rollouts generated together (default: %(default)s)")
     p.add_argument("--target-dtype", default=d.target_dtype,
                    help="dtype the target runs in for rollouts and teacher logits (default: %(default)s)")
     p.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
@@ -198,10 +204,11 @@ def _add_distill(sub) -> None:
     p.add_argument("--method", choices=DISTILL_METHODS, default="draft",
                    help="draft: a small draft model (the flags above); medusa: Medusa-1 heads on the frozen target "
                         "(drafters/medusa.py), trained on its cached hidden states and top-k laws; --out then "
-                        "defaults to models/code-medusa and the draft-shape flags do not apply; eagle: an EAGLE-3 draft "
-                        "layer (drafters/eagle.py) on the target's low/mid/high features, trained with the training-"
-                        "time test; --out defaults to models/code-eagle; early-exit: an exit adapter (drafters/exit_adapter.py) that "
-                        "makes the target's first --exit-layer layers a good layerskip draft; --out defaults to "
+                        "defaults to models/code-medusa and the draft-shape flags do not apply; eagle: an EAGLE-3 "
+                        "draft layer (drafters/eagle.py) on the target's low/mid/high features, trained with the "
+                        "training-time test; --out defaults to models/code-eagle; early-exit: an exit adapter "
+                        "(drafters/exit_adapter.py) that makes the target's first --exit-layer layers a good "
+                        "layerskip draft; --out defaults to "
                         "models/code-exit-adapter (default: %(default)s)")
     p.add_argument("--medusa-heads", type=int, default=None,
                    help="medusa: number of heads K (head k predicts the token k+1 positions ahead; default: 4)")
@@ -361,7 +368,8 @@ def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None)
                           f"{' or --method '.join(methods)}")
     names = ["target", "out", "run_dir", "steps", "batch_size", "dim", "layers", "heads", "kv_heads", "ffn", "lr",
              "warmup", "loss", "onpolicy_seqs", "prompt_len", "gen_len", "greedy_frac", "corpus_seqs", "corpus_mix",
-             "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed", "device", "threads", "amp", "save_dtype",
+             "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed",
+             "device", "threads", "amp", "save_dtype",
              "max_minutes", "stop_after", "resume", "quick", "tokenizer_vocab"]
     cfg = DistillConfig(corpus=list(args.corpus), **{n: getattr(args, n) for n in names})
     r = _run_training(args, argv, cfg, QUICK, distill)
@@ -385,11 +393,14 @@ def _add_eval(sub) -> None:
                    help="the corpus the models were trained on (default: the stdlib; its held-out files give prompts)")
     p.add_argument("--prompts", type=int, default=64, help="held-out prompts (default: %(default)s)")
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (default: %(default)s)")
-    p.add_argument("--new-tokens", type=int, default=128, help="target tokens generated per prompt (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=128,
+                   help="target tokens generated per prompt (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16, help="prompts run together (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=1234, help="picks the prompts and the T=1 samples (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1234,
+                   help="picks the prompts and the T=1 samples (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
-    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 (default: %(default)s)")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 (default: %(default)s)")
     p.add_argument("--no-ngrams", dest="ngrams", action="store_false", help="skip the unigram/bigram baselines")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON here")
     p.set_defaults(func=_run_eval, _parser=p)
