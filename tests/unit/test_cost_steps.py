@@ -88,3 +88,32 @@ def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path
     monkeypatch.setattr(cm, "measure_steps", lambda *a, **k: pytest.fail("measured again despite the cache file"))
     assert load_or_measure_tree_costs(target, medusa) == (costs, extra)
     assert load_or_measure_eagle_costs(target, eagle) == got
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # the draft as one module call; the eager adapter step
+def test_exit_adapter_step_is_timed_by_the_one_timer(arch: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterConfig, ExitAdapterDrafter
+    from specdecode.drafters.layerskip import LayerSkipDrafter
+    from tiny import build_model
+
+    _fresh_cache(tmp_path, monkeypatch)
+    calls: list[tuple[str, ...]] = []
+    timer = cm.time_steps
+
+    def spy(widths, steps, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(tuple(steps))
+        return timer(widths, steps, *args, **kwargs)
+
+    monkeypatch.setattr("specdecode.drafters.exit_adapter.time_steps", spy)
+    m = sd.load_model(build_model(tmp_path / arch, arch, seed=7, layers=4))
+    adapter = ExitAdapter(ExitAdapterConfig.for_target(m, 2, 64, m.vocab_size), torch.arange(m.vocab_size),
+                          m.max_seq_len)
+    d = ExitAdapterDrafter(adapter, gamma="auto", quant=None)
+    d.prepare_rows(m, 1, m.max_seq_len)
+    plain = LayerSkipDrafter(exit_layer=2, gamma="auto")
+    plain.prepare_rows(m, 1, m.max_seq_len)
+    got, exit_only = d.costs_for(m), plain.costs_for(m)
+    assert got is not None and exit_only is not None
+    assert calls == [("ours", "plain")] and got.v == exit_only.v and got.c != exit_only.c and got.c >= 0.0
+    assert d.runtime == ("dense" if arch == "llama" else "eager")  # which of the two steps was timed
