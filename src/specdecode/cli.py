@@ -14,6 +14,8 @@ from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyCon
 
 if TYPE_CHECKING:
     from .drafters import DrafterOptions
+    from .drafters.base import BatchDrafter, Gamma
+    from .models import Model
 
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
 # when present so a missing optional dependency never breaks `generate`.
@@ -58,7 +60,7 @@ def parse_draft_vocab(text: str) -> object:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def parse_gamma(text: str) -> object:
+def parse_gamma(text: str) -> "Gamma":
     if text == "auto":
         return "auto"
     try:
@@ -107,18 +109,18 @@ def default_drafter_name(args: argparse.Namespace) -> str:
     return ALONE_DEFAULT if args.target and not getattr(args, "draft", None) else PAIRED_DEFAULT
 
 
-def drafter_options(args: argparse.Namespace, load: Callable[[str], object],
+def drafter_options(args: argparse.Namespace, load: Callable[[str], "Model"],
                     needs_draft_model: bool) -> "DrafterOptions":
     """What the registry builds drafters from, as the model flags say (loads the draft model if needed)."""
     from .drafters import DrafterOptions
     from .drafters.registry import artifacts_from_args, options_from_args
 
     path = resolve_draft_path(args, needs_draft_model)
-    return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,  # type: ignore[arg-type]
+    return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,
                           options=options_from_args(args), artifacts=artifacts_from_args(args))
 
 
-def build_drafter(args: argparse.Namespace, load: Callable[[str], object]) -> object:
+def build_drafter(args: argparse.Namespace, load: Callable[[str], "Model"]) -> Optional["BatchDrafter"]:
     """The drafter named by --drafter/--draft/--gamma (None for plain decoding)."""
     from .drafters import build_drafter as build
     from .drafters.registry import get_spec
@@ -143,12 +145,12 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return sys.stdin.read()
 
 
-def model_loader(cfg: ModelLoadConfig) -> Callable[[str], object]:
+def model_loader(cfg: ModelLoadConfig) -> Callable[[str], "Model"]:
     """Load models as the flags say: device, dtypes (``--kv-dtype`` too), and each model's kernels
     (``--fast-linear``, ``--matmul``)."""
     from .models import load_model
 
-    def load(path: str) -> object:
+    def load(path: str) -> "Model":
         return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype,
                           fast=cfg.fast_linear, matmul=cfg.matmul, kv_dtype=cfg.kv_dtype)
 
@@ -173,12 +175,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     target = load(resolve_target(args))
     drafter = build_drafter(args, load)
-    constraint = bind(spec, target) if spec is not None else None  # type: ignore[arg-type]
+    constraint = bind(spec, target) if spec is not None else None
     colour = sys.stdout.isatty() and not args.no_color and not args.json
     if not args.json and not args.stream:
         sys.stdout.write(prompt)
     finish: Optional[FinishEvent] = None
-    for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint):  # type: ignore[arg-type]
+    for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint):
         if isinstance(ev, StepEvent):
             if args.json:
                 continue

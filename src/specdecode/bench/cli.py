@@ -385,8 +385,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sampling = from_args(SamplingConfig, args)
     families = list(st.families)
     if not sampling.greedy:  # sampled: e.g. token-by-token beside block verification (the default)
-        table = method_table()
-        families += [c for f in list(families) if (c := table[f].with_sampling) and c not in families]
+        specs = method_table()
+        families += [c for f in list(families) if (c := specs[f].with_sampling) and c not in families]
     torch.set_num_threads(st.threads or adaptive_threads())
     threads = torch.get_num_threads()
 
@@ -412,7 +412,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     load = model_loader(from_args(ModelLoadConfig, args))
     target = load(target_path)
     draft = load(draft_path) if draft_path else None
-    memory = {"after_loading_mib": _maxrss_mib()}
+    memory: dict[str, Any] = {"after_loading_mib": _maxrss_mib()}
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
                        ignore_eos=not args.stop_at_eos, draft_vocab=args.draft_vocab, sampling=sampling,
                        options=options_from_args(args), artifacts=artifacts, own_drafts=own_drafts(args, load))

@@ -96,7 +96,7 @@ class BenchContext:
                 m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=self.target.dtype)
             except Exception as e:  # any load failure means: this peer cannot run here
                 raise MethodUnavailable(f"transformers cannot load {path}: {type(e).__name__}: {e}") from e
-            m = m.to(self.target.device).eval()
+            m = m.to(self.target.device).eval()  # type: ignore[arg-type]  # transformers' decorated .to
             eos = sorted(self.target.eos_token_ids)
             m.generation_config.pad_token_id = eos[0] if eos else 0
             if self.ignore_eos:  # generate exactly the budget, as our runs with ignore_eos do

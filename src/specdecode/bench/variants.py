@@ -24,7 +24,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 PLAIN = "plain"
 
@@ -99,25 +99,23 @@ def cmd_variants(args: argparse.Namespace) -> int:
 
     from ..cli import model_loader, parse_gamma, resolve_draft_path, resolve_target
     from ..config import ModelLoadConfig, from_args
-    from ..drafters.base import Gamma
     from ..drafters.plugin import DrafterOptions
     from ..drafters.registry import artifacts_from_args, build_drafter, get_spec, options_from_args
     from ..engine import generate
-    from ..models import Model
     from .runners import prepare_prompts
     from .workloads import load_workloads, resolve_workload, select
 
     variants = [parse_variant(v) for v in args.variants]
     torch.set_num_threads(args.threads)
     load = model_loader(from_args(ModelLoadConfig, args))
-    target = cast(Model, load(resolve_target(args)))
+    target = load(resolve_target(args))
     specs = [get_spec(v.drafter) for v in variants]
     wants_draft = any(s.needs_draft_model or (s.uses_draft_model and not args.target) for s in specs)
     draft_path = resolve_draft_path(args, wants_draft)
-    draft = cast(Optional[Model], load(draft_path) if draft_path else None)
+    draft = load(draft_path) if draft_path else None
     shared = options_from_args(args)
     artifacts = artifacts_from_args(args)
-    gamma = cast(Gamma, parse_gamma(args.gamma))
+    gamma = parse_gamma(args.gamma)
     drafters: dict[str, Any] = {PLAIN: None}
     for v in variants:
         o = DrafterOptions(draft=draft, gamma=gamma, options={**shared, **v.options}, artifacts=artifacts)

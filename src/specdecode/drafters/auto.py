@@ -355,11 +355,11 @@ class AutoDrafter(RowZeroAdapter):
         for m, due in tried:
             for r in due:
                 m.settle(r, best[r][1] is m)
-        for r, (_, m) in best.items():
-            if m is not None:
-                out[r].source = m.name
-                m.idle = 0
-                self._pending[r] = (m, len(out[r].tokens))
+        for r, (_, winner) in best.items():
+            if winner is not None:
+                out[r].source = winner.name
+                winner.idle = 0
+                self._pending[r] = (winner, len(out[r].tokens))
         return out
 
 

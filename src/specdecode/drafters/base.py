@@ -23,6 +23,7 @@ from ..sampling import CoupledNoise, draw
 
 if TYPE_CHECKING:
     from ..cache import KVCache
+    from ..costmodel import Costs
     from ..models import Model
 
 Gamma = Union[int, Literal["auto"]]
@@ -36,7 +37,7 @@ def check_gamma(gamma: object, what: str = "gamma (draft length)") -> Gamma:
     """``gamma`` if it is a positive int or "auto", else a ConfigError naming the fix."""
     if gamma != "auto" and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
         raise ConfigError(f"{what} must be a positive integer or 'auto', got {gamma!r}")
-    return gamma  # type: ignore[return-value]
+    return gamma
 
 
 @dataclass
@@ -209,7 +210,7 @@ class BatchDrafter(Protocol):
 
     def move_row(self, src: int, dst: int) -> None: ...
 
-    def costs_for(self, target: "Model") -> Optional[object]: ...
+    def costs_for(self, target: "Model") -> Optional["Costs"]: ...
 
 
 class RowZeroAdapter:
@@ -280,7 +281,7 @@ class PerRowDrafters:
         self._rows[dst], self._rows[src] = self._rows[src], self._rows[dst]
         self.reset_row(src)
 
-    def costs_for(self, target: "Model") -> Optional[object]:
+    def costs_for(self, target: "Model") -> Optional["Costs"]:
         return None
 
 

@@ -105,7 +105,8 @@ def read_prompts(path: Optional[str], max_prompts: Optional[int] = None) -> list
                     raise ConfigError(f"{path}:{i}: need a non-empty string or an object with a \"prompt\" string")
                 prompts.append(prompt)
         else:
-            chunks, cur = [], []
+            chunks: list[str] = []
+            cur: list[str] = []
             for line in text.splitlines(keepends=True):
                 if line.strip() == "---":
                     chunks.append("".join(cur))

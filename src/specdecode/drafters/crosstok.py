@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from ..cache import KVCache
+    from ..costmodel import Costs
     from ..models import Model
 
 DEFAULT_GAMMA = 6  # target tokens per step when γ is "auto" (no offline cost model for a pair of tokenizers)
@@ -143,7 +144,7 @@ class CrossTokenizerDrafter(RowZeroAdapter):
     def on_verified_row(self, row: int, n_accepted: int) -> None:
         """Nothing to roll back here: the next proposal re-syncs the cache from the text."""
 
-    def costs_for(self, target: "Model") -> Optional[object]:
+    def costs_for(self, target: "Model") -> Optional["Costs"]:
         return None
 
 
@@ -231,7 +232,7 @@ class CrossTokenizerDrafter(RowZeroAdapter):
         if self._cache is None or self._ttok is None:
             raise RuntimeError("CrossTokenizerDrafter.prepare_rows(target, ...) must be called before proposing")
         drafts = {r: Draft() for r in contexts}
-        cap = int(self.gamma)  # type: ignore[arg-type]
+        cap = int(self.gamma)
         wanted = {r: min(cap, ctx.max_tokens) for r, ctx in contexts.items()}
         steps = {r: min(MAX_DRAFT_STEPS, math.ceil(k * self.ratio) + 1) for r, k in wanted.items() if k > 0}
         if not steps:

@@ -149,11 +149,13 @@ class EagleDrafter(RowZeroAdapter):
                            and self._emb.dtype in (torch.float32, torch.bfloat16) and self._emb.is_contiguous())
             self.runtime = "fused" if self._fused else "eager"  # how a level runs (the cost cache's key)
             if self._fused:
+                assert ext is not None and native is not None  # checked in _fused
                 self._ext, self._native = ext, native
                 mats = {name: getattr(rt, name) for name in ("fc", "wqkv", "wo", "w13", "w2", "lm_head")}
                 # a level reads every weight once: half the bytes, about half the time
                 qk, mats, fmt = pack_draft(kernels, self.quant, mats, "eagle")
                 if fmt is not None:
+                    assert qk.native is not None  # quantized kernels are always callable from C++
                     self._lin, self._native = qk.linear, qk.native
                     self.runtime = f"fused-{fmt}"
                 self._fc = mats["fc"]

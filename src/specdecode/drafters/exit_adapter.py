@@ -27,7 +27,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union, cast
 
 import torch
 from torch import nn
@@ -46,6 +46,7 @@ from .plugin import Artifact, BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from ..models import Model
+    from ..models.llama import LlamaModel
 
 QUANT = "int4"  # the draft's matrices at run time on a dense CPU target (drafts only: exactness unaffected)
 log = logging.getLogger(__name__)
@@ -113,10 +114,11 @@ class ExitAdapterDrafter(LayerSkipDrafter):
         stored as its own layers are (a packed target's: in its format)."""
         if target.config.family != "llama":
             return None
+        module = cast("LlamaModel", target.module)  # the llama family's module
         mine = self.adapter
-        n = min(mine.rope_cos.shape[0], target.module.rope_cos.shape[0])
-        if not (torch.allclose(mine.rope_cos[:n].to(target.device), target.module.rope_cos[:n].float(), atol=1e-5)
-                and torch.allclose(mine.rope_sin[:n].to(target.device), target.module.rope_sin[:n].float(), atol=1e-5)):
+        n = min(mine.rope_cos.shape[0], module.rope_cos.shape[0])
+        if not (torch.allclose(mine.rope_cos[:n].to(target.device), module.rope_cos[:n].float(), atol=1e-5)
+                and torch.allclose(mine.rope_sin[:n].to(target.device), module.rope_sin[:n].float(), atol=1e-5)):
             return None
         fmt = target.quant.fmt if target.quant is not None else self.quant
         kernels = target.kernels
@@ -128,7 +130,7 @@ class ExitAdapterDrafter(LayerSkipDrafter):
             except QuantUnavailableError as e:
                 log.warning("layerskip-adapter: the draft keeps %s weights (%s)", target.weight_dtype, e)
                 fmt, kernels = None, target.kernels
-        own = target.module.layers[0]
+        own = cast("LlamaBlock", module.layers[0])
         dense = next(p for p in target.module.parameters() if p.dim() == 2 and p.dtype.is_floating_point)
 
         def stored(w: torch.Tensor, like: torch.Tensor) -> nn.Parameter:

@@ -11,7 +11,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -82,6 +82,10 @@ class ExitAdapterConfig:
 class ExitAdapter(nn.Module):
     """One Llama decoder layer on the residual after the exit layer; it keeps cache layer ``n_layers``."""
 
+    rope_cos: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    rope_sin: torch.Tensor
+    vocab_ids: torch.Tensor
+
     def __init__(self, cfg: ExitAdapterConfig, vocab_ids: torch.Tensor, max_len: int) -> None:
         super().__init__()
         if cfg.dim < 1 or cfg.width < 1:
@@ -118,8 +122,9 @@ def final_norm(target: "Model", x: torch.Tensor) -> torch.Tensor:
     """The target's own final norm (RMSNorm for the llama family, LayerNorm for gpt2)."""
     m, cfg = target.module, target.config
     if cfg.family == "gpt2":
-        return torch.nn.functional.layer_norm(x, (cfg.dim,), m.lnf_w, m.lnf_b, cfg.norm_eps)
-    return rms_norm(x, m.norm, cfg.norm_eps)
+        return torch.nn.functional.layer_norm(x, (cfg.dim,), cast(torch.Tensor, m.lnf_w), cast(torch.Tensor, m.lnf_b),
+                                              cfg.norm_eps)
+    return rms_norm(x, cast(torch.Tensor, m.norm), cfg.norm_eps)
 
 
 def proposal_head(target: "Model", vocab_ids: torch.Tensor) -> torch.Tensor:

@@ -179,6 +179,7 @@ class DraftModelDrafter:
     def _last_logits(self, feed: list[int], rows: slice) -> torch.Tensor:
         """Append one row's tokens and return its last position's logits."""
         ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)
+        assert self._cache is not None  # made by prepare_rows
         return self.model.forward(ids, self._cache, rows=rows, last_only=True, head=self._head)[0, -1]
 
     def _forward(self, feeds: dict[int, list[int]]) -> dict[int, torch.Tensor]:
@@ -245,7 +246,8 @@ class DraftModelDrafter:
         with torch.inference_mode():  # once per proposal, not once per draft step
             if len(want) == 1:  # generate()'s case: the same steps without the batch bookkeeping
                 (r, g), = want.items()
-                tokens, probs = {r: []}, {r: []}
+                tokens: dict[int, list[int]] = {r: []}
+                probs: dict[int, list[torch.Tensor]] = {r: []}
                 self._draft_one(r, g, contexts[r], tokens[r], probs[r])
             else:
                 tokens, probs = self._draft_many(want, contexts)

@@ -51,7 +51,7 @@ class QuantState:
     logical: dict[str, int] = field(default_factory=dict)
 
 
-def quantize_module(module: nn.Module, fmt: str, sources: Optional[dict[str, torch.Tensor]] = None,
+def quantize_module(module: LlamaModel | GPT2Model, fmt: str, sources: Optional[dict[str, torch.Tensor]] = None,
                     packed: Optional[dict[str, torch.Tensor]] = None) -> QuantState:
     """Pack every matrix of the decoder layers (``layers.*``) and a copy of the output matrix as ``fmt``.
 

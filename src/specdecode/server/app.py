@@ -142,7 +142,7 @@ def create_app(state: ServerState) -> FastAPI:
         check_model(state, req.model)
         prompt: Union[str, list[int]]
         prompt = req.prompt[0] if req.prompt and isinstance(req.prompt, list) and isinstance(req.prompt[0], str) \
-            else req.prompt  # type: ignore[assignment]
+            else req.prompt
         ids = await asyncio.to_thread(tokenize_prompt, state, prompt, "prompt", True)
         constraint = await asyncio.to_thread(compile_constraint, state, req)
         specs = build_specs(state, req, ids, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt", constraint,

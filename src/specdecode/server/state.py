@@ -56,7 +56,7 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
         raise ConfigError(f"default {why}")
     # a draft with another tokenizer serves only the drafters that re-tokenize; the rest run without it
     other_vocab = draft_model is not None and not shares_vocabulary(draft_model, target)
-    if other_vocab and default.needs_draft_model and not default.own_tokenizer:
+    if draft_model is not None and other_vocab and default.needs_draft_model and not default.own_tokenizer:
         own = ", ".join(n for n, sp in REGISTRY.items() if sp.own_tokenizer)
         raise ConfigError(f"the draft {draft_model.path} has another tokenizer than the target, so default drafter "
                           f"{default_drafter!r} cannot use it; serve it with --drafter {own}")

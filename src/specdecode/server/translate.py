@@ -74,8 +74,8 @@ def validation_error(errors: Any) -> ApiError:
     if err.get("type") == "json_invalid":
         return ApiError(400, f"request body is not valid JSON: {err.get('msg')}", code="invalid_json")
     if err.get("type") == "extra_forbidden":  # OpenAI's wording for a field it does not know
-        param = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        return ApiError(400, f"{param}: unrecognized request argument supplied", param=param,
+        field = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        return ApiError(400, f"{field}: unrecognized request argument supplied", param=field,
                         code="unknown_parameter")
     loc = [str(p) for p in err.get("loc", ()) if p != "body" and not (isinstance(p, str) and _TYPE_TAG.match(p))]
     param = ".".join(loc) or None
