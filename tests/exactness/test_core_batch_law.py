@@ -22,7 +22,8 @@ def test_batched_rows_follow_the_target_law(models: tuple[sd.Model, sd.Model], r
     target, draft = models
     cfg = SamplingConfig(temperature=1.0)
     drafters = {"model": sd.DraftModelDrafter(draft, gamma=3),
-                "ngram": sd.drafters.build_drafter("ngram", sd.drafters.DrafterOptions(gamma=2, options={"ngram_max": 1}))}
+                "ngram": sd.drafters.build_drafter("ngram",
+                                                   sd.drafters.DrafterOptions(gamma=2, options={"ngram_max": 1}))}
     core = DecodeCore(target, drafters, max_rows=4, context_len=16)
     generation = GenerationConfig(max_new_tokens=3, ignore_eos=True)
     # per row slot: (drafter, gamma); row 3 decodes plainly beside the drafting rows

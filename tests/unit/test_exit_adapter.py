@@ -30,7 +30,8 @@ PROMPTS = ["def fib(n):\n", "class Point:\n    def __init__(self", "def add(a, b
 def deep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """4-layer checkpoints per family (the draft exits after 2)."""
     root = tmp_path_factory.mktemp("deep")
-    return {arch: build_model(root / arch, arch, seed=40 + i, layers=4) for i, arch in enumerate(("llama", "qwen2", "gpt2"))}
+    return {arch: build_model(root / arch, arch, seed=40 + i, layers=4)
+            for i, arch in enumerate(("llama", "qwen2", "gpt2"))}
 
 
 def random_adapter(m: sd.Model, exit_layer: int = 2, width: int = 24, scale: float = 0.5, seed: int = 0,
@@ -220,7 +221,8 @@ def test_bad_adapter_directories_name_the_fix(deep: dict[str, Path], tmp_path: P
     with pytest.raises(ExitAdapterError, match="does not exist.*distill --method early-exit"):
         ExitAdapterDrafter.load(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ExitAdapterError, match=f"not an exit adapter directory.*{CONFIG_FILE}.*distill --method early-exit"):
+    with pytest.raises(ExitAdapterError,
+                       match=f"not an exit adapter directory.*{CONFIG_FILE}.*distill --method early-exit"):
         ExitAdapterDrafter.load(tmp_path / "empty")
     a = random_adapter(m)
     good = save_adapter(tmp_path / "good", a)

@@ -27,7 +27,8 @@ PROMPTS = ["def fib(n):\n", "class Point:\n    def __init__(self", "def add(a, b
 def deep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """4-layer checkpoints per family (a draft needs layers to skip)."""
     root = tmp_path_factory.mktemp("deep")
-    return {arch: build_model(root / arch, arch, seed=20 + i, layers=4) for i, arch in enumerate(("llama", "qwen2", "gpt2"))}
+    return {arch: build_model(root / arch, arch, seed=20 + i, layers=4)
+            for i, arch in enumerate(("llama", "qwen2", "gpt2"))}
 
 
 def identity_layers(model: sd.Model, layers: tuple[int, ...]) -> sd.Model:

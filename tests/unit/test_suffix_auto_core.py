@@ -12,7 +12,8 @@ from specdecode.costmodel import Costs
 from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.suffix import SuffixDrafter
 
-PROMPTS = ["def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib(n):\n", "class Point:\n    def __init__(self):\n",
+PROMPTS = ["def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib(n):\n",
+           "class Point:\n    def __init__(self):\n",
            "x = 1\ny = 2\n" * 3, "def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib(n):\n"]
 CHEAP = Costs(c=0.0, v=tuple(1.0 + 0.05 * k for k in range(64)))
 

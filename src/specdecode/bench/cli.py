@@ -117,7 +117,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                    help="output vocabulary of the draft methods: auto (the draft's draft_vocab.json cut, if any), "
                         "full, or N most frequent tokens; a method declaring its own vocabulary keeps it "
                         "(default: auto)")
-    b.add_argument("--reps", type=int, help=f"timed repetitions of every run (default: {FULL.reps}; quick: {QUICK.reps})")
+    b.add_argument("--reps", type=int,
+                   help=f"timed repetitions of every run (default: {FULL.reps}; quick: {QUICK.reps})")
     b.add_argument("--per-category", type=parse_per_category,
                    help="use only the first N prompts of each category; 'all' for every one")
     b.add_argument("--max-new-tokens", type=int, help="cap every prompt's token budget at this")

@@ -50,7 +50,9 @@ MAX_OCCURRENCES = 64  # most recent positions kept per key
 MAX_MATCH = 32  # match lengths are counted up to this
 MAX_NODES = 15  # default most nodes per tree ("auto"): v(k) is measured up to 16 tokens a pass
 DEFAULT_MAX_TOKENS = 1 << 18  # tokens the shared index holds before evicting old outputs (~ 30 MB)
-TREE_EXTRA = 0.1  # a tree step's extra cost over a chain of the same width (mask, compaction), in passes (Medusa measures 0.07-0.12 on the bundled target)
+# a tree step's extra cost over a chain of the same width (mask, compaction), in passes (Medusa measures 0.07-0.12
+# on the bundled target)
+TREE_EXTRA = 0.1
 BUCKETS = (1, 2, 3, 4, 6, 10, 16)  # match-length buckets for the calibration
 CONF_PRIOR, CONF_WEIGHT, CONF_MEMORY = 0.5, 4.0, 200.0
 
