@@ -44,7 +44,7 @@ class EdgeCalibration:
     others, starting from a(p) = p. The two differ at the same p: a top-1 at p = 0.35 tops a flat law,
     a second child at 0.35 trails a sibling at 0.35 or more. Pooled, 4x4 trees grew less deep than
     chains (tau 2.47 against 2.68 on 9 held-out bench prompts); apart, the tree drafted tau 2.95
-    against 2.52 pooled (``scripts/drafter_variants.py``, docs/lab-notes.md)."""
+    against 2.52 pooled (docs/lab-notes.md, session 9)."""
 
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets
