@@ -1,0 +1,105 @@
+"""The conformance table: for every registered drafter, what a test must hand it (a draft model, tiny random
+artifacts, options, γ). Adding a drafter is its module plus one line here; ``test_conformance`` checks
+that the table and the registry list the same drafters.
+
+Artifacts are random (no training): Medusa heads near the identity, an EAGLE-3 layer whose head is the
+target's own output rows, an exit adapter with random output projections; drafts are then sometimes
+accepted and sometimes rejected on the tiny models, which is what the suite needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import importlib
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import pytest
+
+import torch
+
+import specdecode as sd
+from specdecode.drafters import DrafterOptions
+from specdecode.drafters.base import Gamma
+
+from eagle_util import FLAT as EAGLE_FLAT
+from eagle_util import make_eagle
+from medusa_util import FLAT as MEDUSA_FLAT
+from medusa_util import make_heads
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one drafter is built from in the suite (``draft``: use the suite's draft model)."""
+
+    draft: bool = False
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)
+    gamma: Gamma = 2
+    law: Optional[str] = None  # why the shared law test leaves it out (None: it runs), naming where it is tested
+    min_accepted: Optional[int] = None  # accepted draft tokens the law test needs (None: its default, N // 50)
+
+    def options_for(self, draft: Optional[sd.Model]) -> DrafterOptions:
+        return DrafterOptions(draft=draft if self.draft else None, gamma=self.gamma, options=self.options,
+                              artifacts={k: str(v) for k, v in self.artifacts.items()})
+
+
+def exit_adapter(out: Path, target: sd.Model, vocab: Optional[int] = None) -> Path:
+    """A random exit adapter after the target's first layer (output projections not zero)."""
+    from specdecode.drafters.exit_adapter import ExitAdapter, ExitAdapterConfig, save_adapter
+    from specdecode.drafters.medusa_heads import describe_target
+
+    g = torch.Generator().manual_seed(0)
+    n = vocab or target.vocab_size
+    a = ExitAdapter(ExitAdapterConfig.for_target(target, 1, 24, n), torch.arange(n), target.max_seq_len)
+    with torch.no_grad():
+        for p in (a.block.wo, a.block.w2):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    a.cfg.target = describe_target(target)
+    return save_adapter(out, a.eval().requires_grad_(False))
+
+
+Kit = Callable[[sd.Model, Path], Needs]
+
+
+
+def _eagle_flat(target: sd.Model, drafter: object) -> object:
+    from specdecode.drafters.eagle import EagleCosts
+
+    return EagleCosts(EAGLE_FLAT, 0.0, 0.0, 0.0, 0.0)
+
+
+# (module, attribute, value) patched while the suite runs: random heads (and suffix's trees) on a tiny target
+# lose to plain decoding by the measured costs and would never draft, which would make the checks vacuous
+MEDUSA_COSTS = ("specdecode.drafters.medusa", "load_or_measure_tree_costs", lambda target, drafter: (MEDUSA_FLAT, 0.0))
+COST_PATCHES: dict[str, list[tuple[str, str, object]]] = {  # by drafter: applied while it is built and run
+    "medusa": [MEDUSA_COSTS],
+    "medusa-chain": [MEDUSA_COSTS],
+    "eagle": [("specdecode.drafters.eagle", "load_or_measure_eagle_costs", _eagle_flat)],
+    "suffix": [("specdecode.drafters.suffix", "load_or_measure_costs", lambda target, draft: MEDUSA_FLAT)],
+}
+
+
+def patch_costs(mp: pytest.MonkeyPatch, names: Iterable[str]) -> None:
+    for name in names:
+        for module, attr, value in COST_PATCHES.get(name, []):
+            mp.setattr(importlib.import_module(module), attr, value)
+
+TABLE: dict[str, Kit] = {
+    "none": lambda t, tmp: Needs(),
+    "model": lambda t, tmp: Needs(draft=True),
+    "crosstok": lambda t, tmp: Needs(draft=True, law="needs text tokenizers: tests/exactness/test_crosstok_law.py"),
+    "ngram": lambda t, tmp: Needs(),
+    "layerskip": lambda t, tmp: Needs(options={"exit_layer": 1}),
+    "layerskip-adapter": lambda t, tmp: Needs(artifacts={"exit-adapter": exit_adapter(tmp / "adapter", t)}),
+    "medusa": lambda t, tmp: Needs(artifacts={"medusa": make_heads(tmp / "heads", t.config.dim, t.vocab_size,
+                                                                   num_heads=2, scale=0.3)}, gamma="auto"),
+    "medusa-chain": lambda t, tmp: Needs(artifacts={"medusa": make_heads(tmp / "heads", t.config.dim, t.vocab_size,
+                                                                         num_heads=2, scale=0.3)}, gamma="auto"),
+    "eagle": lambda t, tmp: Needs(artifacts={"eagle": make_eagle(tmp / "eagle", t, seed=3)}, gamma="auto"),
+    "suffix": lambda t, tmp: Needs(gamma="auto"),
+    "quant": lambda t, tmp: Needs(),
+    # auto drafts only where its live timings say a member pays, so on a loaded machine it may decode plainly
+    # throughout: tests/exactness/test_suffix_law.py::test_auto_sampled_law_matches_target fixes members that draft
+    "auto": lambda t, tmp: Needs(draft=True, gamma="auto", min_accepted=0),
+}
