@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping
 
 import pytest
 import torch
@@ -101,9 +102,10 @@ def test_exit_adapter_step_is_timed_by_the_one_timer(arch: str, tmp_path: Path,
     calls: list[tuple[str, ...]] = []
     timer = cm.time_steps
 
-    def spy(widths, steps, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def spy(widths: Mapping[int, Step], steps: Mapping[str, Step], *args: Any
+            ) -> tuple[dict[int, float], dict[str, float]]:
         calls.append(tuple(steps))
-        return timer(widths, steps, *args, **kwargs)
+        return timer(widths, steps, *args)
 
     monkeypatch.setattr("specdecode.drafters.exit_adapter.time_steps", spy)
     m = sd.load_model(build_model(tmp_path / arch, arch, seed=7, layers=4))
