@@ -59,7 +59,7 @@ def test_measure_steps_reads_c_from_the_draft_step_and_the_rest_as_extras() -> N
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cm, "cost_clock", lambda target: clock)
-        costs = measure_steps(steps, _Target(), reps=3)  # type: ignore[arg-type]
+        costs = measure_steps(steps, _Target(), reps=3)
     assert costs.v == (1.0, 1.5, 2.0)  # width 2 interpolated
     assert costs.c == pytest.approx(0.5) and costs.extra("level_one") == pytest.approx(0.25)
     assert costs.extra("missing") == 0.0 and costs.context_len == 10 and costs.repeats == 3
