@@ -1,4 +1,5 @@
-"""`--drafter eagle --heads DIR` through generate (subprocess), bench and the server's state; clear errors."""
+"""`--drafter eagle --heads DIR` through generate (subprocess) and its errors naming the fix (bench, serve and
+the registry-wide checks: tests/conformance)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,10 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode.config import ConfigError
 from specdecode.cli import main
-from specdecode.server.app import make_state
-from specdecode.server.config import ServerConfig
 
 from eagle_util import make_eagle
 from test_cli_generate import PROMPT, run
-from test_medusa_cli import _workload
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +39,3 @@ def test_generate_errors_name_the_fix(tiny_dirs: dict[str, Path], eagle: Path, c
     assert msg.startswith("specdecode: error:") and "hidden states of size" in msg and msg.count("\n") == 1
 
 
-def test_bench_eagle_method(tiny_dirs: dict[str, Path], eagle: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    rc = main(["bench", "--target", str(tiny_dirs["llama"]), "--heads", str(eagle), "--methods", "plain,eagle,medusa",
-               "--workload", str(_workload(tmp_path)), "--threads", "1", "--reps", "1", "--out", str(out),
-               "--no-progress", "--no-plots", "--cost-repeats", "2"])
-    assert rc == 0
-    names = {m["name"]: m for m in json.loads((out / "bench.json").read_text())["methods"]}
-    assert names["eagle"]["status"] == "ok", names["eagle"]["reason"]
-    assert names["eagle"]["categories"]["overall"]["exact_match"] == 1.0
-    assert names["medusa"]["status"] == "skipped"  # --heads named an EAGLE directory, not Medusa heads
-
-
-def test_server_state_loads_eagle(tiny_dirs: dict[str, Path], eagle: Path) -> None:
-    target = sd.load_model(tiny_dirs["llama"])
-    state = make_state(target, None, ServerConfig(), default_drafter="eagle", artifacts={"eagle": str(eagle)})
-    assert "eagle" in state.scheduler.drafters
-    with pytest.raises(ConfigError, match="needs an EAGLE-3 draft"):
-        make_state(target, None, ServerConfig(), default_drafter="eagle")

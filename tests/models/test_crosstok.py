@@ -75,12 +75,6 @@ def test_stable_prefix_is_stable(tiny_dirs: dict[str, Path]) -> None:
     assert proposed > len(text)  # and it is not vacuous
 
 
-def test_registered_with_a_clear_error_without_a_draft() -> None:
-    assert "crosstok" in sd.drafter_names()
-    with pytest.raises(sd.ConfigError, match="needs a draft model"):
-        sd.build_drafter("crosstok", sd.DrafterOptions())
-
-
 def test_incremental_retokenization_equals_encoding_the_whole_text(tiny_dirs: dict[str, Path],
                                                                    other_tok_draft: Path) -> None:
     """The drafter re-encodes only a tail of a growing text; the ids equal a full encode."""

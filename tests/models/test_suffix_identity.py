@@ -32,14 +32,6 @@ def test_suffix_greedy_identity(tiny_dirs: dict[str, Path], arch: str, tree: boo
     assert second.stats.target_passes < plain.stats.target_passes
 
 
-def test_suffix_is_registered_for_generate(tiny_dirs: dict[str, Path]) -> None:
-    target = sd.load_model(tiny_dirs["llama"])
-    plain = sd.generate(target, PROMPT, max_new_tokens=NEW, ignore_eos=True)
-    drafter = build_drafter("suffix", DrafterOptions())
-    r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=NEW, ignore_eos=True)
-    assert r.token_ids == plain.token_ids
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_auto_greedy_identity_and_attribution(tiny_dirs: dict[str, Path], arch: str) -> None:
     target = sd.load_model(tiny_dirs[arch])

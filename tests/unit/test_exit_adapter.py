@@ -15,12 +15,10 @@ import specdecode as sd
 from specdecode.cache import KVCache
 from specdecode.config import ConfigError, GenerationConfig
 from specdecode.core import DecodeCore, Request
-from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.exit_adapter import (CONFIG_FILE, WEIGHTS_FILE, ExitAdapter, ExitAdapterConfig,
                                               ExitAdapterDrafter, ExitAdapterError, load_adapter, save_adapter)
 from specdecode.drafters.layerskip import LayerSkipDrafter
 from specdecode.drafters.medusa_heads import describe_target
-from specdecode.drafters.registry import resolve_artifacts
 from tiny import build_model
 
 PROMPTS = ["def fib(n):\n", "class Point:\n    def __init__(self", "def add(a, b):\n    return a"]
@@ -254,17 +252,6 @@ def test_bad_adapter_directories_name_the_fix(deep: dict[str, Path], tmp_path: P
 
 
 # -- registry, CLI, bench ------------------------------------------------------------------------------
-def test_registry_options(deep: dict[str, Path], tmp_path: Path) -> None:
-    m = sd.load_model(deep["llama"])
-    d = save_adapter(tmp_path / "ad", random_adapter(m))
-    with pytest.raises(ConfigError, match="needs an exit adapter directory.*--heads DIR.*distill --method early-exit"):
-        build_drafter("layerskip-adapter", DrafterOptions(gamma=2))
-    drafter = build_drafter("layerskip-adapter", DrafterOptions(gamma=2, artifacts={"exit-adapter": str(d)}))
-    assert isinstance(drafter, ExitAdapterDrafter) and drafter.gamma == 2
-    # an adapter passed as --heads fills only its own kind (the server builds every drafter it can)
-    assert resolve_artifacts({}, str(d), "elsewhere") == {"exit-adapter": str(d)}
-
-
 def test_cli_generate_and_bench_methods(deep: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     import argparse

@@ -11,7 +11,6 @@ import pytest
 
 from specdecode.config import ConfigError
 from specdecode.costmodel import Costs
-from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.medusa import (MAX_NODES, NO_TREE, MedusaDrafter, RankAcceptance, best_first, fixed_plan,
                                         plan_tree)
 from specdecode.drafters.medusa_heads import CONFIG_FILE, MedusaHeadsError, load_heads
@@ -137,16 +136,6 @@ def test_heads_errors_name_the_fix(tmp_path: Path, tiny_dirs: dict[str, Path]) -
         MedusaDrafter.load(bad)
     with pytest.raises(ConfigError, match="depth 4 but there are only 3 heads"):
         MedusaDrafter.load(make_heads(tmp_path / "ok", 16, 50), choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
-
-
-def test_registry_needs_heads(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="needs Medusa heads \\(--heads DIR\\)"):
-        build_drafter("medusa", DrafterOptions())
-    d = make_heads(tmp_path / "h", 16, 50)
-    tree = build_drafter("medusa", DrafterOptions(artifacts={"medusa": str(d)}, gamma=5))
-    chain = build_drafter("medusa-chain", DrafterOptions(artifacts={"medusa": str(d)}))
-    assert isinstance(tree, MedusaDrafter) and tree.tree and tree.gamma == 5
-    assert isinstance(chain, MedusaDrafter) and not chain.tree and chain.gamma == MAX_NODES
 
 
 def test_packed_heads_propose_as_the_dense_heads(tmp_path: Path, tiny_dirs: dict[str, Path]) -> None:
