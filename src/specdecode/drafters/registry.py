@@ -160,7 +160,7 @@ def add_drafter_args(p: argparse.ArgumentParser) -> None:
         for o in new_opts:
             seen.add(o.key)
             g.add_argument(*o.flag_names, dest=o.key, type=o.parse, default=None, metavar=o.metavar,
-                           help=f"{o.help} (default: {o.default})")
+                           help=o.help if o.default is None else f"{o.help} (default: {o.default})")
         for a in new_arts:
             seen.add(a.name)
             bundled = f"; the bundled target's: models/{a.bundled}" if a.bundled else ""
