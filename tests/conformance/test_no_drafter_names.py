@@ -30,7 +30,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("bench/peers.py", "ngram-max"): "the peer matches our prompt lookup's n-gram size (PEER_NGRAM_OPTION)",
     ("bench/report.py", "eager-plain"): "the report's fp32 baseline row (FP32_BASELINE)",
     ("bench/report.py", "draft-auto"): "the report's draft-model rows: c from the measured draft forward, γ picks",
-    ("bench/llamacpp.py", "eager-plain"): "the llama.cpp comparison leaves our baselines out",
 }
 
 

@@ -422,7 +422,7 @@ def comparison(summary: dict[str, Any], weight_dtype: str, methods: Sequence[Met
     tps = {m["name"]: (m["categories"].get("overall", {}).get("tokens_per_s") or {}).get("mean")
            for m in summary["methods"] if m["status"] == "ok"}
     ours_spec = {m["name"]: tps.get(m["name"]) for m in summary["methods"]
-                 if m["status"] == "ok" and m["runtime"] == "specdecode" and m["name"] not in ("plain", "eager-plain")
+                 if m["status"] == "ok" and m["runtime"] == "specdecode" and m["name"] != "plain"
                  and not m["name"].startswith("eager-") and tps.get(m["name"])}
     best = max(ours_spec, key=lambda n: ours_spec[n] or 0.0) if ours_spec else None
     stats = {m.name: s.to_dict() for m in methods if isinstance(s := getattr(m, "stats", None), SpecStats)}
