@@ -28,8 +28,6 @@ COMMON = {"model", "auto", "none", "suffix", "quant", "plain", "draft", "lookup"
 ALLOWED: dict[tuple[str, str], str] = {
     ("bench/peers.py", "ngram"): "transformers' own argument, max_matching_ngram_size, for the prompt-lookup peer",
     ("bench/peers.py", "ngram-max"): "the peer matches our prompt lookup's n-gram size (PEER_NGRAM_OPTION)",
-    ("bench/report.py", "eager-plain"): "the report's fp32 baseline row (FP32_BASELINE)",
-    ("bench/report.py", "draft-auto"): "the report's draft-model rows: c from the measured draft forward, γ picks",
 }
 
 

@@ -16,14 +16,19 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..costmodel import Costs, expected_tokens, predicted_speedup
+from ..drafters.registry import PAIRED_DEFAULT, PLAIN, get_spec
 from .positions import by_output_position, format_output_position, plot_output_position
 from .runners import Method, MethodFailure, PreparedPrompt, RunRecord, Skipped
 from .stats import Counts, counts_from_steps, first_mismatch, mean_std
 
 OVERALL = "overall"
 BASELINE = "plain"
-FP32_BASELINE = "eager-plain"  # the reference for runs in fp32 arithmetic (eager path, transformers)
-DRAFT_MODEL_FAMILIES = frozenset({"draft", "draft-auto"})  # c from the measured draft forward
+FP32_BASELINE = next(v.family for v in get_spec(PLAIN).bench if v.eager)  # the reference for runs in fp32
+# arithmetic (eager path, transformers): plain decoding's eager variant
+_DRAFT = get_spec(PAIRED_DEFAULT).bench[0]  # the draft model's first family and its gamma='auto' companion
+GAMMA_PICK_FAMILY = _DRAFT.with_auto
+DRAFT_MODEL_FAMILIES = frozenset({_DRAFT.family, *([GAMMA_PICK_FAMILY] if GAMMA_PICK_FAMILY else [])})  # c from the
+# measured draft forward
 NO_TOKEN_RUNTIMES = frozenset({"llama.cpp"})  # runtimes whose runs report timings, not token ids
 
 
@@ -301,7 +306,7 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
                 ax.plot(px, pred, linestyle="--", marker="x", alpha=0.6, label=f"{fam} (Leviathan prediction)")
         for m in summary["methods"]:
             sp_auto = (m["categories"].get(cat, {}).get("speedup")
-                       if m["family"] == "draft-auto" and m["setting"] is not None else None)
+                       if m["family"] == GAMMA_PICK_FAMILY and m["setting"] is not None else None)
             if sp_auto:
                 ax.plot([m["setting"]], [sp_auto["mean"]], marker="*", markersize=14, linestyle="none",
                         color="C3", label=f"{m['name']} (cost model's pick)")
