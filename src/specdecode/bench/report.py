@@ -22,7 +22,7 @@ from .runners import Method, MethodFailure, PreparedPrompt, RunRecord, Skipped
 from .stats import Counts, counts_from_steps, first_mismatch, mean_std
 
 OVERALL = "overall"
-BASELINE = "plain"
+BASELINE = get_spec(PLAIN).bench[0].family  # plain decoding's family (bench.ours.baseline_family)
 FP32_BASELINE = next(v.family for v in get_spec(PLAIN).bench if v.eager)  # the reference for runs in fp32
 # arithmetic (eager path, transformers): plain decoding's eager variant
 _DRAFT = get_spec(PAIRED_DEFAULT).bench[0]  # the draft model's first family and its gamma='auto' companion
