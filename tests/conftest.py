@@ -48,6 +48,7 @@ FAST_CASES: dict[str, tuple[str, ...]] = {
     "tests/exactness/test_tree_law.py::test_tree_output_law_is_target_law": ("topk-T0.7-k3-pNone-mNone",),
     "tests/exactness/test_coupled_law.py::test_coupled_output_law_is_target_law":
         ("sampled-g1-T1.0-kNone-pNone-mNone",),
+    "tests/conformance/test_conformance.py::test_output_law": ("model",),  # one drafter's law, ~4 s
 }
 
 # Cases whose id contains one of these parts are in the full tier; the test's other cases stay in the fast tier.

@@ -7,8 +7,8 @@ says what each is built from):
 * a streaming server request equals plain decoding;
 * its bench methods run and match the baseline exactly;
 * without its draft model or artifact: its own error in the library, the server and the bench;
-* output law (full tier): sampled, the first 3 tokens follow the target's exact law by chi-square, and
-  the same samples reject another model's law (the test has power).
+* output law (full tier; one drafter in the fast tier): sampled, the first 3 tokens follow the target's
+  exact law by chi-square, and the same samples reject another model's law (the test has power).
 
 Per-drafter tests elsewhere keep only what is specific to one drafter.
 """
@@ -213,8 +213,7 @@ def law_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Mo
     return target, other, draft, root
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in NAMES if n != PLAIN])
+@pytest.mark.parametrize("name", [n for n in NAMES if n != PLAIN])  # fast tier: one case (tests/conftest.py)
 def test_output_law(law_setup: tuple[sd.Model, sd.Model, sd.Model, Path], name: str,
                     monkeypatch: pytest.MonkeyPatch) -> None:
     target, other, draft, root = law_setup
