@@ -37,6 +37,7 @@ class Needs:
     options: dict[str, object] = field(default_factory=dict)
     gamma: Gamma = 2
     law: Optional[str] = None  # why the shared law test leaves it out (None: it runs), naming where it is tested
+    law_draft: Optional[Callable[[Path], Path]] = None  # its own draft for the law test (else the suite's)
     min_accepted: Optional[int] = None  # accepted draft tokens the law test needs (None: its default, N // 50)
 
     def options_for(self, draft: Optional[sd.Model]) -> DrafterOptions:
@@ -57,6 +58,19 @@ def exit_adapter(out: Path, target: sd.Model, vocab: Optional[int] = None) -> Pa
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     a.cfg.target = describe_target(target)
     return save_adapter(out, a.eval().requires_grad_(False))
+
+
+def crosstok_law_draft(out: Path) -> Path:
+    """A draft whose tokenizer merges the law target's character pairs (ab, cd, ...): every draft token is
+    one or two target tokens after re-tokenization (tests/exactness/test_crosstok_law.py's toy pair)."""
+    from exactness.test_crosstok_law import PAIRS, _write_tokenizer
+    from exactness.test_generate_law import V
+    from tiny import build_model
+
+    d = build_model(out, "llama", vocab_size=V + len(PAIRS) + 1, tokenizer=False, hidden=16, layers=1, seed=23,
+                    eos_token_id=V + len(PAIRS), bos_token_id=V + len(PAIRS))
+    _write_tokenizer(d, PAIRS, special=True)
+    return d
 
 
 Kit = Callable[[sd.Model, Path], Needs]
@@ -88,7 +102,7 @@ def patch_costs(mp: pytest.MonkeyPatch, names: Iterable[str]) -> None:
 TABLE: dict[str, Kit] = {
     "none": lambda t, tmp: Needs(),
     "model": lambda t, tmp: Needs(draft=True),
-    "crosstok": lambda t, tmp: Needs(draft=True, law="needs text tokenizers: tests/exactness/test_crosstok_law.py"),
+    "crosstok": lambda t, tmp: Needs(draft=True, law_draft=crosstok_law_draft),
     "ngram": lambda t, tmp: Needs(),
     "layerskip": lambda t, tmp: Needs(options={"exit_layer": 1}),
     "layerskip-adapter": lambda t, tmp: Needs(artifacts={"exit-adapter": exit_adapter(tmp / "adapter", t)}),
