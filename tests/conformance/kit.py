@@ -36,7 +36,6 @@ class Needs:
     artifacts: dict[str, Path] = field(default_factory=dict)
     options: dict[str, object] = field(default_factory=dict)
     gamma: Gamma = 2
-    law: Optional[str] = None  # why the shared law test leaves it out (None: it runs), naming where it is tested
     law_draft: Optional[Callable[[Path], Path]] = None  # its own draft for the law test (else the suite's)
     min_accepted: Optional[int] = None  # accepted draft tokens the law test needs (None: its default, N // 50)
 
