@@ -105,3 +105,46 @@ def test_a_level_expands_only_the_nodes_that_pay(tiny_dirs: dict[str, Path], tmp
     flat = EagleDrafter.load(eagle, costs=FLAT, level_cost=0.2, gamma=20)  # no level_one: m costs the same
     flat._top1 = 0.8
     assert flat._expansion(tree, [0.9, 0.05, 0.04, 0.03], 0.1, 20)[0] == 4
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fused", "eager"])
+def test_run_time_levels_compute_the_training_unroll(tiny_dirs: dict[str, Path], tmp_path: Path, fast: bool) -> None:
+    """The drafter's ingestion and tree levels (cache slots, RoPE positions, ancestor masks) compute what the
+    trainer's training-time test (``EagleNet.unroll``) computes: a mismatch there costs acceptance only, which
+    no exactness test would notice. Depth k from anchor n - 2 is unroll step k at position n - 2 + k."""
+    import torch
+
+    from specdecode.config import SamplingConfig
+    from specdecode.drafters.base import DraftContext
+    from specdecode.drafters.eagle_model import input_embedding
+
+    target = load_model(tiny_dirs["llama"], weight_dtype="fp32", fast=fast)
+    drafter = EagleDrafter.load(make_eagle(tmp_path / "e", target, draft_vocab=100, scale=1.0), costs=FLAT, quant=None)
+    seq = generate(target, PROMPT, max_new_tokens=24, ignore_eos=True).token_ids
+    seq = target.encode(PROMPT) + list(seq)
+    aux = tuple(drafter.cfg.aux_layers)
+    with torch.inference_mode():
+        out = target.run(torch.tensor([seq]), target.new_cache(1, len(seq)), hidden_layers=aux)
+        layers = {i: out.layers[i][0].float() for i in aux}
+        emb = input_embedding(target).float()
+        nxt = torch.tensor([seq[1:] + seq[-1:]])
+        ref = drafter.net.float().unroll(torch.cat([layers[i] for i in aux], -1)[None], emb[nxt], 3)
+        ref_logits = [drafter.net.logits(o[0]) for o in ref]
+        drafter.prepare_rows(target, 1, len(seq) + 8)
+        checked = 0
+        for n in range(len(seq) - 20, len(seq) - 2, 3):
+            drafter.reset_row(0)
+            ctx = DraftContext(tokens=seq[:n], max_tokens=8, sampling=SamplingConfig(), generator=None,
+                               hidden=torch.zeros(n - 1, 1), layers={i: layers[i][: n - 1] for i in aux})
+            got = [drafter.ingest(0, ctx)]
+            assert got[0] is not None
+            st = drafter._row(0)
+            prefix = len(st.positions)
+            # depth 1 under the true token x_n (bank row 0), then depth 2 under x_{n+1}, its ancestor scratch slot 0
+            got.append(drafter._layer(st, [seq[n]], drafter._bank, [0], 1, prefix, [n - 1], [0]))
+            got.append(drafter._layer(st, [seq[n + 1]], drafter._bank, [1], 2, prefix + 1, [n], [1]))
+            for k, lg in enumerate(got):
+                want = ref_logits[k][n - 2 + k]
+                torch.testing.assert_close(lg[-1].float(), want, rtol=1e-3, atol=1e-3 * float(want.abs().max()))
+            checked += 1
+    assert checked >= 5
