@@ -82,13 +82,13 @@ def _stream(server: RunningServer, body: dict[str, Any], started: threading.Even
 
 def test_a_grammar_failing_mid_decode_fails_alone(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
     alone = server.post("/v1/completions", NORMAL).json()["choices"][0]["text"]
-    # each row's step takes 20 ms more from here on, so the normal request (~300 steps) is still decoding when
+    # each row's step takes 10 ms more from here on, so the normal request (hundreds of steps) is still decoding when
     # the big grammar (a second or more to compile) fails: on a fast machine it once finished first
     core = server.state.scheduler.core
     emit = core._emit
 
     def slow(*args: Any) -> Any:
-        time.sleep(0.02)
+        time.sleep(0.01)
         return emit(*args)
 
     monkeypatch.setattr(core, "_emit", slow)
