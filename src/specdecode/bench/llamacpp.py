@@ -22,7 +22,7 @@ the same pair, prompts, budgets and threads as ours, interleaved with our runs:
   tokens it actually emitted.
 
 GGUF targets (the file itself, and its requantized forms), lookup decoding (``llama-lookup``) and
-the assembly of all llama.cpp methods live in ``llamacpp_gguf.py``.
+the assembly of all llama.cpp methods live in ``llamacpp_gguf.py``; the output parsers in ``llamacpp_parse.py``.
 
 llama.cpp's tokens are not compared with ours (llama-bench does not use our prompt,
 and its arithmetic differs), so its rows have no exact-match figure.
@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,8 @@ from typing import Any, Optional, Sequence
 
 from ..config import ConfigError
 from ..models import Model
+from .llamacpp_parse import (LlamaCppError, LlamaCppSummaryLost, SpecResult, output_tail,
+                             parse_llama_bench_json, parse_speculative)
 from .runners import Method, RunOutput
 
 RUNTIME = "llama.cpp"
@@ -51,14 +52,6 @@ NOT_RUN = "not run: pass --llama-cpp DIR (a llama.cpp build; scripts/build_llama
 BENCH_BIN, SPEC_BIN, QUANT_BIN = "llama-bench", "llama-speculative-simple", "llama-quantize"
 RUN_TIMEOUT_S = 600
 SUMMARY_RETRIES = 2  # extra runs when llama-speculative-simple's summary is lost at exit (see run())
-
-
-class LlamaCppError(RuntimeError):
-    """llama.cpp failed or printed something we cannot read; the message carries its output's tail."""
-
-
-class LlamaCppSummaryLost(LlamaCppError):
-    """A run exited cleanly but its closing summary never reached the output."""
 
 
 # ---------------------------------------------------------------------------
@@ -176,89 +169,6 @@ def gguf_path(build: LlamaCppBuild, model_dir: Path, fmt: str) -> Path:
 
 
 # ---------------------------------------------------------------------------
-# Output parsers
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BenchSample:
-    """One llama-bench test: a prefill of ``n_prompt`` tokens then ``n_gen`` generated, per repetition."""
-
-    n_prompt: int
-    n_gen: int
-    samples_ns: tuple[int, ...]
-    n_threads: int
-    model_type: str
-
-
-def _tail(text: str, n: int = 800) -> str:
-    return text[-n:].strip()
-
-
-def parse_llama_bench_json(text: str) -> list[BenchSample]:
-    """``llama-bench -o json`` stdout: a JSON array of tests (log lines before it are skipped)."""
-    start = text.find("[")
-    while start >= 0:
-        try:
-            tests, _ = json.JSONDecoder().raw_decode(text[start:])
-        except ValueError:
-            start = text.find("[", start + 1)
-            continue
-        if isinstance(tests, list) and all(isinstance(t, dict) for t in tests):
-            try:
-                return [BenchSample(int(t["n_prompt"]), int(t["n_gen"]), tuple(int(x) for x in t["samples_ns"]),
-                                    int(t.get("n_threads", 0)), str(t.get("model_type", ""))) for t in tests]
-            except (KeyError, TypeError, ValueError) as e:
-                raise LlamaCppError(f"llama-bench JSON lacks {e}: {_tail(text)}") from None
-        start = text.find("[", start + 1)
-    raise LlamaCppError(f"no llama-bench JSON results in its output: {_tail(text)}")
-
-
-@dataclass(frozen=True)
-class SpecResult:
-    """What llama-speculative-simple reports at the end of a run."""
-
-    n_input: int  # prompt tokens, as llama.cpp tokenised our text
-    encode_s: float
-    n_predict: int  # tokens generated
-    decode_s: float
-    n_drafted: int
-    n_accept: int
-
-    @property
-    def seconds(self) -> float:
-        return self.encode_s + self.decode_s
-
-    @property
-    def passes(self) -> int:
-        """Target passes: each emits its accepted draft tokens plus one of its own."""
-        return self.n_predict - self.n_accept
-
-
-_NUM = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
-_SPEC_PATTERNS = {
-    "encoded": re.compile(r"encoded\s+([0-9]+)\s+tokens\s+in\s+" + _NUM + r"\s+seconds"),
-    "decoded": re.compile(r"decoded\s+([0-9]+)\s+tokens\s+in\s+" + _NUM + r"\s+seconds"),
-    "n_drafted": re.compile(r"n_drafted\s*=\s*([0-9]+)"),
-    "n_accept": re.compile(r"n_accept\s*=\s*([0-9]+)"),
-}
-
-
-def parse_speculative(text: str) -> SpecResult:
-    """The summary block of ``llama-speculative-simple`` (stdout and stderr together); the last match of
-    each line wins, so generated text that happens to contain the same words cannot fool it."""
-    found: dict[str, tuple[str, ...]] = {}
-    for key, pat in _SPEC_PATTERNS.items():
-        matches = pat.findall(text)
-        if not matches:
-            raise LlamaCppSummaryLost(f"llama-speculative-simple printed no '{key}' line: {_tail(text)}")
-        last = matches[-1]
-        found[key] = last if isinstance(last, tuple) else (last,)
-    return SpecResult(n_input=int(found["encoded"][0]), encode_s=float(found["encoded"][1]),
-                      n_predict=int(found["decoded"][0]), decode_s=float(found["decoded"][1]),
-                      n_drafted=int(found["n_drafted"][0]), n_accept=int(found["n_accept"][0]))
-
-
-# ---------------------------------------------------------------------------
 # Methods
 # ---------------------------------------------------------------------------
 
@@ -270,7 +180,7 @@ def _run(cmd: Sequence[str]) -> str:
         raise LlamaCppError(f"{Path(cmd[0]).name} ran past {RUN_TIMEOUT_S} s") from None
     out = p.stdout + "\n" + p.stderr
     if p.returncode != 0:
-        raise LlamaCppError(f"{Path(cmd[0]).name} exited {p.returncode}: {_tail(out)}")
+        raise LlamaCppError(f"{Path(cmd[0]).name} exited {p.returncode}: {output_tail(out)}")
     return out
 
 
