@@ -12,6 +12,8 @@
 #        JOBS                      parallel compile jobs (default 2)
 #        PIP                       pip to download with (default: .venv/bin/pip, else pip)
 #        LLAMA_CPP_CLI=1           also build llama-cli (needs the server code: much longer)
+#        LLAMA_CPP_ISA=avx2        build for AVX2 + FMA + F16C only (GGML_NATIVE=OFF), what an AVX2-only CPU runs,
+#                                  even on an AVX-512 machine (default: native, the build machine's own ISA)
 # Then:  specdecode bench --llama-cpp DEST ...
 set -euo pipefail
 
@@ -53,11 +55,20 @@ if [[ ! -f "$DEST/convert_hf_to_gguf.py" ]]; then
     rm -rf "$TMP"
 fi
 
+ISA_FLAGS=(-DGGML_NATIVE=ON)
+if [[ "${LLAMA_CPP_ISA:-native}" == "avx2" ]]; then
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+               -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+               -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+elif [[ "${LLAMA_CPP_ISA:-native}" != "native" ]]; then
+    echo "LLAMA_CPP_ISA must be native or avx2, got ${LLAMA_CPP_ISA}" >&2
+    exit 2
+fi
 if [[ ! -f "$DEST/build/CMakeCache.txt" ]] || ! grep -q "^LLAMA_BUILD_SERVER:BOOL=$BUILD_SERVER" "$DEST/build/CMakeCache.txt"; then
-    echo "== configuring (Release, GGML_NATIVE=ON, CPU only)"
+    echo "== configuring (Release, ${ISA_FLAGS[*]}, CPU only)"
     cmake -S "$DEST" -B "$DEST/build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON \
+        "${ISA_FLAGS[@]}" \
         -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_SERVER=$BUILD_SERVER \

@@ -10,7 +10,7 @@ import pytest
 
 from specdecode.cli import build_parser, main
 
-SUBCOMMANDS = ("costs", "variants", "load", "kv-dtype", "llamacpp-decode", "kernel-ab", "ab")
+SUBCOMMANDS = ("costs", "variants", "load", "kv-dtype", "llamacpp-decode", "kernel-ab", "ab", "coldstart")
 
 
 @pytest.mark.parametrize("name", SUBCOMMANDS)
@@ -85,3 +85,26 @@ def test_ab_compares_each_method_pair_by_pair() -> None:
 def test_ab_wants_out_before_the_bench_args(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "ab", "--rev", "HEAD", "--", "--quick", "--out", "x"]) != 0
     assert "--out before" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # starts a server
+def test_coldstart_times_a_first_server_with_an_empty_cost_cache(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECDECODE_CACHE", str(cache))  # the subcommand must not use this one: it starts empty
+    out = tmp_path / "cold.json"
+    rc = main(["bench", "coldstart", "--target", str(tiny_dirs["llama"]), "--requests", "2", "--max-tokens", "8",
+               "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert 0 < r["health_s"] < r["first_answer_s"]
+    assert [len(r[k]) for k in ("cold", "warm", "plain")] == [2, 2, 2]
+    assert all(x["tokens"] == 8 for k in ("cold", "warm", "plain") for x in r[k])  # ignore_eos: equal lengths
+    assert r["speedup_cold"] > 0 and r["speedup_warm"] > 0
+    assert not cache.exists()
+
+
+def test_coldstart_refuses_no_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "coldstart", "--requests", "0"])
+    assert "--requests" in capsys.readouterr().err

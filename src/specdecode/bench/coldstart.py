@@ -1,0 +1,158 @@
+"""`specdecode bench coldstart`: what a user's first `specdecode serve` costs, with an empty cost cache.
+
+It starts ``specdecode serve`` with ``SPECDECODE_CACHE`` pointing at a new empty folder (no cached pass
+costs: the policy measures them quickly and refines them from live passes), then times:
+
+* **/health**: seconds from launching the process to the first 200 (its state may be ``warming``);
+* **first answer**: seconds from launch to the end of the first greedy request;
+* **cold requests**: the first ``--requests`` greedy requests, one after another, with the server's default
+  drafter, as a fresh deployment would serve them;
+* **warm and plain**: the same requests again, each once with the default drafter (warm: costs measured and
+  refined) and once with ``"drafter": "none"`` (plain decoding in the same server), in A B B A order.
+
+Speedup = plain seconds / speculative seconds over the same requests (``ignore_eos``: equal token counts).
+Issue #30's goals: /health within 10 s, the first answer within 15 s, and the cold requests' speedup within
+10% of the warm ones'.
+
+    specdecode bench coldstart --target smollm2-135m-instruct --weight-dtype int4 --requests 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+from .load import _free_port
+
+QUESTIONS = (  # short chat requests of the kinds the real workload has (code, chat, edit, reasoning)
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is the difference between a list and a tuple in Python?",
+    "Explain in three sentences why the sky is blue.",
+    "Rewrite this sentence to be more formal: gonna grab food, back soon.",
+    "A train leaves at 3 pm and travels 120 km at 60 km/h. When does it arrive?",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Give three tips for writing clear documentation.",
+    "Summarize what a hash table is for a beginner.",
+    "Write a shell command that counts the lines of every .py file in a folder.",
+    "Tom has 5 apples and gives away 2, then buys 7. How many does he have?",
+)
+
+
+def _request(client: httpx.Client, url: str, model: str, question: str, max_tokens: int,
+             drafter: Optional[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": question}],
+                            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if drafter is not None:
+        body["drafter"] = drafter
+    t0 = time.perf_counter()
+    r = client.post(url + "/v1/chat/completions", json=body)
+    secs = time.perf_counter() - t0
+    if r.status_code != 200:
+        raise SystemExit(f"request failed ({r.status_code}): {r.text[:500]}")
+    return {"seconds": secs, "tokens": r.json()["usage"]["completion_tokens"]}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    cache = Path(tempfile.mkdtemp(prefix="specdecode-coldstart-"))
+    env = dict(os.environ, SPECDECODE_CACHE=str(cache))
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "specdecode.cli", "serve", "--port", str(port), "--target", args.target,
+           "--drafter", args.drafter]
+    if args.weight_dtype:
+        cmd += ["--weight-dtype", args.weight_dtype]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        health, state = None, None
+        while health is None:
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            if time.perf_counter() - t0 > args.start_timeout:
+                raise SystemExit(f"no /health 200 within {args.start_timeout:.0f} s")
+            try:
+                r = httpx.get(url + "/health", timeout=1)
+                if r.status_code == 200:
+                    health, state = time.perf_counter() - t0, r.json().get("status")
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.requests)]
+        with httpx.Client(timeout=args.start_timeout) as client:
+            model = client.get(url + "/v1/models").json()["data"][0]["id"]
+            cold: list[dict[str, Any]] = []
+            first = 0.0
+            for q in questions:
+                cold.append(_request(client, url, model, q, args.max_tokens, None))
+                if len(cold) == 1:
+                    first = time.perf_counter() - t0
+            warm: list[dict[str, Any]] = []
+            plain: list[dict[str, Any]] = []
+            for i, q in enumerate(questions):  # A B B A: drift spreads over both
+                order = ("warm", "plain") if i % 2 == 0 else ("plain", "warm")
+                for kind in order:
+                    (warm if kind == "warm" else plain).append(
+                        _request(client, url, model, q, args.max_tokens, None if kind == "warm" else "none"))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    s_cold, s_warm, s_plain = (sum(r["seconds"] for r in xs) for xs in (cold, warm, plain))
+    return {"command": sys.argv, "target": args.target, "drafter": args.drafter, "weight_dtype": args.weight_dtype,
+            "threads": args.threads,
+            "machine_load": os.getloadavg()[0], "health_s": health, "health_status": state, "first_answer_s": first,
+            "requests": args.requests, "max_tokens": args.max_tokens, "cold": cold, "warm": warm, "plain": plain,
+            "speedup_cold": s_plain / s_cold, "speedup_warm": s_plain / s_warm,
+            "cold_over_warm": (s_plain / s_cold) / (s_plain / s_warm)}
+
+
+def cmd_coldstart(args: argparse.Namespace) -> int:
+    res = run(args)
+    print(f"/health 200 after {res['health_s']:.1f} s (status {res['health_status']!r}); first answer after "
+          f"{res['first_answer_s']:.1f} s")
+    print(f"first {res['requests']} requests: speedup {res['speedup_cold']:.2f}x over plain (cold); the same "
+          f"requests warm {res['speedup_warm']:.2f}x; cold / warm {res['cold_over_warm']:.3f}")
+    print(f"machine load {res['machine_load']:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of requests of at least 1, got {text!r}")
+    return n
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    ap = sub.add_parser("coldstart", help="a first `specdecode serve` with an empty cost cache: seconds to /health "
+                                          "and to the first answer, and the first requests' speedup against warm",
+                        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m-instruct",
+                    help="a target with a chat template (default: %(default)s)")
+    ap.add_argument("--drafter", default="auto", help="the server's default drafter (default: %(default)s)")
+    ap.add_argument("--weight-dtype", default=None, help="the server's --weight-dtype (default: serve's)")
+    ap.add_argument("--requests", type=_positive, default=10, help="cold requests, then as many warm and plain "
+                                                             "(default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=1, help="the server's OMP threads (default: %(default)s)")
+    ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for /health 200")
+    ap.add_argument("--json", help="also write the result (every request's seconds) to this JSON file")
+    ap.set_defaults(func=cmd_coldstart)
