@@ -35,7 +35,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..ops import rms_norm
-from .medusa_heads import target_fingerprint
+from .medusa_heads import warn_if_other_weights
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -373,10 +373,7 @@ def check_fits(cfg: EagleConfig, target: "Model", where: Union[str, Path]) -> No
     if any(not 0 <= i < c.n_layers for i in cfg.aux_layers):
         raise EagleError(f"EAGLE draft in {where} fuses target layers {list(cfg.aux_layers)} but {target.name} has "
                          f"{c.n_layers} layers; {fix}")
-    fp = cfg.target.get("fingerprint")
-    if fp and fp != target_fingerprint(target):
-        log.warning("EAGLE draft in %s was trained for %s, whose output matrix differs from %s's: outputs stay "
-                    "exact, but acceptance may be low", where, cfg.target.get("path"), target.path)
+    warn_if_other_weights("the EAGLE draft", where, cfg.target, target)
 
 
 __all__ = ["ARCHITECTURE", "EagleConfig", "EagleError", "EagleNet", "check_fits", "default_aux_layers",

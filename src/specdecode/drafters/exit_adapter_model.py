@@ -24,7 +24,7 @@ from ..models.config import ModelConfig
 from ..models.llama import LlamaBlock, rope_tables
 from ..ops import rms_norm
 from .layerskip import check_family
-from .medusa_heads import target_fingerprint
+from .medusa_heads import warn_if_other_weights
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -221,10 +221,7 @@ def check_fits(cfg: ExitAdapterConfig, target: "Model", where: Union[str, Path])
     if not 1 <= cfg.exit_layer < c.n_layers:
         raise ExitAdapterError(f"the exit adapter in {where} exits after layer {cfg.exit_layer}, outside "
                                f"1..{c.n_layers - 1}; retrain it with {_TRAIN_HINT} --exit-layer K")
-    fp = cfg.target.get("fingerprint")
-    if fp and fp != target_fingerprint(target):
-        log.warning("the exit adapter in %s was trained for %s, whose output matrix differs from %s's: outputs stay "
-                    "exact, but acceptance may be low", where, trained, target.path)
+    warn_if_other_weights("the exit adapter", where, cfg.target, target)
 
 
 __all__ = ["BLOCK_WEIGHTS", "CONFIG_FILE", "FORMAT_VERSION", "WEIGHTS_FILE", "ExitAdapter", "ExitAdapterConfig",

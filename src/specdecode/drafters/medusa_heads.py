@@ -57,17 +57,44 @@ class MedusaConfig:
 
 
 def target_fingerprint(target: "Model") -> str:
-    """A short hash of the target's output matrix: tells heads trained for other weights of the same
-    shape apart (a warning, not an error: a re-exported copy of the same target is fine)."""
+    """A short hash of the target's output matrix as this run holds it (int8/int4 storage changes it): kept for
+    directories written before ``target_sketch``."""
     w = target.output_matrix()
     rows = w[: min(64, w.shape[0])].detach().float().cpu().contiguous()
     return hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
 
 
+def target_sketch(target: "Model") -> list[float]:
+    """64 numbers that identify the target's output matrix in any weight format: its first 64 rows projected on
+    one fixed random direction. int8/int4 rounding moves them by well under 1%; other weights are uncorrelated."""
+    w = target.output_matrix()[:64].detach().float().cpu()
+    direction = torch.randn(w.shape[1], generator=torch.Generator().manual_seed(0))
+    return [round(float(x), 6) for x in w @ direction]
+
+
+def same_weights(recorded: dict[str, Any], target: "Model") -> bool:
+    """Whether ``target`` holds the weights a drafter was trained for (``describe_target``'s record): the
+    sketches agree to a correlation of 0.99 (any weight format), else, in older records, the exact hash."""
+    sketch = recorded.get("sketch")
+    if sketch:
+        a, b = torch.tensor(sketch), torch.tensor(target_sketch(target))
+        return a.shape == b.shape and float(torch.corrcoef(torch.stack([a, b]))[0, 1]) >= 0.99
+    fp = recorded.get("fingerprint")
+    return not fp or fp == target_fingerprint(target)
+
+
+def warn_if_other_weights(what: str, where: Union[str, Path], recorded: dict[str, Any], target: "Model") -> None:
+    """A warning, not an error: a drafter trained for other weights of the same shape stays exact, only slower."""
+    if not same_weights(recorded, target):
+        log.warning("%s in %s was trained for %s, whose output matrix is not %s's: outputs stay exact, but "
+                    "acceptance may be low", what, where, recorded.get("path") or "another model", target.path)
+
+
 def describe_target(target: "Model") -> dict[str, Any]:
     c = target.config
     return {"path": str(target.path), "name": target.name, "fingerprint": target_fingerprint(target),
-            "architecture": c.architecture, "layers": c.n_layers, "dim": c.dim, "vocab_size": c.vocab_size}
+            "sketch": target_sketch(target), "architecture": c.architecture, "layers": c.n_layers, "dim": c.dim,
+            "vocab_size": c.vocab_size}
 
 
 class MedusaHeads(nn.Module):
@@ -146,11 +173,9 @@ def check_fits(cfg: MedusaConfig, target: "Model", where: Union[str, Path]) -> N
     if cfg.vocab_size != target.vocab_size:
         raise MedusaHeadsError(f"Medusa heads in {where} were trained over a vocabulary of {cfg.vocab_size} tokens "
                                f"({trained}) but {target.name} has {target.vocab_size}; {fix}")
-    fp = cfg.target.get("fingerprint")
-    if fp and fp != target_fingerprint(target):
-        log.warning("Medusa heads in %s were trained for %s, whose output matrix differs from %s's: outputs stay "
-                    "exact, but acceptance may be low", where, trained, target.path)
+    warn_if_other_weights("Medusa heads", where, cfg.target, target)
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "MedusaConfig", "MedusaHeads", "MedusaHeadsError", "check_fits",
-           "describe_target", "load_heads", "read_config", "save_heads", "target_fingerprint"]
+           "describe_target", "load_heads", "read_config", "same_weights", "save_heads", "target_fingerprint",
+           "target_sketch", "warn_if_other_weights"]
