@@ -24,12 +24,7 @@ def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if cfg.top_p is not None and cfg.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cum <= (1.0 - cfg.top_p)
-        remove_sorted[..., -1:] = False
-        remove = remove_sorted.scatter(-1, order, remove_sorted)
-        scores = scores.masked_fill(remove, float("-inf"))
+        scores = scores.masked_fill(_outside_nucleus(scores, cfg.top_p), float("-inf"))
     if cfg.min_p is not None and cfg.min_p > 0.0:
         probs = scores.softmax(dim=-1)
         remove = probs < cfg.min_p * probs.amax(dim=-1, keepdim=True)
@@ -37,6 +32,39 @@ def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         remove.scatter_(-1, top, False)
         scores = scores.masked_fill(remove, float("-inf"))
     return scores
+
+
+NUCLEUS_PROBE = 256  # top-p looks at a row's best this many tokens first (a full sort only when they fall short)
+
+
+def _outside_nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask of the tokens top-p removes: a token stays while the tokens ranked above it hold less than
+    ``top_p`` of the mass (the best one always stays), as transformers' ``TopPLogitsWarper``.
+
+    Why not sort every row: sorting a 49k vocabulary takes ~3.5 ms on a CPU core, more than half a
+    135M model's decode step, and verification filters every drafted position. A row whose best
+    ``NUCLEUS_PROBE`` tokens hold at least ``top_p`` has its nucleus among them (~0.1 ms); only the
+    other rows are sorted. Each row's mask depends on that row alone, so the sampler and the verifier,
+    one row or a batch, apply the same law."""
+    v = scores.shape[-1]
+    remove = torch.ones_like(scores, dtype=torch.bool)
+    todo = torch.arange(scores.shape[0], device=scores.device)
+    if NUCLEUS_PROBE < v:
+        vals, idx = torch.topk(scores, NUCLEUS_PROBE, dim=-1)  # best first
+        p = (vals - torch.logsumexp(scores, dim=-1, keepdim=True)).exp()
+        keep = (p.cumsum(dim=-1) - p) < top_p  # the mass ranked above each token
+        keep[:, 0] = True
+        covered = p.sum(dim=-1) >= top_p
+        remove[covered] = remove[covered].scatter(-1, idx[covered], ~keep[covered])
+        todo = todo[~covered]
+    if len(todo):
+        rows = scores[todo]
+        sorted_scores, order = torch.sort(rows, dim=-1, descending=False)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1.0 - top_p)
+        remove_sorted[..., -1:] = False
+        remove[todo] = remove_sorted.scatter(-1, order, remove_sorted)
+    return remove
 
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -100,3 +100,24 @@ def test_draw_follows_the_weights_and_never_draws_a_zero(fused: bool) -> None:
 def test_draw_rejects_invalid_weights(bad: list[float]) -> None:
     with pytest.raises(ValueError, match="cannot sample"):
         draw(torch.tensor([bad]), make_generator(0))
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_top_p_over_a_large_vocabulary_matches_transformers_row_by_row(top_p: float) -> None:
+    """Rows whose best tokens hold the nucleus take the short path, flat rows the full sort; in one batch
+    or alone, each row gets transformers' mask."""
+    from specdecode.sampling import NUCLEUS_PROBE
+
+    torch.manual_seed(1)
+    v = 8 * NUCLEUS_PROBE
+    peaked = torch.randn(4, v) * 6  # the nucleus among the best few tokens
+    flat = torch.randn(3, v) * 0.5  # the nucleus spans most of the vocabulary
+    logits = torch.cat([peaked, flat])[torch.randperm(7)]
+    setting = dict(temperature=0.7, top_p=top_p)
+    ours = filter_logits(logits, SamplingConfig(**setting))
+    ref = reference(logits, setting)
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    kept = (~torch.isinf(ref)).sum(-1)
+    assert kept.min() < NUCLEUS_PROBE < kept.max()  # both paths ran
+    for r in range(7):  # a row alone gets the mask it got in the batch
+        assert torch.equal(filter_logits(logits[r : r + 1], SamplingConfig(**setting)), ours[r : r + 1])
