@@ -234,7 +234,7 @@ def measure_steps(steps: CostSteps, target: "Model", reps: int,
         if steps.done is not None:
             steps.done()
     draft = own.pop("draft", None)
-    return Costs.from_times(interpolate(widths, steps.n_max), draft, steps.context_len, reps, extras=own)
+    return Costs.from_times(plausible(interpolate(widths, steps.n_max)), draft, steps.context_len, reps, extras=own)
 
 
 def chain_steps(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA,
@@ -393,16 +393,20 @@ def costs_key(target: "Model", draft: Optional["Model"], draft_head: Optional[to
     return cost_key([target, draft], parts + (f"|{extra}" if extra else ""))
 
 
-def drafter_costs(target: "Model", drafter: CostTimed, reps: int = 15) -> Costs:
-    """A ``CostTimed`` drafter's costs on ``target``: cached, else measured from its ``cost_steps``
-    (median of ``reps``) and cached."""
+def drafter_costs(target: "Model", drafter: CostTimed, reps: int = QUICK_REPS,
+                  statistic: Callable[[list[float]], float] = min) -> Costs:
+    """A ``CostTimed`` drafter's costs on ``target``: cached, else measured from its ``cost_steps`` (by
+    default the minimum of ``QUICK_REPS`` rounds, as ``quick_costs``: 12-15 median rounds took 10-12 s
+    for SmolLM2's EAGLE and Medusa trees) and cached."""
     key = cost_key([target], drafter.cost_key(target))
     costs = cached_costs(key)
     if costs is None:
+        t0 = time.perf_counter()
         log.info("measuring target pass costs v(n) and the drafter's steps for %s (once per machine, target "
                  "and drafter shape)", type(drafter).__name__)
-        costs = replace(measure_steps(drafter.cost_steps(target), target, reps), key=key)
+        costs = replace(measure_steps(drafter.cost_steps(target), target, reps, statistic), key=key)
         store_costs(costs)
+        log.info("measured %s's costs in %.1f s", type(drafter).__name__, time.perf_counter() - t0)
     return costs
 
 

@@ -7,10 +7,12 @@ costs: the policy measures them quickly and refines them from live passes), then
 * **first answer**: seconds from launch to the end of the first greedy request;
 * **cold requests**: the first ``--requests`` greedy requests, one after another, with the server's default
   drafter, as a fresh deployment would serve them;
-* **warm and plain**: the same requests again, each once with the default drafter (warm: costs measured and
-  refined) and once with ``"drafter": "none"`` (plain decoding in the same server), in A B B A order.
+* **warm**: as many other requests of the same kinds with the default drafter (costs measured and refined);
+* **plain**: both sets again with ``"drafter": "none"`` (plain decoding in the same server), last, so that
+  suffix drafting has not seen a speculative request's answer before it runs.
 
-Speedup = plain seconds / speculative seconds over the same requests (``ignore_eos``: equal token counts).
+Speedup = plain seconds / speculative seconds over the same requests (``ignore_eos``: equal token counts),
+cold on the first set, warm on the second. The server's log goes to ``server.log`` in the cache folder.
 Issue #30's goals: /health within 10 s, the first answer within 15 s, and the cold requests' speedup within
 10% of the warm ones'.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -33,7 +36,10 @@ import httpx
 
 from .load import _free_port
 
-QUESTIONS = (  # short chat requests of the kinds the real workload has (code, chat, edit, reasoning)
+# Two sets of short chat requests matched kind by kind (code, chat, edit, reasoning): the cold requests take the
+# first, the warm ones the second, since suffix drafting remembers every answer and a repeated request would be
+# drafted from its own earlier answer.
+COLD = (
     "Write a Python function that returns the n-th Fibonacci number.",
     "What is the difference between a list and a tuple in Python?",
     "Explain in three sentences why the sky is blue.",
@@ -44,6 +50,18 @@ QUESTIONS = (  # short chat requests of the kinds the real workload has (code, c
     "Summarize what a hash table is for a beginner.",
     "Write a shell command that counts the lines of every .py file in a folder.",
     "Tom has 5 apples and gives away 2, then buys 7. How many does he have?",
+)
+WARM = (
+    "Write a Python function that returns the factorial of n.",
+    "What is the difference between a set and a dictionary in Python?",
+    "Explain in three sentences why leaves change colour in autumn.",
+    "Rewrite this sentence to be more polite: send me the file now.",
+    "A car travels 150 km at 50 km/h, leaving at 9 am. When does it arrive?",
+    "Write a Python function that counts the vowels in a string.",
+    "Give three tips for naming variables well.",
+    "Summarize what a linked list is for a beginner.",
+    "Write a shell command that lists the five largest files in a folder.",
+    "Anna has 12 pencils, loses 4, then gets 6 more. How many does she have?",
 )
 
 
@@ -73,14 +91,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.weight_dtype:
         cmd += ["--weight-dtype", args.weight_dtype]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    log_path = cache / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         health, state = None, None
         while health is None:
             if proc.poll() is not None:
-                raise SystemExit(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+                raise SystemExit(f"server exited; its log ({log_path}) ends: {log_path.read_text()[-2000:]}")
             if time.perf_counter() - t0 > args.start_timeout:
-                raise SystemExit(f"no /health 200 within {args.start_timeout:.0f} s")
+                raise SystemExit(f"no /health 200 within {args.start_timeout:.0f} s (server log: {log_path})")
             try:
                 r = httpx.get(url + "/health", timeout=1)
                 if r.status_code == 200:
@@ -88,43 +108,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.requests)]
+        cold_q = [COLD[i % len(COLD)] for i in range(args.requests)]
+        warm_q = [WARM[i % len(WARM)] for i in range(args.requests)]
         with httpx.Client(timeout=args.start_timeout) as client:
             model = client.get(url + "/v1/models").json()["data"][0]["id"]
             cold: list[dict[str, Any]] = []
             first = 0.0
-            for q in questions:
+            for q in cold_q:
                 cold.append(_request(client, url, model, q, args.max_tokens, None))
                 if len(cold) == 1:
                     first = time.perf_counter() - t0
-            warm: list[dict[str, Any]] = []
-            plain: list[dict[str, Any]] = []
-            for i, q in enumerate(questions):  # A B B A: drift spreads over both
-                order = ("warm", "plain") if i % 2 == 0 else ("plain", "warm")
-                for kind in order:
-                    (warm if kind == "warm" else plain).append(
-                        _request(client, url, model, q, args.max_tokens, None if kind == "warm" else "none"))
+            warm = [_request(client, url, model, q, args.max_tokens, None) for q in warm_q]
+            plain_cold = [_request(client, url, model, q, args.max_tokens, "none") for q in cold_q]
+            plain_warm = [_request(client, url, model, q, args.max_tokens, "none") for q in warm_q]
     finally:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    s_cold, s_warm, s_plain = (sum(r["seconds"] for r in xs) for xs in (cold, warm, plain))
+    s_cold, s_warm, p_cold, p_warm = (sum(r["seconds"] for r in xs) for xs in (cold, warm, plain_cold, plain_warm))
     return {"command": sys.argv, "target": args.target, "drafter": args.drafter, "weight_dtype": args.weight_dtype,
-            "threads": args.threads,
-            "machine_load": os.getloadavg()[0], "health_s": health, "health_status": state, "first_answer_s": first,
-            "requests": args.requests, "max_tokens": args.max_tokens, "cold": cold, "warm": warm, "plain": plain,
-            "speedup_cold": s_plain / s_cold, "speedup_warm": s_plain / s_warm,
-            "cold_over_warm": (s_plain / s_cold) / (s_plain / s_warm)}
+            "threads": args.threads, "machine_load": os.getloadavg()[0], "server_log": str(log_path),
+            "health_s": health, "health_status": state, "first_answer_s": first, "requests": args.requests,
+            "max_tokens": args.max_tokens, "cold": cold, "warm": warm, "plain_cold": plain_cold,
+            "plain_warm": plain_warm, "speedup_cold": p_cold / s_cold, "speedup_cold_after_first":
+            sum(r["seconds"] for r in plain_cold[1:]) / max(1e-9, sum(r["seconds"] for r in cold[1:])),
+            "speedup_warm": p_warm / s_warm, "cold_over_warm": (p_cold / s_cold) / (p_warm / s_warm)}
 
 
 def cmd_coldstart(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     res = run(args)
     print(f"/health 200 after {res['health_s']:.1f} s (status {res['health_status']!r}); first answer after "
           f"{res['first_answer_s']:.1f} s")
-    print(f"first {res['requests']} requests: speedup {res['speedup_cold']:.2f}x over plain (cold); the same "
-          f"requests warm {res['speedup_warm']:.2f}x; cold / warm {res['cold_over_warm']:.3f}")
+    print(f"first {res['requests']} requests: speedup {res['speedup_cold']:.2f}x over plain ("
+          f"{res['speedup_cold_after_first']:.2f}x without the first); {res['requests']} more of the same kinds, warm: "
+          f"{res['speedup_warm']:.2f}x; cold / warm {res['cold_over_warm']:.3f}")
     print(f"machine load {res['machine_load']:.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

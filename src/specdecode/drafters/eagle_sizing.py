@@ -132,7 +132,7 @@ class EagleCosts:
 def load_or_measure_eagle_costs(target: "Model", drafter: "EagleDrafter") -> EagleCosts:
     """``EagleCosts`` from the cost model (``drafter_costs``: measured once per machine, target and draft
     shape, then cached)."""
-    return EagleCosts.from_costs(drafter_costs(target, drafter, reps=12))
+    return EagleCosts.from_costs(drafter_costs(target, drafter))
 
 
 def best_prefix(values: Sequence[float], spent: float, costs: Costs) -> tuple[int, float]:

@@ -70,7 +70,7 @@ def load_or_measure_tree_costs(target: "Model", drafter: "MedusaDrafter") -> tup
     """(costs, tree_extra) from the cost model (``drafter_costs``: measured once per machine, target
     and heads shape, then cached): ``costs.v[k]`` of a tree pass over k + 1 tokens, ``costs.c`` of
     one row's heads, ``tree_extra`` of a tree step beyond a chain step, over a one-token pass."""
-    costs = drafter_costs(target, drafter, reps=15)
+    costs = drafter_costs(target, drafter)
     return costs, tree_extra(costs.extra("chain"), costs.extra("tree"))
 
 

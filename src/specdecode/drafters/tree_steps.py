@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..cache import KVCache
     from ..models import Model
 
-TREE_WIDTHS = tuple(range(1, 17)) + tuple(range(20, 65, 4))  # tree pass widths timed; the rest interpolated
+TREE_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)  # tree pass widths timed; the rest interpolated
 TREE_PAIRS = 3  # chain and tree steps timed per round for a tree's extra cost (a difference of two noisy times)
 MAX_WIDTH = 64  # the widest pass timed: the pending token plus the fused path's 63 tree nodes
 CONTEXT = 192  # synthetic tokens in the cache while timing
