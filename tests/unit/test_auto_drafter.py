@@ -245,3 +245,18 @@ def test_one_checkpoint_auto_includes_the_int4_copy_and_a_draft_model_replaces_i
     got = sd.generate(target, prompt, drafter=alone, max_new_tokens=24, ignore_eos=True)
     assert got.token_ids == plain
     assert "quant" in alone.names  # type: ignore[union-attr]  # it could run here (CPU, fp32 activations)
+
+
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+def test_a_quantized_target_leaves_its_int4_copy_out_of_auto(tiny_dirs: dict[str, Path], weight_dtype: str) -> None:
+    """The copy of an int4 or int8 target costs about what the target does, so auto never chose it; it is
+    left out before being prepared (quantizing the copy cost ~3 s of SmolLM2's first request)."""
+    from specdecode.drafters import DrafterOptions, build_drafter
+
+    auto = build_drafter("auto", DrafterOptions())
+    assert isinstance(auto, AutoDrafter) and "quant" in auto.names
+    target = sd.load_model(tiny_dirs["llama"], weight_dtype=weight_dtype)
+    prompt = [1, 5, 9, 2, 7, 3]
+    plain = sd.generate(target, prompt, max_new_tokens=16, ignore_eos=True).token_ids
+    assert sd.generate(target, prompt, drafter=auto, max_new_tokens=16, ignore_eos=True).token_ids == plain
+    assert "quant" not in auto.names and "suffix" in auto.names

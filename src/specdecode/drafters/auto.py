@@ -151,14 +151,17 @@ class AutoDrafter(RowZeroAdapter):
     sizes_itself = True  # each member sizes its draft (see BatchDrafter)
 
     def __init__(self, members: Mapping[str, BatchDrafter], margin: float = SPECULATION_MARGIN,
-                 usable: Mapping[str, Callable[[BatchDrafter], bool]] | None = None) -> None:
+                 usable: Mapping[str, Callable[[BatchDrafter], bool]] | None = None,
+                 fits: Mapping[str, Callable[[Model], bool]] | None = None) -> None:
         """``usable``: per member name, a check run after ``prepare_rows`` (e.g. layer skip only when
-        calibrated for this target); a member failing it is dropped."""
+        calibrated for this target); ``fits``: one run before it (e.g. the int4 copy only of a wider
+        target). A member failing either is dropped."""
         if not members:
             raise ConfigError("--drafter auto needs at least one drafter to choose from")
         self.members = [Member(n, d) for n, d in members.items()]
         self.margin = margin
         self._usable = dict(usable or {})
+        self._fits = dict(fits or {})
         caps = [d.gamma for d in members.values() if isinstance(d.gamma, int)]
         self.gamma: Gamma = max(caps + [MAX_GAMMA])  # a cap: the members size their drafts
         self.acceptance = Acceptance()  # the core's evidence for the composite (reported, not planned with)
@@ -184,6 +187,10 @@ class AutoDrafter(RowZeroAdapter):
         is dropped with a log line, as long as one remains."""
         kept = []
         for m in self.members:
+            fit = self._fits.get(m.name)
+            if fit is not None and not fit(target):
+                log.info("auto: %s left out (it cannot pay on this target)", m.name)
+                continue
             try:
                 m.drafter.prepare_rows(target, rows, max_len)
                 check = self._usable.get(m.name)
@@ -370,6 +377,7 @@ def _build(o: DrafterOptions) -> AutoDrafter:
 
     members: dict[str, BatchDrafter] = {}
     usable: dict[str, Callable[[BatchDrafter], bool]] = {}
+    fits: dict[str, Callable[[Model], bool]] = {}
     with_draft_model = False
     for spec in sorted((s for s in REGISTRY.values() if s.auto is not None), key=lambda s: s.auto.rank):  # type: ignore[union-attr]
         role = spec.auto
@@ -387,7 +395,9 @@ def _build(o: DrafterOptions) -> AutoDrafter:
         check = role.usable
         if check is not None:
             usable[spec.name] = lambda member, check=check: check(member, o)  # type: ignore[misc]
-    return AutoDrafter(members, usable=usable)
+        if role.fits is not None:
+            fits[spec.name] = role.fits
+    return AutoDrafter(members, usable=usable, fits=fits)
 
 
 SPECS = (DrafterSpec(

@@ -90,6 +90,7 @@ class AutoMember:
     rank: int
     only_without_draft_model: bool = False  # left out when a draft model is a member
     usable: Optional[Callable[[BatchDrafter, "DrafterOptions"], bool]] = None  # checked after prepare_rows
+    fits: Optional[Callable[["Model"], bool]] = None  # checked before prepare_rows: False, never worth preparing
 
 
 @dataclass(frozen=True)
