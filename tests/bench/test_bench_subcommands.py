@@ -109,3 +109,9 @@ def test_coldstart_refuses_no_requests(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "coldstart", "--requests", "0"])
     assert "--requests" in capsys.readouterr().err
+
+
+def test_a_subcommand_flag_that_prefixes_bench_flags_reaches_the_subcommand() -> None:
+    """`--n` is a prefix of bench's --no-plots, --ngram-max, ...: it must still reach llamacpp-decode."""
+    args = build_parser().parse_args(["bench", "llamacpp-decode", "--gguf", "m.gguf", "--n", "16", "--threads", "1"])
+    assert (args.n, args.threads, args.gguf) == (16, 1, ["m.gguf"])

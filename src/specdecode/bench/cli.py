@@ -92,7 +92,10 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding and transformers",
                        description="Run plain decoding, draft-model speculation (γ swept) and prompt lookup in "
                                    "our runtime, and transformers' generate as the peer, on the same prompts; "
-                                   "print a table and write JSON + plots.")
+                                   "print a table and write JSON + plots.",
+                       # no prefix matching here: a subcommand's own flag (llamacpp-decode --n) was refused as an
+                       # ambiguous prefix of bench's flags before the subcommand could read it
+                       allow_abbrev=False)
     b.add_argument("--target", help="target model directory (default: bundled models/code-target)")
     b.add_argument("--draft", help="draft model directory (default: bundled models/code-draft)")
     for spec in DRAFTERS.values():  # a drafter taking a draft with its own tokenizer: that draft, beside --draft
