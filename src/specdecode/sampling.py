@@ -46,7 +46,9 @@ def _outside_nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     ``NUCLEUS_PROBE`` tokens hold at least ``top_p`` has its nucleus among them (~0.1 ms); only the
     other rows are sorted. Each row's mask depends on that row alone, so the sampler and the verifier,
     one row or a batch, apply the same law."""
-    v = scores.shape[-1]
+    shape = scores.shape
+    v = shape[-1]
+    scores = scores.reshape(-1, v)  # any leading dims: rows
     remove = torch.ones_like(scores, dtype=torch.bool)
     todo = torch.arange(scores.shape[0], device=scores.device)
     if NUCLEUS_PROBE < v:
@@ -64,7 +66,7 @@ def _outside_nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
         remove_sorted = cum <= (1.0 - top_p)
         remove_sorted[..., -1:] = False
         remove[todo] = remove_sorted.scatter(-1, order, remove_sorted)
-    return remove
+    return remove.view(shape)
 
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

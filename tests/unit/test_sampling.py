@@ -121,3 +121,6 @@ def test_top_p_over_a_large_vocabulary_matches_transformers_row_by_row(top_p: fl
     assert kept.min() < NUCLEUS_PROBE < kept.max()  # both paths ran
     for r in range(7):  # a row alone gets the mask it got in the batch
         assert torch.equal(filter_logits(logits[r : r + 1], SamplingConfig(**setting)), ours[r : r + 1])
+    # leading dims are rows too: [batch, positions, vocab] and a single [vocab] row
+    assert torch.equal(filter_logits(logits[:6].view(2, 3, v), SamplingConfig(**setting)), ours[:6].view(2, 3, v))
+    assert torch.equal(filter_logits(logits[0], SamplingConfig(**setting)), ours[0])
