@@ -116,8 +116,8 @@ def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg:
         r = sd.generate(target, PROMPT, drafter=auto, max_new_tokens=6, temperature=cfg.temperature,
                         top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True)
         samples.append(tuple(r.token_ids[:3]))
-        for k, v in r.stats.accepted_by.items():
+        for k, v in r.stats.drafted_by.items():
             by[k] = by.get(k, 0) + v
-    assert by.get("model", 0) > N // 10 and by.get("suffix", 0) > N // 20, by  # both members really drafted
+    assert by.get("model", 0) > N // 10 and by.get("suffix", 0) > N // 10, by  # both members really drafted
     assert gof_pvalue(samples, exact_law(target, cfg)) > 1e-3
     assert gof_pvalue(samples, exact_law(other, cfg)) < 1e-6

@@ -10,11 +10,10 @@ in tokens per second over plain decoding:
   pass) propose before the others; a draft is worth E / (c + v(length)), E its drafter's own
   prediction (``Draft.expected``: suffix's calibrated tree value) or E(α, length) from the member's
   running acceptance. Choosing among deterministic drafts by their content keeps verification
-  exact (nothing sampled is selected by what it drew). A cheap member runs on a row only while it
-  is promising there: after a step where its draft was not chosen it sits that row out for 1, 2,
-  4, ... up to ``MAX_WAIT`` steps, and after a chosen one it runs again next step. Repeated text
-  comes in runs, so a run is found within a few steps while novel text pays ~1/``MAX_WAIT`` of
-  each lookup instead of all of it;
+  exact (nothing sampled is selected by what it drew). A cheap member proposes on every row at
+  every step: a lookup costs a few hundredths of a pass, and a repeat missed costs whole passes (a
+  per-row sit-out after lost steps, 1, 2, 4 ... 16, cost auto 19% of its speed on SmolLM2's real
+  workload: suffix's matches come in runs that start without warning, docs/lab-notes.md);
 * a member with offline costs (``costs_for``: the draft model, layer skip) is worth
   max_γ E(α, γ) / (γ c + v(γ)), with α its running acceptance (``Acceptance``, remembered across
   requests) and γ that argmax;
@@ -41,7 +40,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
@@ -64,7 +63,6 @@ PRIOR_ALPHA, PRIOR_WEIGHT = 0.75, 6.0  # a member's α before evidence: optimist
 COST_SAMPLES = 9  # a member's cost c is the median of its last this many proposals (one-offs do not move it)
 OPTIMISTIC = 3.0  # a self-sizing member's rate before it has drafted (so each is tried once)
 RATE_EMA = 0.1  # weight of one step in a member's realised rate
-MAX_WAIT = 16  # most steps a cheap member sits out on a row after drafts there that were not chosen
 PROBE_FIRST, PROBE_MAX = 32, 1024  # steps before a losing dear self-sizing member is tried again (doubling)
 PROBE_WEIGHT = 0.3  # weight of a probe's step in that member's rate (news after a long pause)
 log = logging.getLogger(__name__)
@@ -83,8 +81,6 @@ class Member:
     samples: deque = dataclasses.field(default_factory=lambda: deque(maxlen=COST_SAMPLES))  # recent costs
     c: float = 0.0  # measured cost per row and step it follows, in one-token target passes
     accepted: int = 0  # accepted draft tokens, all rows and requests (for /health and tests)
-    wait: dict[int, int] = dataclasses.field(default_factory=dict)  # row -> steps it still sits out there (cheap)
-    backoff: dict[int, int] = dataclasses.field(default_factory=dict)  # row -> its last sit-out length there
     idle: int = 0  # steps since it last drafted (dear self-sizing members)
     interval: int = PROBE_FIRST  # steps of idleness before its next probe (doubles per losing probe)
     probing: bool = False  # this step's drafts are a probe
@@ -109,34 +105,6 @@ class Member:
         alpha = self.alpha
         g = self.costs.best_gamma(alpha, min(cap, MAX_GAMMA))
         return (self.costs.speedup(alpha, g) if g else 0.0), g
-
-    # -- a cheap member's per-row rhythm ---------------------------------------------------------------
-    def due(self, rows: Iterable[int]) -> list[int]:
-        """The rows it proposes for this step; the others count one step of their sit-out down."""
-        out = []
-        for r in rows:
-            w = self.wait.get(r, 0)
-            if w > 0:
-                self.wait[r] = w - 1
-            else:
-                out.append(r)
-        return out
-
-    def settle(self, row: int, chosen: bool) -> None:
-        """After proposing for ``row``: run again next step if its draft was chosen, else sit out
-        twice as long as last time (1 step at first, ``MAX_WAIT`` at most)."""
-        b = 0 if chosen else min(MAX_WAIT, max(1, 2 * self.backoff.get(row, 0)))
-        self.backoff[row] = self.wait[row] = b
-
-    def forget_row(self, row: int) -> None:
-        self.wait.pop(row, None)
-        self.backoff.pop(row, None)
-
-    def move_row(self, src: int, dst: int) -> None:
-        self.forget_row(dst)
-        for d in (self.wait, self.backoff):
-            if src in d:
-                d[dst] = d.pop(src)
 
     # -- a dear self-sizing member's probes ------------------------------------------------------------
     @property
@@ -222,7 +190,6 @@ class AutoDrafter(RowZeroAdapter):
     def reset_row(self, row: int) -> None:
         self._pending.pop(row, None)
         for m in self.members:
-            m.forget_row(row)
             m.drafter.reset_row(row)
 
     def move_row(self, src: int, dst: int) -> None:
@@ -230,7 +197,6 @@ class AutoDrafter(RowZeroAdapter):
         if src in self._pending:
             self._pending[dst] = self._pending.pop(src)
         for m in self.members:
-            m.move_row(src, dst)
             m.drafter.move_row(src, dst)
 
     def forget(self) -> None:
@@ -256,10 +222,8 @@ class AutoDrafter(RowZeroAdapter):
             m.rate += weight * (sample - m.rate)
 
     # -- drafting ------------------------------------------------------------------------------------
-    def _call(self, m: Member, contexts: Mapping[int, DraftContext], g: int, steps: int = 0) -> dict[int, Draft]:
-        """``m``'s drafts of at most ``g`` tokens for these rows, its cost measured: per row and step
-        it followed (``steps``: how many, when more than one per row; a cheap member that sat steps
-        out catches up on their tokens in this call)."""
+    def _call(self, m: Member, contexts: Mapping[int, DraftContext], g: int) -> dict[int, Draft]:
+        """``m``'s drafts of at most ``g`` tokens for these rows, its cost measured per row."""
         asked = {r: dataclasses.replace(c, max_tokens=min(g, c.max_tokens)) for r, c in contexts.items()}
         depth = max(c.max_tokens for c in asked.values())
         if m.drafter.acceptance.mark(depth):
@@ -273,7 +237,7 @@ class AutoDrafter(RowZeroAdapter):
             self.members.remove(m)
             return {}
         if self._t1 > 0:
-            m.samples.append((self._clock() - t0) / (self._t1 * max(steps, len(asked))))
+            m.samples.append((self._clock() - t0) / (self._t1 * len(asked)))
             m.c = statistics.median(m.samples)
         for r, d in got.items():
             if len(d.tokens) > asked[r].max_tokens:
@@ -299,8 +263,8 @@ class AutoDrafter(RowZeroAdapter):
 
     def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
         """Two phases. Cheap self-sizing members (suffix, lookup: measured cost under ``CHEAP`` of a
-        pass, deterministic drafts) propose for the rows where they are due (``Member.due``), and
-        each row keeps its best draft by ``_value``. Then the other members, best predicted first
+        pass, deterministic drafts) propose for every row, and each row keeps its best draft by
+        ``_value``. Then the other members, best predicted first
         (a member due for a probe first of all), draft (batched) for the rows whose best so far
         they beat. A row with nothing above the margin decodes plainly."""
         if self._base is None:
@@ -317,15 +281,9 @@ class AutoDrafter(RowZeroAdapter):
         best: dict[int, tuple[float, Member | None]] = {r: (self.margin, None) for r in contexts}
         cap = max(c.max_tokens for c in contexts.values())
         cheap = [m for m in self.members if m.cheap]  # decided once: a member is in one phase per step
-        tried: list[tuple[Member, list[int]]] = []
         for m in cheap:
-            due = m.due(contexts)
-            if not due:
-                continue
             g = m.drafter.gamma
-            steps = sum(1 + m.backoff.get(r, 0) for r in due)
-            got = self._call(m, {r: contexts[r] for r in due}, min(cap, g if isinstance(g, int) else cap), steps)
-            tried.append((m, due))
+            got = self._call(m, contexts, min(cap, g if isinstance(g, int) else cap))
             if any(d.probs is not None for d in got.values()):
                 # a sampled draft may not be chosen by its content: the member is judged like a model from now on
                 m.sampled = True
@@ -359,9 +317,6 @@ class AutoDrafter(RowZeroAdapter):
         for r, (v, m, d) in spare.items():
             if best[r][1] is None:
                 best[r], out[r] = (v, m), d
-        for m, due in tried:
-            for r in due:
-                m.settle(r, best[r][1] is m)
         for r, (_, winner) in best.items():
             if winner is not None:
                 out[r].source = winner.name
