@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,30 @@ def test_prompt_lookup_tracks_a_growing_sequence() -> None:
     seq = [4] * 3000  # longer than the initial buffer
     d.reset()
     assert d.propose(ctx(seq)).tokens == [4, 4]
+
+
+def _lookup_by_rule(seq: list[int], max_ngram: int, min_ngram: int, k: int) -> list[int]:
+    """The documented rule, by brute force: for n from max_ngram down, the latest earlier n-gram equal
+    to the sequence's last n tokens that still has k tokens after it, else the latest one; what follows it."""
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        starts = [i for i in range(len(seq) - n) if seq[i:i + n] == seq[len(seq) - n:]]
+        if starts:
+            full = [i for i in starts if i + n + k <= len(seq)]
+            start = (full or starts)[-1] + n
+            return seq[start:start + k]
+    return []
+
+
+def test_prompt_lookup_follows_its_rule_on_random_sequences() -> None:
+    rng = random.Random(0)
+    for trial in range(400):
+        vocab = rng.choice([2, 3, 5, 20])  # small vocabularies: many overlapping matches of every length
+        seq = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        max_ngram = rng.randint(1, 4)
+        min_ngram = rng.randint(1, max_ngram)
+        k = rng.randint(1, 6)
+        d = sd.PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, num_draft_tokens=k)
+        assert d.propose(ctx(seq)).tokens == _lookup_by_rule(seq, max_ngram, min_ngram, k), (trial, seq)
 
 
 def test_draft_model_cache_stays_in_sync(tiny_dirs: dict[str, Path]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..config import ConfigError
 from .base import BatchDrafter, Draft, DraftContext, PerRowDrafters
@@ -65,14 +64,18 @@ class PromptLookupDrafter:
         if k <= 0:
             return Draft()
         buf = self._buf[:n_tok]
+        # every earlier occurrence of the last token that has a continuation: where an earlier n-gram
+        # match must end. One pass over the sequence, then each longer n only filters these ends (a
+        # sliding-window compare per n cost auto 2-4% of its speed on 1k-token chat rows)
+        ends = np.flatnonzero(buf[: n_tok - 1] == buf[n_tok - 1])
         for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
-            pattern = buf[n_tok - n :]
-            windows = sliding_window_view(buf[: n_tok - 1], n)  # every earlier n-gram with a continuation
-            hits = np.flatnonzero((windows == pattern).all(axis=1))
+            hits = ends[ends >= n - 1]
+            for j in range(1, n):
+                hits = hits[buf[hits - j] == buf[n_tok - 1 - j]]
             if hits.size:
                 # the latest match that still has k tokens after it; else the latest match
-                full = hits[hits + n + k <= n_tok]
-                start = int(full[-1] if full.size else hits[-1]) + n
+                full = hits[hits + 1 + k <= n_tok]
+                start = int(full[-1] if full.size else hits[-1]) + 1
                 return Draft(buf[start : start + k].tolist())
         return Draft()
 
