@@ -77,3 +77,26 @@ def test_auto_with_medusa_heads(tiny_dirs: dict[str, Path], tmp_path: Path) -> N
         r = sd.generate(target, PROMPT, drafter=auto, max_new_tokens=NEW, ignore_eos=True)
         assert r.token_ids == plain.token_ids
     assert "medusa" in auto.names and auto.wants_hidden
+
+
+@pytest.mark.parametrize("age", [True, False], ids=["ageing", "no-ageing"])
+def test_a_calibration_that_read_low_recovers(tiny_dirs: dict[str, Path], age: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A match-length bucket whose confidence read low never drafts, so it would never gather the evidence
+    to recover: its figures age toward the prior at each match it skips, and drafting resumes (without the
+    ageing, as the control shows, it never does). Greedy output stays plain decoding's."""
+    import specdecode.drafters.suffix as suffix_mod
+
+    if not age:
+        monkeypatch.setattr(suffix_mod, "IDLE_AGE", 0.0)
+    target = sd.load_model(tiny_dirs["llama"])
+    plain = sd.generate(target, PROMPT, max_new_tokens=180, ignore_eos=True)
+    drafter = SuffixDrafter(costs=CHEAP)
+    sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=180, ignore_eos=True)  # the shared index holds it
+    drafter._conf = [[1.0, 200.0] for _ in drafter._conf]  # every bucket at the floor, as after a bad start
+    again = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=180, ignore_eos=True)
+    assert again.token_ids == plain.token_ids
+    if age:
+        assert again.stats.accepted >= 40 and again.stats.target_passes < plain.stats.target_passes - 30
+    else:
+        assert again.stats.drafted == 0

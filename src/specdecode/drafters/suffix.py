@@ -55,6 +55,10 @@ DEFAULT_MAX_TOKENS = 1 << 18  # tokens the shared index holds before evicting ol
 TREE_EXTRA = 0.1
 BUCKETS = (1, 2, 3, 4, 6, 10, 16)  # match-length buckets for the calibration
 CONF_PRIOR, CONF_WEIGHT, CONF_MEMORY = 0.5, 4.0, 200.0
+# share of the way back to the prior a bucket's figures go at each match it does not draft on: a bucket that
+# read low (a few early rejections) would otherwise never draft, so never gather the evidence to recover;
+# from the floor it drafts again after ~100-150 such matches, and new rejections bring it down at once
+IDLE_AGE = 1.0 / 32
 
 
 class SuffixIndex:
@@ -318,6 +322,12 @@ class SuffixDrafter(RowZeroAdapter):
             acc[0] *= keep
             acc[1] *= keep
 
+    def _age(self, b: int) -> None:
+        """A match not drafted on: bucket ``b``'s evidence ages toward the prior (``IDLE_AGE``)."""
+        acc = self._conf[b]
+        acc[0] += IDLE_AGE * (CONF_PRIOR * CONF_WEIGHT - acc[0])
+        acc[1] += IDLE_AGE * (CONF_WEIGHT - acc[1])
+
     def conf(self, match_len: int) -> float:
         a, p = self._conf[_bucket(match_len)]
         return min(1.0, max(0.02, a / p))
@@ -364,6 +374,7 @@ class SuffixDrafter(RowZeroAdapter):
             return None
         cap = min(max_nodes, max(1, int(self.spec_factor * m)))
         if not self._may_pay(m, cap, rows):
+            self._age(_bucket(m))
             return None  # even if every node were certain, this match's calibration could not pay
         conts = []
         if m_local == m:
@@ -420,6 +431,7 @@ class SuffixDrafter(RowZeroAdapter):
             return Draft()
         n, e = self.plan(tree, rows)
         if n == 0:
+            self._age(_bucket(tree.match_len))
             return Draft()
         parents = tree.parents[:n]
         chain = all(p == i - 1 for i, p in enumerate(parents))
