@@ -93,10 +93,10 @@ def test_a_calibration_that_read_low_recovers(tiny_dirs: dict[str, Path], age: b
     plain = sd.generate(target, PROMPT, max_new_tokens=180, ignore_eos=True)
     drafter = SuffixDrafter(costs=CHEAP)
     sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=180, ignore_eos=True)  # the shared index holds it
-    drafter._conf = [[1.0, 200.0] for _ in drafter._conf]  # every bucket at the floor, as after a bad start
+    drafter._conf = [[1.0, 40.0] for _ in drafter._conf]  # every bucket near the floor, as after a bad start
     again = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=180, ignore_eos=True)
     assert again.token_ids == plain.token_ids
     if age:
-        assert again.stats.accepted >= 40 and again.stats.target_passes < plain.stats.target_passes - 30
+        assert again.stats.accepted >= 20 and again.stats.target_passes < plain.stats.target_passes - 10
     else:
         assert again.stats.drafted == 0
