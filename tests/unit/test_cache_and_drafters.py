@@ -75,6 +75,8 @@ def test_prompt_lookup_follows_its_rule_on_random_sequences() -> None:
         k = rng.randint(1, 6)
         d = sd.PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, num_draft_tokens=k)
         assert d.propose(ctx(seq)).tokens == _lookup_by_rule(seq, max_ngram, min_ngram, k), (trial, seq)
+    d = sd.PromptLookupDrafter()
+    assert d.propose(ctx([])).tokens == [] and d.propose(ctx([7])).tokens == []
 
 
 def test_draft_model_cache_stays_in_sync(tiny_dirs: dict[str, Path]) -> None:

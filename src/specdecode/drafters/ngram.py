@@ -61,7 +61,7 @@ class PromptLookupDrafter:
     def propose(self, ctx: DraftContext) -> Draft:
         k = min(self.num_draft_tokens, ctx.max_tokens)
         n_tok = self._sync(ctx.tokens)
-        if k <= 0:
+        if k <= 0 or n_tok < 2:  # nothing earlier to match
             return Draft()
         buf = self._buf[:n_tok]
         # every earlier occurrence of the last token that has a continuation: where an earlier n-gram
