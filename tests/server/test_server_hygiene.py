@@ -124,9 +124,17 @@ def test_a_disconnect_is_one_info_line(one_row: RunningServer, caplog: pytest.Lo
     assert not any(rec.levelno >= logging.WARNING for rec in caplog.records), [r.getMessage() for r in caplog.records]
 
 
-def test_scheduler_drain_fails_queued_at_once_and_running_after_the_timeout(models: Models) -> None:
+def test_scheduler_drain_fails_queued_at_once_and_running_after_the_timeout(models: Models,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = ServerMetrics()
     sched = Scheduler(models.target, {}, max_batch_size=1, max_queue=4, metrics=metrics)
+    emit = sched.core._emit
+
+    def slow(*args: Any) -> Any:  # 10 ms a token: the 4000-token request outlasts the 0.5 s drain on any machine
+        time.sleep(0.01)          # (a fresh clone here decoded all of it in 0.48 s and finished it normally)
+        return emit(*args)
+
+    monkeypatch.setattr(sched.core, "_emit", slow)
     sched.start()
 
     async def run() -> tuple[list[object], list[object]]:
