@@ -53,8 +53,10 @@ def test_requests_during_the_drain_get_503_not_a_refused_connection(models: Mode
         time.sleep(0.3)  # the signal is handled within uvicorn's 0.1 s tick
         outcomes: list[tuple[int, str, Any]] = []
         failures: list[BaseException] = []
-        t_end = time.monotonic() + 1.5  # well inside the 3 s drain
-        while time.monotonic() < t_end:
+        # well inside the 3 s drain, and only while the streams still run (the server exits once they end: here
+        # they ran to the 3 s deadline, ~3,200 of their 4,000 tokens; a machine 2.5x faster ends them sooner)
+        t_end = time.monotonic() + 1.0
+        while time.monotonic() < t_end and all(t.is_alive() for t in threads):
             try:
                 outcomes.append(_classify(httpx.post(srv.url + "/v1/completions", json=NEW, timeout=30)))  # new conn
                 outcomes.append(_classify(keep_alive.post(srv.url + "/v1/completions", json=NEW)))
@@ -70,7 +72,7 @@ def test_requests_during_the_drain_get_503_not_a_refused_connection(models: Mode
         keep_alive.close()
         srv.kill()
     assert not failures, failures[:3]  # never a refused or reset connection during the drain
-    assert len(outcomes) >= 6
+    assert len(outcomes) >= 4
     for status, retry_after, body in outcomes:
         assert status == 503 and retry_after == "5" and body["error"]["code"] == "shutting_down", (status, body)
     for lines, errs in streams:
