@@ -350,3 +350,45 @@ def test_bench_methods(deep: dict[str, Path], tmp_path: Path, monkeypatch: pytes
     args = argparse.Namespace(methods="layerskip", gammas="2,auto", quick=True, lookup_tokens=None, peer_gammas=None,
                               reps=None, per_category=None, max_new_tokens=None, cost_repeats=None, threads=None)
     assert resolve_settings(args).families == ["plain", "layerskip", "layerskip-auto"]
+
+
+def test_calibrate_a_gguf_target_on_chats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A GGUF target is calibrated on chats in its own template; the choice goes to
+    ``TARGET/drafters/layerskip/`` (a file has no folder of its own), stamped with the file, and
+    ``--drafter layerskip`` finds it there as it finds every drafter's artifact."""
+    from gguf_util import tiny_gguf
+    from specdecode.cli import main
+    from specdecode.drafters.calibrate import default_prompts_file, prompt_ids
+    from specdecode.drafters.registry import resolve_artifacts
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    _, gguf = tiny_gguf(tmp_path)
+    m = sd.load_model(gguf)
+    chat = (("user", "def fib(n):"),)
+    rendered = "<|im_start|>user\ndef fib(n):<|im_end|>\n<|im_start|>assistant\n"  # gguf_util's template
+    assert prompt_ids(m, [chat, "def f"]) == [m.encode(rendered, add_special_tokens=False), m.encode("def f")]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"category": c, "messages": [{"role": "user", "content": t}]}) + "\n"
+                             for c, t in [("code", PROMPTS[0]), ("code", PROMPTS[1]), ("chat", "hello there")]))
+    assert default_prompts_file(tmp_path) is None  # without TARGET/data/prompts.jsonl: the bundled workload
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "prompts.jsonl").write_text(chats.read_text())
+    assert default_prompts_file(tmp_path) == tmp_path / "data" / "prompts.jsonl"
+    assert main(["calibrate", "--target", str(gguf), "--prompts", str(chats), "--per-category", "1",
+                 "--minutes", "0.05", "--max-new-tokens", "8", "--no-progress"]) == 0
+    assert "stored in" in capsys.readouterr().out
+    folder = tmp_path / "drafters" / "layerskip"
+    rec = json.loads((folder / CALIBRATION_FILE).read_text())
+    assert rec["prompts"] == 2 and rec["weights"] == f"{gguf.name}:{gguf.stat().st_size}"
+    artifacts = resolve_artifacts({}, None, str(gguf))
+    assert artifacts["layerskip"] == str(folder)
+    drafter = build_drafter("layerskip", DrafterOptions(gamma=2, artifacts=artifacts))
+    assert isinstance(drafter, LayerSkipDrafter)
+    drafter.prepare_rows(m, 1, 64)
+    assert drafter.calibration is not None and drafter.plan == DraftLayers(tuple(rec["layers"]), rec["n_layers"])
+    plain = sd.generate(m, PROMPTS[2], max_new_tokens=12, ignore_eos=True)
+    assert sd.generate(m, PROMPTS[2], drafter=drafter, max_new_tokens=12, ignore_eos=True).token_ids == plain.token_ids
+    # the same file, other weights (another size): the stored choice is stale
+    gguf.write_bytes(gguf.read_bytes() + b"\0" * 32)
+    assert load_calibration(gguf, rec["n_layers"], folder) is None

@@ -151,6 +151,16 @@ class _TemplateTokens:
         return self.model.encode(text, add_special_tokens=False)
 
 
+def encode_chats(model: "Model", chats: Sequence[Sequence[tuple[str, str]]]) -> list[list[int]]:
+    """Token ids of each chat (role, content turns) through the model's template, encoded as
+    ``prepare_real_prompts`` encodes them."""
+    if not chats:
+        return []
+    fmt, own = chat_formatter(model)
+    encode = _TemplateTokens(model).encode if own else model.encode
+    return [encode(fmt.render([{"role": r, "content": c} for r, c in m])) for m in chats]
+
+
 def prepare_real_prompts(workloads: Sequence[Workload], target: "Model", draft: Optional["Model"]
                          ) -> tuple[list["PreparedPrompt"], dict[str, object]]:
     """Render chat records with the target's template, then tokenise and fit as ``prepare_prompts`` does.

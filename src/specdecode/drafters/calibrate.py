@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -76,15 +76,57 @@ class Prompted:
 
 
 # -- inputs --------------------------------------------------------------------------------------
-def read_prompts(path: Optional[str], max_prompts: Optional[int] = None) -> list[str]:
-    """Prompts from ``path``: JSON lines (objects with a "prompt" field, e.g. a bench workload, or
-    strings), else plain text with prompts separated by lines holding only ``---``. Without a
-    path: the first prompts of each category of the bundled held-out workload."""
+Messages = tuple[tuple[str, str], ...]  # (role, content) turns: rendered with the target's chat template
+Prompt = Union[str, Messages]
+OWN_PROMPTS = Path("data") / "prompts.jsonl"  # a target folder's training prompts (held out from its bench)
+
+
+def default_prompts_file(folder: Optional[Path]) -> Optional[Path]:
+    """The prompts a target was trained on (``TARGET/data/prompts.jsonl``), if it has them: an instruct
+    model is calibrated on chats in its template, not on the bundled code workload."""
+    path = folder / OWN_PROMPTS if folder is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def _jsonl_prompts(path: str, text: str, per_category: Optional[int]) -> list[Prompt]:
+    """JSON lines: strings, or objects with a "prompt" string or "messages" (a chat); with
+    ``per_category``, the first that many of each "category"."""
+    from ..bench.workloads import _messages
+
+    prompts: list[Prompt] = []
+    counts: dict[str, int] = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+        if isinstance(rec, dict) and "messages" in rec:
+            prompt: object = _messages(rec["messages"], f"{path}:{i}")
+        else:
+            prompt = rec.get("prompt") if isinstance(rec, dict) else rec
+            if not isinstance(prompt, str) or not prompt:
+                raise ConfigError(f"{path}:{i}: need a non-empty string or an object with a \"prompt\" string "
+                                  "or \"messages\"")
+        category = str(rec.get("category", "")) if isinstance(rec, dict) else ""
+        if per_category is not None and counts.get(category, 0) >= per_category:
+            continue
+        counts[category] = counts.get(category, 0) + 1
+        prompts.append(prompt)  # type: ignore[arg-type]
+    return prompts
+
+
+def read_prompts(path: Optional[str], max_prompts: Optional[int] = None, per_category: Optional[int] = None
+                 ) -> list[Prompt]:
+    """Prompts from ``path``: JSON lines (``_jsonl_prompts``: a bench workload, a chat prompt set), else
+    plain text with prompts separated by lines holding only ``---``. Without a path: the first prompts
+    of each category of the bundled held-out workload."""
     if path is None:
         from ..bench.workloads import DEFAULT_WORKLOAD, load_workloads, select
 
-        chosen = select(load_workloads(DEFAULT_WORKLOAD), per_category=DEFAULT_PROMPTS_PER_CATEGORY)
-        prompts = [w.prompt for w in chosen]
+        chosen = select(load_workloads(DEFAULT_WORKLOAD), per_category=per_category or DEFAULT_PROMPTS_PER_CATEGORY)
+        prompts: list[Prompt] = [w.messages or w.prompt for w in chosen]
     else:
         p = Path(path)
         try:
@@ -92,18 +134,7 @@ def read_prompts(path: Optional[str], max_prompts: Optional[int] = None) -> list
         except OSError as e:
             raise ConfigError(f"cannot read --prompts {path}: {e}") from e
         if p.suffix == ".jsonl":
-            prompts = []
-            for i, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{path}:{i}: not valid JSON ({e.msg})") from e
-                prompt = rec.get("prompt") if isinstance(rec, dict) else rec
-                if not isinstance(prompt, str) or not prompt:
-                    raise ConfigError(f"{path}:{i}: need a non-empty string or an object with a \"prompt\" string")
-                prompts.append(prompt)
+            prompts = _jsonl_prompts(path, text, per_category)
         else:
             chunks: list[str] = []
             cur: list[str] = []
@@ -118,6 +149,15 @@ def read_prompts(path: Optional[str], max_prompts: Optional[int] = None) -> list
         if not prompts:
             raise ConfigError(f"--prompts {path} holds no prompts")
     return prompts[:max_prompts] if max_prompts else prompts
+
+
+def prompt_ids(target: "Model", prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Token ids of each prompt: text as ``generate`` encodes it, a chat through the target's template
+    as the server and the bench render it."""
+    from ..bench.real import encode_chats
+
+    chats = iter(encode_chats(target, [p for p in prompts if not isinstance(p, str)]))
+    return [target.encode(p) if isinstance(p, str) else next(chats) for p in prompts]
 
 
 # -- screening -----------------------------------------------------------------------------------
@@ -205,11 +245,11 @@ class Calibration:
     seconds: float
 
 
-def calibrate(target: "Model", prompts: Sequence[str], minutes: float = 3.0,
+def calibrate(target: "Model", prompts: Sequence[Union[str, Sequence[int]]], minutes: float = 3.0,
               max_new_tokens: int = DEFAULT_NEW_TOKENS, progress: Optional[Callable[[str, float], None]] = None
               ) -> Calibration:
-    """Search the layer set with the best measured speedup on ``prompts`` (see the module docstring).
-    ``progress(phase, elapsed_s)`` is called as work completes."""
+    """Search the layer set with the best measured speedup on ``prompts`` (text, or token ids: see
+    ``prompt_ids``; the module docstring says how). ``progress(phase, elapsed_s)`` is called as work completes."""
     from ..engine import generate
 
     check_family(target)
@@ -227,7 +267,7 @@ def calibrate(target: "Model", prompts: Sequence[str], minutes: float = 3.0,
 
     data: list[Prompted] = []
     for p in prompts:
-        ids = target.encode(p)[-(target.max_seq_len - max_new_tokens - 1):]
+        ids = (target.encode(p) if isinstance(p, str) else list(p))[-(target.max_seq_len - max_new_tokens - 1):]
         r = generate(target, ids, max_new_tokens=max_new_tokens, ignore_eos=True)
         step = r.stats.decode_s / max(1, r.stats.target_passes)
         data.append(Prompted(ids, r.token_ids, r.stats.prefill_s / step if step > 0 else 0.0))
@@ -326,14 +366,23 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
     p = sub.add_parser("calibrate", help="find the layers a layer-skip draft should run (--drafter layerskip)",
                        description="Search the target's early exits and skip sets for the best measured speedup "
-                                   "on your prompts, and store the choice beside the checkpoint (layerskip.json; "
-                                   "the cache directory if the checkpoint is read-only). --drafter layerskip "
-                                   "then uses it.")
-    p.add_argument("--target", help="target model directory (default: bundled models/code-target)")
-    p.add_argument("--prompts", help="prompts to calibrate on: a .jsonl file (objects with a \"prompt\" field, e.g. "
-                                     "a bench workload) or a text file with prompts separated by lines '---' "
-                                     "(default: 2 prompts per category of the bundled held-out workload)")
+                                   "on your prompts, and store the choice (layerskip.json) beside the checkpoint "
+                                   "directory, or for a GGUF file or a catalogued model in TARGET/drafters/"
+                                   "layerskip/ (the cache directory if neither can be written). --drafter "
+                                   "layerskip then uses it.")
+    p.add_argument("--target", help="target model: a directory, a GGUF file or a catalogued name "
+                                    "(default: bundled models/code-target)")
+    p.add_argument("--prompts", help="prompts to calibrate on: a .jsonl file (strings, or objects with a \"prompt\" "
+                                     "string or chat \"messages\", rendered with the target's chat template: a bench "
+                                     "workload, a prompt set) or a text file with prompts separated by lines '---' "
+                                     f"(default: TARGET/{OWN_PROMPTS} when the target has one, else the bundled "
+                                     "held-out workload)")
+    p.add_argument("--per-category", type=int, default=None,
+                   help="the first N prompts of each category of a .jsonl file (default: all of a file you name, "
+                        f"{DEFAULT_PROMPTS_PER_CATEGORY} of a default one)")
     p.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="store layerskip.json in DIR instead (pass it to --layerskip-calibration)")
     p.add_argument("--minutes", type=float, default=3.0, help="time budget in minutes (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_NEW_TOKENS,
                    help="tokens generated per prompt (default: %(default)s)")
@@ -354,8 +403,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.minutes <= 0 or args.max_new_tokens < 2:
         raise ConfigError("--minutes must be positive and --max-new-tokens at least 2")
     torch.set_num_threads(max(1, args.threads))
+    from .registry import target_folder
+
+    if args.per_category is not None and args.per_category < 1:
+        raise ConfigError("--per-category must be at least 1")
     target = model_loader(from_args(ModelLoadConfig, args))(resolve_target(args))
-    prompts = read_prompts(args.prompts, args.max_prompts)
+    folder = target_folder(args.target)
+    path = args.prompts or default_prompts_file(folder)
+    per_category = args.per_category or (None if args.prompts else DEFAULT_PROMPTS_PER_CATEGORY)
+    prompts = prompt_ids(target, read_prompts(str(path) if path else None, args.max_prompts, per_category))
+    beside = folder is None or folder.resolve() == Path(str(target.path)).resolve()  # a directory checkpoint
+    out = args.out or (None if beside else folder / "drafters" / "layerskip")  # type: ignore[operator]
     budget = 60.0 * args.minutes
     with tqdm(total=round(budget), desc="calibrate", unit="s", file=sys.stderr, disable=args.no_progress,
               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s {postfix}") as bar:
@@ -365,7 +423,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
         cal = calibrate(target, prompts, args.minutes, args.max_new_tokens, progress)
     rec = record(cal, target)
-    path = save_calibration(target.path, rec)
+    path = save_calibration(target.path, rec, out)
     if args.json:
         print(json.dumps(rec, indent=2))
         return 0

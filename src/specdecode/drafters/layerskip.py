@@ -44,7 +44,7 @@ from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, check_ga
 from .layerskip_layers import (CALIBRATION_FILE, CALIBRATION_VERSION, SUPPORTED_FAMILIES, DraftLayers,
                                cached_calibration_path, calibration_paths, check_family, load_calibration,
                                save_calibration, weights_stamp)
-from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec, Option
+from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, Option
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -56,7 +56,8 @@ class LayerSkipDrafter:
     """Drafts γ tokens per row with a subset of the target's own layers (a ``BatchDrafter``).
 
     ``exit_layer`` (the first L layers) or ``skip_layers`` (layers to leave out) override the
-    calibration; with neither, ``layerskip.json`` decides, else ``DraftLayers.default``.
+    calibration; with neither, ``layerskip.json`` decides (in ``calibration_dir``, the ``layerskip``
+    artifact, else beside the checkpoint or in the cache), else ``DraftLayers.default``.
     ``gamma``: draft length or "auto" (the core's γ policy, from the measured c of the partial
     model: it switches speculation off when it does not pay). ``share_cache=False`` keeps a
     separate draft cache for every draft layer (the reference the sharing is tested against).
@@ -65,12 +66,13 @@ class LayerSkipDrafter:
     wants_hidden = False
 
     def __init__(self, exit_layer: Optional[int] = None, skip_layers: Optional[Sequence[int]] = None,
-                 gamma: Gamma = "auto", share_cache: bool = True) -> None:
+                 gamma: Gamma = "auto", share_cache: bool = True, calibration_dir: Optional[str] = None) -> None:
         if exit_layer is not None and skip_layers is not None:
             raise ConfigError("give an exit layer or skip layers, not both")
         self.gamma = check_gamma(gamma)
         self.exit_layer, self.skip_layers = exit_layer, tuple(skip_layers) if skip_layers is not None else None
         self.share_cache = share_cache
+        self.calibration_dir = calibration_dir
         self.acceptance = Acceptance()
         self.plan: Optional[DraftLayers] = None
         self.calibration: Optional[dict[str, Any]] = None  # the stored record the plan came from, if any
@@ -97,7 +99,7 @@ class LayerSkipDrafter:
             return DraftLayers.exit(self.exit_layer, n)
         if self.skip_layers is not None:
             return DraftLayers.skip(self.skip_layers, n)
-        found = load_calibration(target.path, n)
+        found = load_calibration(target.path, n, self.calibration_dir)
         if found is not None:
             plan, self.calibration, path = found
             log.info("layerskip: %s (calibrated, %s)", plan.describe(), path)
@@ -305,10 +307,16 @@ def parse_layer_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer numbers like 1,5, got {text!r}") from None
 
 
+CALIBRATION = Artifact("layerskip", "a layer-skip calibration directory (holding layerskip.json)",
+                       "a layer-skip calibration", "specdecode calibrate --target TARGET",
+                       lambda p: (p / CALIBRATION_FILE).is_file(), "--layerskip-calibration", required=False)
+
+
 def _build(o: DrafterOptions) -> LayerSkipDrafter:
     exit_layer, skip = o.options["exit_layer"], o.options["skip_layers"]
     return LayerSkipDrafter(exit_layer=exit_layer if isinstance(exit_layer, int) else None,
-                            skip_layers=tuple(skip) if isinstance(skip, tuple) else None, gamma=o.gamma)
+                            skip_layers=tuple(skip) if isinstance(skip, tuple) else None, gamma=o.gamma,
+                            calibration_dir=o.artifact(CALIBRATION.name))
 
 
 def _usable(d: BatchDrafter, o: DrafterOptions) -> bool:
@@ -324,13 +332,14 @@ SPECS = (DrafterSpec(
                     "`specdecode calibrate`'s choice)", metavar="N"),
              Option("skip_layers", parse_layer_list, None, "layerskip: draft with every layer but these, e.g. 1,5 "
                     "(overrides the calibration)", metavar="LAYERS")),
-    auto=AutoMember(3, usable=_usable),
+    artifacts=(CALIBRATION,), auto=AutoMember(3, usable=_usable),
     bench=(BenchVariant("layerskip", "layer-skip self-speculation (the target's calibrated layers, `specdecode "
                         "calibrate`), γ from --gammas", sweep="gammas", with_auto="layerskip-auto"),
            BenchVariant("layerskip-auto", "layer-skip self-speculation with gamma='auto' (the γ policy, from the "
                         "partial model's measured c)", label="layerskip/auto"))),)
 
 
-__all__ = ["CALIBRATION_FILE", "CALIBRATION_VERSION", "SPECS", "SUPPORTED_FAMILIES", "DraftLayers", "LayerSkipDrafter",
+__all__ = ["CALIBRATION", "CALIBRATION_FILE", "CALIBRATION_VERSION", "SPECS", "SUPPORTED_FAMILIES", "DraftLayers",
+           "LayerSkipDrafter",
            "cached_calibration_path", "calibration_paths", "check_family", "load_calibration", "parse_layer_list",
            "save_calibration", "weights_stamp"]

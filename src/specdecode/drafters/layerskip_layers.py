@@ -106,43 +106,52 @@ class DraftLayers:
 
 # -- calibration files ---------------------------------------------------------------------------
 def weights_stamp(model_dir: str | Path) -> str:
-    """The checkpoint's weight files by name and size: a calibration made for other weights is stale."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    """The checkpoint's weight files (a GGUF: the file) by name and size: a calibration made for other
+    weights is stale."""
+    path = Path(model_dir)
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     return ",".join(f"{f.name}:{f.stat().st_size}" for f in files)
 
 
 def cached_calibration_path(model_dir: str | Path) -> Path:
-    """Where a calibration goes when the checkpoint directory is read-only: the cache directory."""
+    """Where a calibration goes when no folder beside the checkpoint can be written: the cache directory."""
     key = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
     return cache_dir().parent / "layerskip" / f"{key}.json"
 
 
-def calibration_paths(model_dir: str | Path) -> list[Path]:
-    """Where a calibration is looked for, first match wins: beside the checkpoint, then the cache."""
-    return [Path(model_dir) / CALIBRATION_FILE, cached_calibration_path(model_dir)]
+def calibration_paths(model_dir: str | Path, folder: Optional[str | Path] = None) -> list[Path]:
+    """Where a calibration is looked for, first match wins: ``folder`` (the ``layerskip`` artifact,
+    ``TARGET/drafters/layerskip/``), beside a checkpoint directory, then the cache."""
+    places = [Path(folder) / CALIBRATION_FILE] if folder is not None else []
+    if Path(model_dir).is_dir():
+        places.append(Path(model_dir) / CALIBRATION_FILE)
+    return places + [cached_calibration_path(model_dir)]
 
 
-def save_calibration(model_dir: str | Path, record: dict[str, Any]) -> Path:
-    """Write ``record`` beside the checkpoint, or in the cache directory if that is not writable;
-    returns the path written."""
+def save_calibration(model_dir: str | Path, record: dict[str, Any], folder: Optional[str | Path] = None) -> Path:
+    """Write ``record`` to the first place of ``calibration_paths`` that can be written (``folder`` is
+    created); returns the path written."""
     record = {"version": CALIBRATION_VERSION, "weights": weights_stamp(model_dir), **record}
     text = json.dumps(record, indent=2) + "\n"
-    beside, cached = calibration_paths(model_dir)
-    try:
-        beside.write_text(text)
-        return beside
-    except OSError as e:
-        log.info("cannot write %s (%s); storing the calibration in the cache directory", beside, e)
+    *wanted, cached = calibration_paths(model_dir, folder)
+    for path in wanted:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            return path
+        except OSError as e:
+            log.info("cannot write %s (%s); trying the next place", path, e)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(text)
     return cached
 
 
-def load_calibration(model_dir: str | Path, n_layers: int) -> Optional[tuple[DraftLayers, dict[str, Any], Path]]:
+def load_calibration(model_dir: str | Path, n_layers: int, folder: Optional[str | Path] = None
+                     ) -> Optional[tuple[DraftLayers, dict[str, Any], Path]]:
     """The stored calibration for this checkpoint (its layers, the whole record, its path), or None.
     A file for other weights or another layer count is skipped with a log line."""
     stamp = weights_stamp(model_dir)
-    for path in calibration_paths(model_dir):
+    for path in calibration_paths(model_dir, folder):
         if not path.is_file():
             continue
         try:

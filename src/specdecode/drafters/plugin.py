@@ -62,6 +62,7 @@ class Artifact:
     accepts: Callable[[Path], bool]  # does this directory hold one
     flag: str  # its own flag (serve loads every kind at once, so each has one)
     bundled: Optional[str] = None  # legacy: the bundled target's copy in models/<bundled>
+    required: bool = True  # False: the drafter runs without it (layer skip uncalibrated) and uses it when found
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,7 @@ class DrafterSpec:
     uses_draft_model: bool = False  # takes a draft model when there is one (auto): the CLI loads the bundled one
     own_tokenizer: bool = False  # takes a draft model whose tokenizer differs from the target's
     options: tuple[Option, ...] = ()
-    artifacts: tuple[Artifact, ...] = ()  # each one required
-    optional_artifacts: tuple[str, ...] = ()  # artifact names it uses when present (auto)
+    artifacts: tuple[Artifact, ...] = ()  # required unless the artifact says otherwise
     auto: Optional[AutoMember] = None
     bench: tuple[BenchVariant, ...] = ()
 
@@ -127,7 +127,7 @@ class DrafterSpec:
         if self.needs_draft_model and o.draft is None:
             return f"drafter {self.name!r} needs a draft model (--draft DIR){alternatives}"
         for a in self.artifacts:
-            if o.artifact(a.name) is None:
+            if a.required and o.artifact(a.name) is None:
                 return (f"drafter {self.name!r} needs {a.needs} ({SHARED_ARTIFACT_FLAG} DIR); or {a.flag} DIR, or "
                         f"put it in TARGET/drafters/{a.name}/; train one with `{a.train}`")
         return None
