@@ -392,3 +392,18 @@ def test_calibrate_a_gguf_target_on_chats(tmp_path: Path, monkeypatch: pytest.Mo
     # the same file, other weights (another size): the stored choice is stale
     gguf.write_bytes(gguf.read_bytes() + b"\0" * 32)
     assert load_calibration(gguf, rec["n_layers"], folder) is None
+
+
+def test_auto_takes_layer_skip_only_where_it_was_found_to_pay() -> None:
+    from specdecode.drafters.registry import get_spec
+
+    usable = get_spec("layerskip").auto.usable  # type: ignore[union-attr]
+    assert usable is not None
+    d, o = LayerSkipDrafter(), DrafterOptions()
+    assert not usable(d, o)  # uncalibrated
+    d.calibration = {"speculation_pays": False}
+    assert not usable(d, o)  # calibrated, and it does not pay (SmolLM2's verdict)
+    d.calibration = {"speculation_pays": True}
+    assert usable(d, o)
+    d.calibration = None
+    assert usable(d, DrafterOptions(options={"exit_layer": 2}))  # an explicit choice is the user's

@@ -320,9 +320,11 @@ def _build(o: DrafterOptions) -> LayerSkipDrafter:
 
 
 def _usable(d: BatchDrafter, o: DrafterOptions) -> bool:
-    """In auto: layer skip only with an explicit layer choice or a calibration for this target."""
+    """In auto: layer skip only with an explicit layer choice or a calibration for this target that
+    found a paying set (one that did not would cost a first request its cost measurement for nothing)."""
     explicit = o.options.get("exit_layer") is not None or o.options.get("skip_layers") is not None
-    return explicit or getattr(d, "calibration", None) is not None
+    calibration = getattr(d, "calibration", None)
+    return explicit or (calibration is not None and calibration.get("speculation_pays", True) is not False)
 
 
 SPECS = (DrafterSpec(
