@@ -106,7 +106,8 @@ def test_an_explicit_gamma_is_honoured(pair: tuple[Model, Model], fixed_costs: N
 def test_a_pessimistic_cost_cache_is_corrected_by_the_live_passes(pair: tuple[Model, Model], tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Every cached file says c = 1.5 (no γ pays); by the 8th request the live timings have taken over
-    (it speculates about as much as a core with a sound cache), and the file the live passes contradicted is rewritten."""
+    (it speculates about as much as a core with a sound cache), and the file the live passes contradicted
+    is rewritten."""
     monkeypatch.setattr(cm, "_MEMO", {})
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "good"))
     fresh = run(new_core(pair), PROMPT, 64)
