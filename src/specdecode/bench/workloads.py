@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from ..config import ConfigError
+from ..jsonl import read_jsonl
 
 WORKLOAD_DIR = Path(__file__).parent / "workloads"
 DEFAULT_WORKLOAD = WORKLOAD_DIR / "stdlib-heldout-v1.jsonl"
@@ -86,15 +87,7 @@ def load_workloads(path: str | Path) -> list[Workload]:
         raise ConfigError(f"workload file {p} does not exist")
     out: list[Workload] = []
     seen: set[str] = set()
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}:{i}: not valid JSON ({e.msg})") from e
-        if not isinstance(rec, dict):
-            raise ConfigError(f"{p}:{i}: each line must be a JSON object")
+    for i, rec in read_jsonl(p):
         text = "messages" if "messages" in rec else "prompt"
         missing = [k for k in ("id", "category", text, "max_new_tokens") if k not in rec]
         if missing:

@@ -36,6 +36,7 @@ import torch
 
 from ..config import ConfigError
 from ..costmodel import cost_clock, cpu_name, measure_costs
+from ..jsonl import read_jsonl
 from .layerskip import DraftLayers, LayerSkipDrafter, check_family, save_calibration
 
 if TYPE_CHECKING:
@@ -88,20 +89,14 @@ def default_prompts_file(folder: Optional[Path]) -> Optional[Path]:
     return path if path is not None and path.is_file() else None
 
 
-def _jsonl_prompts(path: str, text: str, per_category: Optional[int]) -> list[Prompt]:
+def _jsonl_prompts(path: str, per_category: Optional[int]) -> list[Prompt]:
     """JSON lines: strings, or objects with a "prompt" string or "messages" (a chat); with
     ``per_category``, the first that many of each "category"."""
     from ..bench.workloads import _messages
 
     prompts: list[Prompt] = []
     counts: dict[str, int] = {}
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+    for i, rec in read_jsonl(path, objects=False):
         if isinstance(rec, dict) and "messages" in rec:
             prompt: object = _messages(rec["messages"], f"{path}:{i}")
         else:
@@ -128,14 +123,13 @@ def read_prompts(path: Optional[str], max_prompts: Optional[int] = None, per_cat
         chosen = select(load_workloads(DEFAULT_WORKLOAD), per_category=per_category or DEFAULT_PROMPTS_PER_CATEGORY)
         prompts: list[Prompt] = [w.messages or w.prompt for w in chosen]
     else:
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read --prompts {path}: {e}") from e
-        if p.suffix == ".jsonl":
-            prompts = _jsonl_prompts(path, text, per_category)
+        if Path(path).suffix == ".jsonl":
+            prompts = _jsonl_prompts(path, per_category)
         else:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except OSError as e:
+                raise ConfigError(f"cannot read --prompts {path}: {e}") from e
             chunks: list[str] = []
             cur: list[str] = []
             for line in text.splitlines(keepends=True):

@@ -18,12 +18,12 @@ never trained on. Prompts longer than ``--prompt-len`` tokens are skipped (count
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..chat import ChatFormatter
+from ..jsonl import read_jsonl
 from ..models import Model
 
 HELD_OUT_SHARE = 20  # one prompt in 20 is held out
@@ -57,20 +57,10 @@ def is_held_out(text: str) -> bool:
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    out = []
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--prompts: no such file {p}")
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{p}:{n}: each line must be a JSON object")
-        out.append(rec)
+    out = [rec for _, rec in read_jsonl(p)]
     if not out:
         raise ValueError(f"{p} holds no prompts")
     return out
