@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET, REPO_MODELS, default_model_dir  # noqa: F401 (re-exported)
 from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyConfig, add_dataclass_args, from_args
@@ -177,10 +177,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     drafter = build_drafter(args, load)
     constraint = bind(spec, target) if spec is not None else None
     colour = sys.stdout.isatty() and not args.no_color and not args.json
-    if not args.json and not args.stream:
-        sys.stdout.write(prompt)
+    if args.chat:  # an instruct model answers a message in its template; raw text it merely continues
+        from .bench.real import encode_chats
+
+        ids: Union[str, list[int]] = encode_chats(target, [(("user", prompt),)])[0]
+    else:
+        ids = prompt
+        if not args.json and not args.stream:
+            sys.stdout.write(prompt)
     finish: Optional[FinishEvent] = None
-    for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint):
+    for ev in stream(target, ids, drafter, sampling, generation, verify, constraint):
         if isinstance(ev, StepEvent):
             if args.json:
                 continue
@@ -218,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "code-target/code-draft pair is used.")
     g.add_argument("--prompt", help="prompt text")
     g.add_argument("--prompt-file", help="read the prompt from this file")
+    g.add_argument("--chat", action="store_true",
+                   help="send the prompt as one user message in the target's chat template (an instruct model, "
+                        "e.g. smollm2-135m-instruct, then answers it instead of continuing the text); "
+                        "`specdecode chat` holds a conversation")
     add_model_args(g)
     add_dataclass_args(g, SamplingConfig)
     add_dataclass_args(g, GenerationConfig)

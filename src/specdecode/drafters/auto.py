@@ -163,7 +163,7 @@ class AutoDrafter(RowZeroAdapter):
                 m.drafter.prepare_rows(target, rows, max_len)
                 check = self._usable.get(m.name)
                 if check is not None and not check(m.drafter):
-                    raise ConfigError("not calibrated or configured for this target")
+                    raise ConfigError("not configured, or not calibrated to pay, for this target")
                 m.costs = m.drafter.costs_for(target)
             except ConfigError as e:
                 log.info("auto: %s is not available here (%s)", m.name, e)
