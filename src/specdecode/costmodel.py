@@ -20,8 +20,9 @@ are ignored).
   (target, draft, draft_head, draft_layers)`` builds ``chain_steps`` for it;
 - a drafter that sizes its own steps (Medusa's and EAGLE's trees) implements ``CostTimed``:
   ``cost_key(target) -> str`` (what else changes its steps' cost: shape, run-time format) and
-  ``cost_steps(target) -> CostSteps`` (the target's pass per width as its steps run it, plus its own
-  named ``Step``s; ``drafters/tree_steps.py`` builds a tree drafter's passes);
+  ``cost_steps(target) -> CostSteps`` (the target's pass per width as its steps run it, or only the
+  one-token pass with ``target_v``: the target's shared v(n); plus its own named ``Step``s;
+  ``drafters/tree_steps.py`` builds a tree drafter's);
   ``drafter_costs(target, drafter)`` returns the ``Costs`` (``c`` from the step named "draft", the
   others in ``Costs.extras`` relative to a one-token pass), measured once and cached.
 """
@@ -51,7 +52,8 @@ DEFAULT_CONTEXT = 192  # context tokens when no real prompt is given (see measur
 DRAFT_RUN = 4  # draft steps per timing sample (a typical γ)
 WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches
 QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refines it from live passes)
-QUICK_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # pass widths it times; the others are interpolated
+QUICK_WARMUP = 1  # its untimed rounds: its minimum already drops a slow first call
+QUICK_WIDTHS = (1, 2, 3, 4, 6, 8, 16)  # pass widths it times; the others are interpolated (within 4% on SmolLM2)
 QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
 COST_FORMAT = 5  # part of every cache key: files written under another scheme are ignored
 log = logging.getLogger(__name__)
@@ -173,6 +175,11 @@ class CostSteps:
     context_len: int
     draft: Mapping[str, Step] = field(default_factory=dict)
     done: Optional[Callable[[], object]] = None
+    # the passes wider than one token cost what the target's own (chain) passes do, so v(n) is taken
+    # from the target's shared measurement (``load_or_measure_costs(target, None)``) and ``widths``
+    # need hold only the one-token pass (the unit of ``draft``): each drafter timing its own passes
+    # cost a server's first request ~1.5 s per tree drafter
+    target_v: bool = False
 
 
 class CostTimed(Protocol):
@@ -226,10 +233,11 @@ def time_steps(widths: Mapping[int, Step], steps: Mapping[str, Step], clock: Cal
 
 
 def measure_steps(steps: CostSteps, target: "Model", reps: int,
-                  statistic: Callable[[list[float]], float] = statistics.median) -> Costs:
+                  statistic: Callable[[list[float]], float] = statistics.median, warmup: int = WARMUP_ROUNDS) -> Costs:
     """``Costs`` from a drafter's ``CostSteps``, in the target's cost clock."""
     try:
-        widths, own = time_steps(steps.widths, steps.draft, cost_clock(target), target.device, reps, statistic)
+        widths, own = time_steps(steps.widths, steps.draft, cost_clock(target), target.device, reps, statistic,
+                                 warmup)
     finally:
         if steps.done is not None:
             steps.done()
@@ -291,11 +299,11 @@ def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MA
                   draft_head: Optional[torch.Tensor] = None, context: Optional[Sequence[int]] = None,
                   draft_layers: Optional[tuple[int, ...]] = None, widths: Optional[Sequence[int]] = None,
                   statistic: Callable[[list[float]], float] = statistics.median, draft_runs: int = 1,
-                  draft_run: int = DRAFT_RUN) -> Costs:
+                  draft_run: int = DRAFT_RUN, warmup: int = WARMUP_ROUNDS) -> Costs:
     """c and v(1..max_gamma) of a chain drafter (``chain_steps``, c = 0 without a draft model), the
     ``statistic`` (median by default) of ``reps`` samples each."""
     steps = chain_steps(target, draft, max_gamma, draft_head, context, draft_layers, widths, draft_runs, draft_run)
-    return measure_steps(steps, target, reps, statistic)
+    return measure_steps(steps, target, reps, statistic, warmup)
 
 
 def interpolate(points: dict[int, float], n: int) -> list[float]:
@@ -394,7 +402,7 @@ def costs_key(target: "Model", draft: Optional["Model"], draft_head: Optional[to
 
 
 def drafter_costs(target: "Model", drafter: CostTimed, reps: int = QUICK_REPS,
-                  statistic: Callable[[list[float]], float] = min) -> Costs:
+                  statistic: Callable[[list[float]], float] = min, warmup: int = QUICK_WARMUP) -> Costs:
     """A ``CostTimed`` drafter's costs on ``target``: cached, else measured from its ``cost_steps`` (by
     default the minimum of ``QUICK_REPS`` rounds, as ``quick_costs``: 12-15 median rounds took 10-12 s
     for SmolLM2's EAGLE and Medusa trees) and cached."""
@@ -404,7 +412,11 @@ def drafter_costs(target: "Model", drafter: CostTimed, reps: int = QUICK_REPS,
         t0 = time.perf_counter()
         log.info("measuring target pass costs v(n) and the drafter's steps for %s (once per machine, target "
                  "and drafter shape)", type(drafter).__name__)
-        costs = replace(measure_steps(drafter.cost_steps(target), target, reps, statistic), key=key)
+        steps = drafter.cost_steps(target)
+        costs = replace(measure_steps(steps, target, reps, statistic, warmup), key=key)
+        if steps.target_v:
+            shared = load_or_measure_costs(target, None)
+            costs = replace(costs, v=shared.v, target_s=tuple(costs.target_s[0] * v for v in shared.v))
         store_costs(costs)
         log.info("measured %s's costs in %.1f s", type(drafter).__name__, time.perf_counter() - t0)
     return costs
@@ -416,7 +428,8 @@ def quick_costs(target: "Model", draft: Optional["Model"], draft_head: Optional[
     (load only adds time, and the live passes correct what a few samples miss)."""
     t0 = time.perf_counter()
     costs = measure_costs(target, draft, draft_head=draft_head, draft_layers=draft_layers, reps=QUICK_REPS,
-                          widths=QUICK_WIDTHS, statistic=min, draft_runs=QUICK_DRAFT_RUNS, draft_run=1)
+                          widths=QUICK_WIDTHS, statistic=min, draft_runs=QUICK_DRAFT_RUNS, draft_run=1,
+                          warmup=QUICK_WARMUP)
     log.info("gamma=auto: measured v(k) and c in %.1f s (refined from the live passes)", time.perf_counter() - t0)
     times = plausible(costs.target_s)
     return replace(Costs.from_times(times, costs.draft_s, costs.context_len, costs.repeats), key=key)

@@ -77,14 +77,19 @@ def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path
     medusa = MedusaDrafter.load(make_heads(tmp_path / "h", target.config.dim, target.vocab_size))
     medusa.prepare(target)  # measures (no costs given)
     costs, extra = load_or_measure_tree_costs(target, medusa)
-    assert len(costs.v) == 64 and costs.v[0] == 1.0 and costs.c > 0 and extra >= 0.0
-    assert costs.key and {k for k, _ in costs.extras} == {"chain", "tree"}
+    # the passes' v(n) is the target's own, measured once for every drafter; the drafter times its steps
+    shared = cm.load_or_measure_costs(target, None)
+    assert costs.v == shared.v and len(costs.v) == 16 and costs.c > 0 and extra >= 0.0
+    assert costs.target_s[1:] == pytest.approx(tuple(costs.target_s[0] * v for v in shared.v[1:]))
+    assert costs.key and {k for k, _ in costs.extras} == set()  # a tree step's extra: measured once, shared
     eagle = EagleDrafter.load(make_eagle(tmp_path / "e", target))
     eagle.prepare(target)
     got = load_or_measure_eagle_costs(target, eagle)
     assert got.level == got.costs.c > 0 and got.ingest > 0 and got.level_one > 0 and got.tree_extra >= 0.0
+    assert got.costs.v == shared.v
     files = sorted((tmp_path / "costs").glob("*.json"))
-    assert len(files) == 2  # one cache directory, one file per drafter shape
+    # one cache directory: the target's passes, a tree step's extra, then one file per drafter shape
+    assert len(files) == 4
     monkeypatch.setattr(cm, "_MEMO", {})
     monkeypatch.setattr(cm, "measure_steps", lambda *a, **k: pytest.fail("measured again despite the cache file"))
     assert load_or_measure_tree_costs(target, medusa) == (costs, extra)

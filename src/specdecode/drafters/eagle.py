@@ -44,7 +44,7 @@ from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, lo
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
                            load_or_measure_eagle_costs)
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
-from .tree_steps import CONTEXT, MAX_WIDTH, tree_widths
+from .tree_steps import CONTEXT, PROBE, one_token_pass
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -196,15 +196,16 @@ class EagleDrafter(RowZeroAdapter):
                 f"|layers={c.aux_layers}|{self.runtime}")
 
     def cost_steps(self, target: "Model") -> CostSteps:
-        """``costmodel.CostTimed``: tree passes over 1..64 tokens with this drafter's hidden layers captured
-        (``tree_steps``); the ingestion of three positions right after a pass ("ingest", the draft's
-        weights cold), then one tree level of ``expand`` nodes ("draft": c) and the next level of a chain,
-        one node ("level_one"), as ``grow`` runs them; and a tree step's extra over a chain step."""
-        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - MAX_WIDTH - 2))]
+        """``costmodel.CostTimed``: the one-token tree pass with this drafter's hidden layers captured
+        (``tree_steps``; wider passes: the target's shared v(n)); the ingestion of three positions right
+        after a pass ("ingest", the draft's weights cold), then one tree level of ``expand`` nodes ("draft":
+        c) and the next level of a chain, one node ("level_one"), as ``grow`` runs them (a tree step's extra
+        over a chain step: ``tree_steps.TreeStep``, shared by the tree drafters)."""
+        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - PROBE - 2))]
         dev, layers = target.device, self.hidden_layers
-        probe = torch.tensor([(ids * 2)[:MAX_WIDTH]], device=dev)
+        probe = torch.tensor([(ids * 2)[:PROBE]], device=dev)
         with torch.inference_mode():
-            cache = target.new_cache(1, len(ids) + MAX_WIDTH)
+            cache = target.new_cache(1, len(ids) + PROBE)
             out = target.run(torch.tensor([ids], device=dev), cache, return_hidden=True, hidden_layers=layers)
             assert out.hidden is not None
             states = {k: v[0] for k, v in out.layers.items()}
@@ -227,8 +228,8 @@ class EagleDrafter(RowZeroAdapter):
                "draft": Step(lambda: self._children(self._layer(st, toks, self._bank, src, 1, slot0, pos, anc))),
                "level_one": Step(lambda: self._children(self._layer(st, toks[:1], self._bank, src[:1], 1 + m,
                                                                     slot0 + m, pos[:1], [1])))}
-        widths, pairs = tree_widths(target, cache, probe, layers)
-        return CostSteps(widths, MAX_WIDTH, len(ids), {**own, **pairs}, done=lambda: self.reset_row(0))
+        return CostSteps(one_token_pass(target, cache, probe, layers), 1, len(ids), own,
+                         done=lambda: self.reset_row(0), target_v=True)
 
     @property
     def costs(self) -> Optional[Costs]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from ..costmodel import Costs, drafter_costs
-from .tree_steps import tree_extra
+from .tree_steps import measured_tree_extra
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -123,16 +123,15 @@ class EagleCosts:
     level_one: float  # a level of one node (a chain's)
 
     @classmethod
-    def from_costs(cls, costs: Costs) -> "EagleCosts":
+    def from_costs(cls, costs: Costs, tree_extra: float) -> "EagleCosts":
         """The figures from the cost model's ``Costs`` of ``EagleDrafter.cost_steps`` (c: a level)."""
-        return cls(costs, costs.c, tree_extra(costs.extra("chain"), costs.extra("tree")), costs.extra("ingest"),
-                   costs.extra("level_one"))
+        return cls(costs, costs.c, tree_extra, costs.extra("ingest"), costs.extra("level_one"))
 
 
 def load_or_measure_eagle_costs(target: "Model", drafter: "EagleDrafter") -> EagleCosts:
     """``EagleCosts`` from the cost model (``drafter_costs``: measured once per machine, target and draft
-    shape, then cached)."""
-    return EagleCosts.from_costs(drafter_costs(target, drafter))
+    shape, then cached; a tree step's extra: ``tree_steps.TreeStep``, shared by the tree drafters)."""
+    return EagleCosts.from_costs(drafter_costs(target, drafter), measured_tree_extra(target))
 
 
 def best_prefix(values: Sequence[float], spent: float, costs: Costs) -> tuple[int, float]:

@@ -9,7 +9,7 @@ rank paths (r_1, ..., r_d), node token = head d's rank-r_d candidate. Candidates
 core's tree rule tries children in order against the residual law, which is exact.
 
 **The tree's size and shape come from the cost model.** On a CPU a node is not free: a pass over
-n + 1 tokens costs v(n) one-token passes (measured up to 64 tokens, ``cost_steps``), and the
+n + 1 tokens costs v(n) one-token passes (the target's measured v, ``cost_steps``), and the
 heads cost c of one. With p[d][r], the running probability that head d's rank-r candidate is the
 target's token given the path to its parent was (``RankAcceptance``), a node's chance to be on the
 accepted path is the product of p along its rank path, and
@@ -50,7 +50,7 @@ from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
-from .tree_steps import CONTEXT, MAX_WIDTH, tree_extra, tree_widths
+from .tree_steps import CONTEXT, PROBE, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
 
@@ -70,8 +70,7 @@ def load_or_measure_tree_costs(target: "Model", drafter: "MedusaDrafter") -> tup
     """(costs, tree_extra) from the cost model (``drafter_costs``: measured once per machine, target
     and heads shape, then cached): ``costs.v[k]`` of a tree pass over k + 1 tokens, ``costs.c`` of
     one row's heads, ``tree_extra`` of a tree step beyond a chain step, over a one-token pass."""
-    costs = drafter_costs(target, drafter)
-    return costs, tree_extra(costs.extra("chain"), costs.extra("tree"))
+    return drafter_costs(target, drafter), measured_tree_extra(target)
 
 
 # -- the drafter -----------------------------------------------------------------------------------
@@ -192,20 +191,21 @@ class MedusaDrafter(RowZeroAdapter):
         return f"medusa-tree|heads={self.num_heads}x{self.dim}|vocab={self.vocab_rows}|{self.runtime}"
 
     def cost_steps(self, target: "Model") -> CostSteps:
-        """Tree passes over 1..64 tokens as the core runs them (``tree_steps``) and one row's heads
-        (all K, with their top candidates) as the step named "draft" (``costmodel.CostTimed``)."""
-        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - MAX_WIDTH - 2))]
+        """The one-token tree pass as the core runs it (``tree_steps``; wider passes: the target's shared
+        v(n)) and one row's heads (all K, with their top candidates) as the step named "draft"
+        (``costmodel.CostTimed``)."""
+        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - PROBE - 2))]
         dev = target.device
-        probe = torch.tensor([(ids * 2)[:MAX_WIDTH]], device=dev)
+        probe = torch.tensor([(ids * 2)[:PROBE]], device=dev)
         with torch.inference_mode():
-            cache = target.new_cache(1, len(ids) + MAX_WIDTH)
+            cache = target.new_cache(1, len(ids) + PROBE)
             target.forward(torch.tensor([ids], device=dev), cache, last_only=True)
             h = target.run(probe[:, :1], cache, return_hidden=True).hidden
             cache.trim(1)
         assert h is not None
         h = h[0, -1:]
-        widths, pairs = tree_widths(target, cache, probe)
-        return CostSteps(widths, MAX_WIDTH, len(ids), {"draft": Step(lambda: self.candidates(h)), **pairs})
+        return CostSteps(one_token_pass(target, cache, probe), 1, len(ids),
+                         {"draft": Step(lambda: self.candidates(h))}, target_v=True)
 
     @property
     def costs(self) -> Optional[Costs]:

@@ -1,13 +1,19 @@
-"""The steps a tree drafter (Medusa, EAGLE) hands the cost model: the target's passes as a tree step
-runs them, and a tree step's extra cost over a chain step (``costmodel.CostSteps``)."""
+"""What a tree drafter (Medusa, EAGLE) hands the cost model besides its own steps (``costmodel.CostSteps``):
+the target's one-token pass as a tree step runs it (the unit of the drafter's steps), and, measured once
+per target and shared by every tree drafter, a tree step's extra cost over a chain step (``TreeStep``).
+
+A tree pass over n tokens costs what the target's chain pass over n tokens costs (within 5% from 1 to 16
+tokens on SmolLM2-135M int4, and linear in n up to 64 tokens at the same slope), so the passes' v(n) is
+the target's shared measurement (``CostSteps.target_v``). Each tree drafter timing 15 tree widths up to
+64 tokens and its own chain/tree pairs took 2 s of a server's first request, per drafter."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from ..costmodel import Step
+from ..costmodel import CostSteps, Step, drafter_costs
 from ..verify import tree_mask
 from .base import Draft
 
@@ -15,9 +21,7 @@ if TYPE_CHECKING:
     from ..cache import KVCache
     from ..models import Model
 
-TREE_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64)  # tree pass widths timed; the rest interpolated
-TREE_PAIRS = 3  # chain and tree steps timed per round for a tree's extra cost (a difference of two noisy times)
-MAX_WIDTH = 64  # the widest pass timed: the pending token plus the fused path's 63 tree nodes
+PROBE = 6  # the widest pass timed (the chain and tree steps)
 CONTEXT = 192  # synthetic tokens in the cache while timing
 
 
@@ -26,44 +30,53 @@ def tree_extra(chain: float, tree: float) -> float:
     return max(0.0, tree - chain)
 
 
-def tree_widths(target: "Model", cache: "KVCache", probe: torch.Tensor, hidden_layers: Sequence[int] = ()
-                ) -> tuple[dict[int, Step], dict[str, Step]]:
-    """A tree drafter's target passes (``TREE_WIDTHS``, up to 64 tokens, as the core runs a tree step:
-    a tree mask, hidden states and ``hidden_layers`` captured, logits read back, rolled back) and a
-    chain step and a tree step of the same six tokens ("chain", "tree": their difference is what a
-    tree costs beyond a chain, the core building the mask and compacting the accepted path with
-    ``cache.keep``). ``cache``: the target's, prefilled; ``probe``: [1, 64] token ids."""
-    dev, layers = target.device, tuple(hidden_layers)
-    masks = {n: _synthetic_tree(n).to(dev) if n > 1 else None for n in TREE_WIDTHS}
-    six = Draft([1, 2, 3, 4, 5], None, [-1, 0, 1, -1, 3])  # a two-branch tree over 6 tokens, rank-0 chain first
+def one_token_pass(target: "Model", cache: "KVCache", probe: torch.Tensor, hidden_layers: Sequence[int] = ()
+                   ) -> dict[int, Step]:
+    """A tree drafter's one-token target pass as the core runs a tree step (hidden states and
+    ``hidden_layers`` captured, logits read back, rolled back): the unit its own steps are measured in.
+    ``cache``: the target's, prefilled; ``probe``: [1, 1+] token ids."""
+    layers = tuple(hidden_layers)
 
-    def logits(n: int, mask: Optional[torch.Tensor]) -> float:
-        return float(target.run(probe[:, :n], cache, tree_mask=mask, return_hidden=True,
-                                hidden_layers=layers).logits[0, -1, 0])
+    def run() -> float:
+        return float(target.run(probe[:, :1], cache, return_hidden=True, hidden_layers=layers).logits[0, -1, 0])
 
-    def width(n: int) -> Step:
-        return Step(lambda: logits(n, masks[n]), lambda: cache.trim(n))
-
-    def chain() -> None:  # a chain step of 6 tokens: pass, roll back the rejected tail
-        logits(6, None)
-        cache.trim(3)
-
-    def tree() -> None:  # the same width as a tree: mask, pass, keep the accepted (rank-0) path
-        logits(6, tree_mask([six], 6, dev))
-        cache.keep([0, 1, 2], row=0)
-
-    pairs = {"chain": Step(chain, lambda: cache.trim(3), samples=TREE_PAIRS),
-             "tree": Step(tree, lambda: cache.trim(3), samples=TREE_PAIRS)}
-    return {n: width(n) for n in TREE_WIDTHS}, pairs
+    return {1: Step(run, lambda: cache.trim(1))}
 
 
-def _synthetic_tree(n: int) -> torch.Tensor:
-    """A Medusa-like tree mask over n new tokens (root, four children, then chains under them)."""
-    anc = [[0]]
-    for k in range(n - 1):
-        parent = 0 if k < 4 else k - 3
-        anc.append(anc[parent] + [k + 1])
-    m = torch.zeros(1, n, n, dtype=torch.bool)
-    for i, a in enumerate(anc):
-        m[0, i, a] = True
-    return m
+class TreeStep:
+    """``costmodel.CostTimed`` for a tree step's extra over a chain step on a target: a chain step and a
+    tree step of the same six tokens ("chain", "tree"); their difference is the core building the
+    mask and compacting the accepted path with ``cache.keep``, the same for every tree drafter."""
+
+    def cost_key(self, target: "Model") -> str:
+        return "tree-step"
+
+    def cost_steps(self, target: "Model") -> CostSteps:
+        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - PROBE - 2))]
+        dev = target.device
+        probe = torch.tensor([(ids * 2)[:PROBE]], device=dev)
+        six = Draft([1, 2, 3, 4, 5], None, [-1, 0, 1, -1, 3])  # a two-branch tree over 6 tokens, rank-0 chain first
+        with torch.inference_mode():
+            cache = target.new_cache(1, len(ids) + PROBE)
+            target.forward(torch.tensor([ids], device=dev), cache, last_only=True)
+
+        def logits(mask: "torch.Tensor | None") -> float:
+            return float(target.run(probe, cache, tree_mask=mask, return_hidden=True).logits[0, -1, 0])
+
+        def chain() -> None:  # a chain step of 6 tokens: pass, roll back the rejected tail
+            logits(None)
+            cache.trim(3)
+
+        def tree() -> None:  # the same width as a tree: mask, pass, keep the accepted (rank-0) path
+            logits(tree_mask([six], PROBE, dev))
+            cache.keep([0, 1, 2], row=0)
+
+        pairs = {"chain": Step(chain, lambda: cache.trim(3)), "tree": Step(tree, lambda: cache.trim(3))}
+        return CostSteps(one_token_pass(target, cache, probe), 1, len(ids), pairs, target_v=True)
+
+
+def measured_tree_extra(target: "Model") -> float:
+    """A tree step's extra over a chain step on ``target``, over a one-token pass (measured once per
+    machine and target, then cached)."""
+    costs = drafter_costs(target, TreeStep())
+    return tree_extra(costs.extra("chain"), costs.extra("tree"))
