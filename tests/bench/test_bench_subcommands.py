@@ -4,6 +4,7 @@ and refuse bad input with a message (not a traceback)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -94,14 +95,19 @@ def test_coldstart_times_a_first_server_with_an_empty_cost_cache(tiny_dirs: dict
     monkeypatch.setenv("SPECDECODE_CACHE", str(cache))  # the subcommand must not use this one: it starts empty
     out = tmp_path / "cold.json"
     rc = main(["bench", "coldstart", "--target", str(tiny_dirs["llama"]), "--requests", "2", "--max-tokens", "8",
-               "--json", str(out)])
+               "--rounds", "2", "--json", str(out)])
     assert rc == 0
-    r = json.loads(out.read_text())
-    assert 0 < r["health_s"] < r["first_answer_s"]
-    kinds = ("cold", "warm", "plain_cold", "plain_warm")
-    assert [len(r[k]) for k in kinds] == [2, 2, 2, 2]
-    assert all(x["tokens"] == 8 for k in kinds for x in r[k])  # ignore_eos: equal lengths
-    assert r["speedup_cold"] > 0 and r["speedup_warm"] > 0
+    summary = json.loads(out.read_text())
+    assert len(summary["rounds"]) == 2
+    for r in summary["rounds"]:
+        assert 0 < r["health_s"] < r["first_answer_s"] and r["restart_health_s"] > 0
+        kinds = ("cold", "warm", "plain_cold", "plain_warm", "restart", "plain_restart")
+        assert [len(r[k]) for k in kinds] == [2] * 6
+        assert all(x["tokens"] == 8 for k in kinds for x in r[k])  # ignore_eos: equal lengths
+        assert r["speedup_cold"] > 0 and r["speedup_warm"] > 0 and r["speedup_restart"] > 0
+        assert r["cold_over_restart"] == pytest.approx(r["speedup_cold"] / r["speedup_restart"])
+    assert summary["cold_over_restart"] == pytest.approx(statistics.median(
+        r["cold_over_restart"] for r in summary["rounds"]))
     assert not cache.exists()
 
 

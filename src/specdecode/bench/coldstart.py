@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -173,7 +174,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_coldstart(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    res = run(args)
+    rounds = []
+    for i in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {i + 1} of {args.rounds}")
+        rounds.append(_report(run(args)))
+    summary: dict[str, Any] = {"rounds": rounds}
+    if args.rounds > 1:
+        summary |= {k: statistics.median(r[k] for r in rounds) for k in SUMMARY}
+        print("median over the rounds: " + ", ".join(f"{k} {summary[k]:.3f}" for k in SUMMARY))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+SUMMARY = ("health_s", "first_answer_s", "speedup_cold", "speedup_restart", "cold_over_restart", "speedup_warm")
+
+
+def _report(res: dict[str, Any]) -> dict[str, Any]:
     print(f"/health 200 after {res['health_s']:.1f} s (status {res['health_status']!r}); first answer after "
           f"{res['first_answer_s']:.1f} s")
     print(f"first {res['requests']} requests: speedup {res['speedup_cold']:.2f}x over plain ("
@@ -182,9 +200,7 @@ def cmd_coldstart(args: argparse.Namespace) -> int:
     print(f"{res['requests']} later requests of the same kinds on the first server: {res['speedup_warm']:.2f}x "
           f"(its suffix index holds the first answers)")
     print(f"machine load {res['machine_load']:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    return 0
+    return res
 
 
 def _positive(text: str) -> int:
@@ -193,7 +209,7 @@ def _positive(text: str) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of requests of at least 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return n
 
 
@@ -208,6 +224,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     ap.add_argument("--requests", type=_positive, default=10, help="cold requests, then as many warm and plain "
                                                              "(default: %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default: %(default)s)")
+    ap.add_argument("--rounds", type=_positive, default=1, help="cold starts (each with its restart) to run; "
+                    "more than one also prints the medians, since two servers' plain speeds differ by noise "
+                    "(default: %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="the server's OMP threads (default: %(default)s)")
     ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds to wait for /health 200")
     ap.add_argument("--json", help="also write the result (every request's seconds) to this JSON file")
