@@ -55,7 +55,7 @@ QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refine
 QUICK_WARMUP = 1  # its untimed rounds: its minimum already drops a slow first call
 QUICK_WIDTHS = (1, 2, 3, 4, 6, 8, 16)  # pass widths it times; the others are interpolated (within 4% on SmolLM2)
 QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
-COST_FORMAT = 5  # part of every cache key: files written under another scheme are ignored
+COST_FORMAT = 6  # part of every cache key: other schemes' files are ignored (6: tree drafters share the target's v)
 log = logging.getLogger(__name__)
 
 
