@@ -105,8 +105,9 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device 
     ``torch.zeros`` wrote all of it before the first request (9.7 s of a 15 s start) though a row only
     touches what it fills. In 4 KB pages (``MADV_NOHUGEPAGE``): ``numpy.zeros`` asks for huge pages, and
     a row's first prefill then zeroed a 2 MB page for each layer's keys and values of each head it
-    wrote, 0.5-0.6 s (in a VM) of every row's first request; decoding at 4k tokens of context was as
-    fast either way. Page-aligned, so 64-byte aligned as torch's own allocations."""
+    wrote, 0.5-0.6 s (in a VM) of every row's first request; decoding at 2k-4k tokens of context was as
+    fast either way, within this machine's noise. Page-aligned, so 64-byte aligned as torch's own
+    allocations."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
