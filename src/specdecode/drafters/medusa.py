@@ -50,7 +50,7 @@ from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
-from .tree_steps import CONTEXT, PROBE, measured_tree_extra, one_token_pass
+from .tree_steps import PROBE, SHORT_CONTEXT, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
 
@@ -194,7 +194,7 @@ class MedusaDrafter(RowZeroAdapter):
         """The one-token tree pass as the core runs it (``tree_steps``; wider passes: the target's shared
         v(n)) and one row's heads (all K, with their top candidates) as the step named "draft"
         (``costmodel.CostTimed``)."""
-        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - PROBE - 2))]
+        ids = [i % target.vocab_size for i in range(min(SHORT_CONTEXT, target.max_seq_len - PROBE - 2))]
         dev = target.device
         probe = torch.tensor([(ids * 2)[:PROBE]], device=dev)
         with torch.inference_mode():
