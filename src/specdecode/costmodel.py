@@ -410,8 +410,8 @@ def drafter_costs(target: "Model", drafter: CostTimed, reps: int = QUICK_REPS,
     costs = cached_costs(key)
     if costs is None:
         t0 = time.perf_counter()
-        log.info("measuring target pass costs v(n) and the drafter's steps for %s (once per machine, target "
-                 "and drafter shape)", type(drafter).__name__)
+        log.info("measuring %s's step costs on this target (once per machine, target and drafter shape)",
+                 type(drafter).__name__)
         steps = drafter.cost_steps(target)
         costs = replace(measure_steps(steps, target, reps, statistic, warmup), key=key)
         if steps.target_v:
