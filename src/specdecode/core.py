@@ -26,6 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from . import measure_context
 from .cache import ContextLengthError
 from .config import ConfigError
 from .constraints import check_request
@@ -93,6 +94,7 @@ class DecodeCore:
                 costs = d.costs_for(self.target)
             finally:
                 self.preparing = None
+                measure_context.release(self.target)  # the measurements' shared prefill, if any ran
             if costs is not None:
                 self.policy.set_offline(name, costs)
             for r in range(self.max_rows):

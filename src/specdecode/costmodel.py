@@ -42,17 +42,19 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequenc
 
 import torch
 
+from . import measure_context
 from .config import ConfigError
 
 if TYPE_CHECKING:
+    from .cache import KVCache
     from .models import Model
 
 MAX_GAMMA = 15
-DEFAULT_CONTEXT = 192  # context tokens when no real prompt is given (see measure_costs)
+DEFAULT_CONTEXT = measure_context.CONTEXT  # context tokens when no real prompt is given (see measure_costs)
 DRAFT_RUN = 4  # draft steps per timing sample (a typical γ)
 WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches
 QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refines it from live passes)
-QUICK_WARMUP = 1  # its untimed rounds: its minimum already drops a slow first call
+QUICK_WARMUP = 0  # its untimed rounds: none, its minimum already drops a slow first call (w1 and w0 agree)
 QUICK_WIDTHS = (1, 2, 3, 4, 6, 8, 16)  # pass widths it times; the others are interpolated (within 4% on SmolLM2)
 QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
 COST_FORMAT = 6  # part of every cache key: other schemes' files are ignored (6: tree drafters share the target's v)
@@ -262,6 +264,11 @@ def chain_steps(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_
     (c at 64 tokens read 0.20 where the benchmark's 188-token prompts gave 0.34). ``draft_layers``:
     the draft step runs only these layers of ``draft`` (a layer-skip draft, ``draft`` the target)."""
     n_max = max_gamma + 1
+    sizes = sorted({n for n in (widths or range(1, n_max + 1)) if 1 <= n <= n_max} | {1, n_max})
+    if draft is None and not context and n_max <= measure_context.ROOM:  # the target's shared context
+        shared = measure_context.borrow(target)
+        t_cache, probe = shared.cache, shared.probe(n_max)
+        return CostSteps({n: _width(target, t_cache, probe, n) for n in sizes}, n_max, len(shared.ids))
     limit = target.max_seq_len - n_max - 1
     vocab = target.vocab_size
     if draft is not None:
@@ -271,7 +278,6 @@ def chain_steps(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_
     dev = target.device
     prompt = torch.tensor([ids], device=dev)
     probe = torch.tensor([(ids * -(-n_max // len(ids)))[:n_max]], device=dev)  # real tokens; values barely matter
-    sizes = sorted({n for n in (widths or range(1, n_max + 1)) if 1 <= n <= n_max} | {1, n_max})
     with torch.inference_mode():
         t_cache = target.new_cache(1, len(ids) + n_max)
         target.forward(prompt, t_cache, last_only=True)
@@ -288,11 +294,12 @@ def chain_steps(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_
 
             own["draft"] = Step(draft_steps, per=draft_run, samples=draft_runs)
 
-    def width(n: int) -> Step:
-        return Step(lambda: float(target.forward(probe[:, :n], t_cache)[0, -1, 0]),  # the engine reads logits back
-                    lambda: t_cache.trim(n))
+    return CostSteps({n: _width(target, t_cache, probe, n) for n in sizes}, n_max, len(ids), own)
 
-    return CostSteps({n: width(n) for n in sizes}, n_max, len(ids), own)
+
+def _width(target: "Model", cache: "KVCache", probe: torch.Tensor, n: int) -> Step:
+    """A target pass over ``probe``'s first n tokens, logits read back as the engine does, rolled back."""
+    return Step(lambda: float(target.forward(probe[:, :n], cache)[0, -1, 0]), lambda: cache.trim(n))
 
 
 def measure_costs(target: "Model", draft: Optional["Model"], max_gamma: int = MAX_GAMMA, reps: int = 15,

@@ -124,3 +124,37 @@ def test_exit_adapter_step_is_timed_by_the_one_timer(arch: str, tmp_path: Path,
     assert got is not None and exit_only is not None
     assert calls == [("ours", "plain")] and got.v == exit_only.v and got.c != exit_only.c and got.c >= 0.0
     assert d.runtime == ("dense" if arch == "llama" else "eager")  # which of the two steps was timed
+
+
+def test_every_measurement_of_a_preparation_shares_one_prefill(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target's v(n), EAGLE's, Medusa's and a tree step's measurements prefill the synthetic context
+    once between them (four prefills were 0.4 s of a cold server's first request), each hands the cache
+    back at its length, and the core frees it once the drafter is prepared."""
+    from specdecode import measure_context
+    from specdecode.drafters.auto import AutoDrafter
+
+    _fresh_cache(tmp_path, monkeypatch)
+    target = sd.load_model(tiny_dirs["llama"])
+    members = {"eagle": EagleDrafter.load(make_eagle(tmp_path / "e", target)),
+               "medusa": MedusaDrafter.load(make_heads(tmp_path / "h", target.config.dim, target.vocab_size))}
+    prefills: list[int] = []
+    run = target.run
+
+    def spy(tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if tokens.shape[1] > measure_context.ROOM:  # wider than any timed pass: a prefill
+            prefills.append(tokens.shape[1])
+        return run(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(target, "run", spy)
+    core = sd.DecodeCore(target, {"auto": AutoDrafter(members)}, max_rows=1, prepare=["auto"])
+    assert prefills == [len(measure_context.context_ids(target))]  # one, with EAGLE's hidden layers
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 4  # and every figure measured
+    assert measure_context._HELD.get(target) is None  # released by the core
+    shared = measure_context.borrow(target, (0,))
+    target.forward(shared.probe(5), shared.cache)  # a measurement that failed before rolling back
+    again = measure_context.borrow(target)
+    assert again is shared and again.cache.length() == len(again.ids) and 0 in again.layers
+    wider = measure_context.borrow(target, (0, 1))  # a layer it lacks: prefilled again with both
+    assert wider is not shared and set(wider.layers) == {0, 1} and len(prefills) == 3
+    del core

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from .. import measure_context
 from ..costmodel import CostSteps, Costs, Step
 from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
@@ -44,7 +45,7 @@ from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, lo
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
                            load_or_measure_eagle_costs)
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
-from .tree_steps import CONTEXT, PROBE, one_token_pass
+from .tree_steps import PROBE, one_token_pass
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -201,22 +202,19 @@ class EagleDrafter(RowZeroAdapter):
         after a pass ("ingest", the draft's weights cold), then one tree level of ``expand`` nodes ("draft":
         c) and the next level of a chain, one node ("level_one"), as ``grow`` runs them (a tree step's extra
         over a chain step: ``tree_steps.TreeStep``, shared by the tree drafters)."""
-        ids = [i % target.vocab_size for i in range(min(CONTEXT, target.max_seq_len - PROBE - 2))]
-        dev, layers = target.device, self.hidden_layers
-        probe = torch.tensor([(ids * 2)[:PROBE]], device=dev)
+        layers = self.hidden_layers
+        shared = measure_context.borrow(target, layers)
+        ids, cache, hidden = shared.ids, shared.cache, shared.hidden
+        states = {k: shared.layers[k] for k in layers}
         with torch.inference_mode():
-            cache = target.new_cache(1, len(ids) + PROBE)
-            out = target.run(torch.tensor([ids], device=dev), cache, return_hidden=True, hidden_layers=layers)
-            assert out.hidden is not None
-            states = {k: v[0] for k, v in out.layers.items()}
-            ctx = DraftContext(list(ids) + [1], 8, SamplingConfig(), None, out.hidden[0], layers=states)
+            ctx = DraftContext(list(ids) + [1], 8, SamplingConfig(), None, hidden, layers=states)
             self.reset_row(0)
             assert self.ingest(0, ctx) is not None
         st = self._row(0)
         n, m = len(ctx.tokens), self.expand
         toks, src, slot0, pos, anc = list(range(1, m + 1)), [0] * m, len(st.positions), [n - 1] * m, [0] * m
         # a step's ingestion: the pending token and two accepted ones, right after the target's pass
-        recent = DraftContext(ctx.tokens, 8, ctx.sampling, None, out.hidden[0][-3:],
+        recent = DraftContext(ctx.tokens, 8, ctx.sampling, None, hidden[-3:],
                               layers={k: v[-3:] for k, v in states.items()})
 
         def ingest() -> None:
@@ -228,7 +226,7 @@ class EagleDrafter(RowZeroAdapter):
                "draft": Step(lambda: self._children(self._layer(st, toks, self._bank, src, 1, slot0, pos, anc))),
                "level_one": Step(lambda: self._children(self._layer(st, toks[:1], self._bank, src[:1], 1 + m,
                                                                     slot0 + m, pos[:1], [1])))}
-        return CostSteps(one_token_pass(target, cache, probe, layers), 1, len(ids), own,
+        return CostSteps(one_token_pass(target, cache, shared.probe(PROBE), layers), 1, len(ids), own,
                          done=lambda: self.reset_row(0), target_v=True)
 
     @property

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .. import measure_context
 from ..config import ConfigError
 from ..costmodel import CostSteps, Costs, Step, drafter_costs
 from ..kernels.quant import QUANT_FORMATS, pack_draft
@@ -50,7 +51,7 @@ from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
-from .tree_steps import PROBE, SHORT_CONTEXT, measured_tree_extra, one_token_pass
+from .tree_steps import PROBE, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
 
@@ -194,17 +195,9 @@ class MedusaDrafter(RowZeroAdapter):
         """The one-token tree pass as the core runs it (``tree_steps``; wider passes: the target's shared
         v(n)) and one row's heads (all K, with their top candidates) as the step named "draft"
         (``costmodel.CostTimed``)."""
-        ids = [i % target.vocab_size for i in range(min(SHORT_CONTEXT, target.max_seq_len - PROBE - 2))]
-        dev = target.device
-        probe = torch.tensor([(ids * 2)[:PROBE]], device=dev)
-        with torch.inference_mode():
-            cache = target.new_cache(1, len(ids) + PROBE)
-            target.forward(torch.tensor([ids], device=dev), cache, last_only=True)
-            h = target.run(probe[:, :1], cache, return_hidden=True).hidden
-            cache.trim(1)
-        assert h is not None
-        h = h[0, -1:]
-        return CostSteps(one_token_pass(target, cache, probe), 1, len(ids),
+        shared = measure_context.borrow(target)
+        h = shared.hidden[-1:]  # the heads read one hidden state (its values barely matter)
+        return CostSteps(one_token_pass(target, shared.cache, shared.probe(PROBE)), 1, len(shared.ids),
                          {"draft": Step(lambda: self.candidates(h))}, target_v=True)
 
     @property

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from .. import measure_context
 from ..costmodel import CostSteps, Step, drafter_costs
 from ..verify import tree_mask
 from .base import Draft
@@ -23,10 +24,6 @@ if TYPE_CHECKING:
 
 PROBE = 6  # the widest pass timed (the chain and tree steps)
 TREE_PAIRS = 2  # chain and tree steps timed per round (their difference is small: 0.02-0.09 of a pass)
-CONTEXT = 192  # synthetic tokens in the cache while timing
-# ... for steps whose cost barely depends on the context (a tree step's bookkeeping, Medusa's heads on one
-# hidden state): a shorter prefill to set up (each 192-token prefill is ~0.1 s of a first request)
-SHORT_CONTEXT = 64
 
 
 def tree_extra(chain: float, tree: float) -> float:
@@ -56,13 +53,9 @@ class TreeStep:
         return "tree-step"
 
     def cost_steps(self, target: "Model") -> CostSteps:
-        ids = [i % target.vocab_size for i in range(min(SHORT_CONTEXT, target.max_seq_len - PROBE - 2))]
-        dev = target.device
-        probe = torch.tensor([(ids * 2)[:PROBE]], device=dev)
+        shared = measure_context.borrow(target)
+        cache, probe, dev = shared.cache, shared.probe(PROBE), target.device
         six = Draft([1, 2, 3, 4, 5], None, [-1, 0, 1, -1, 3])  # a two-branch tree over 6 tokens, rank-0 chain first
-        with torch.inference_mode():
-            cache = target.new_cache(1, len(ids) + PROBE)
-            target.forward(torch.tensor([ids], device=dev), cache, last_only=True)
 
         def logits(mask: "torch.Tensor | None") -> float:
             return float(target.run(probe, cache, tree_mask=mask, return_hidden=True).logits[0, -1, 0])
@@ -77,7 +70,7 @@ class TreeStep:
 
         pairs = {"chain": Step(chain, lambda: cache.trim(3), samples=TREE_PAIRS),
                  "tree": Step(tree, lambda: cache.trim(3), samples=TREE_PAIRS)}
-        return CostSteps(one_token_pass(target, cache, probe), 1, len(ids), pairs, target_v=True)
+        return CostSteps(one_token_pass(target, cache, probe), 1, len(shared.ids), pairs, target_v=True)
 
 
 def measured_tree_extra(target: "Model") -> float:
