@@ -9,10 +9,11 @@ costs: the policy measures them quickly and refines them from live passes), then
   drafter, as a fresh deployment would serve them;
 * **warm**: as many other requests of the same kinds with the default drafter (costs measured and refined,
   and the first answers in suffix drafting's index);
-* **plain**: both sets again with ``"drafter": "none"`` (plain decoding in the same server), last, so that
-  suffix drafting has not seen a speculative request's answer before it runs;
+* **plain**: each request again with ``"drafter": "none"`` (plain decoding in the same server) right after
+  it, so that each pair shares the machine's load of the moment (the speculative one first: suffix
+  drafting never sees a request's own answer before it runs);
 * **restarted**: a second server on the cost cache the first one measured and refined (a warm start),
-  the cold requests again, speculative then plain: what a warm server does with the same requests.
+  the cold requests again, each speculative then plain: what a warm server does with the same requests.
 
 Speedup = plain seconds / speculative seconds over the same requests (``ignore_eos``: equal token counts).
 The server's logs go to ``server.log`` and ``server-restart.log`` in the cache folder. Issue #30's goals:
@@ -131,6 +132,19 @@ class _Server:
             self.proc.kill()
 
 
+def _paired(client: httpx.Client, url: str, model: str, questions: list[str], max_tokens: int,
+            spec: Optional[list[dict[str, Any]]] = None, plain: Optional[list[dict[str, Any]]] = None
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each question with the server's default drafter, then at once plain (appended to ``spec`` and
+    ``plain``): a pair shares the machine's load of the moment, so the speedup follows the server, not the
+    noise (two blocks of ten a minute apart differed by up to 20% in plain speed here)."""
+    spec, plain = ([] if spec is None else spec), ([] if plain is None else plain)
+    for q in questions:
+        spec.append(_request(client, url, model, q, max_tokens, None))
+        plain.append(_request(client, url, model, q, max_tokens, "none"))
+    return spec, plain
+
+
 def _seconds(xs: list[dict[str, Any]]) -> float:
     return sum(r["seconds"] for r in xs)
 
@@ -145,20 +159,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with _Server(args, env, cache / "server.log") as srv, httpx.Client(timeout=args.start_timeout) as client:
         model = client.get(srv.url + "/v1/models").json()["data"][0]["id"]
 
-        def ask(questions: list[str], drafter: Optional[str]) -> list[dict[str, Any]]:
-            return [_request(client, srv.url, model, q, args.max_tokens, drafter) for q in questions]
-
-        cold = ask(cold_q[:1], None)
+        cold, plain_cold = [_request(client, srv.url, model, cold_q[0], args.max_tokens, None)], []
         first = time.perf_counter() - srv.t0
-        cold += ask(cold_q[1:], None)
-        warm = ask(warm_q, None)
-        plain_cold, plain_warm = ask(cold_q, "none"), ask(warm_q, "none")
+        plain_cold.append(_request(client, srv.url, model, cold_q[0], args.max_tokens, "none"))
+        _paired(client, srv.url, model, cold_q[1:], args.max_tokens, cold, plain_cold)
+        warm, plain_warm = _paired(client, srv.url, model, warm_q, args.max_tokens)
     # a restart on the costs the first server measured and refined: the same requests, the same
     # empty suffix index and acceptance history; only the cost cache differs from the cold start
     with _Server(args, env, cache / "server-restart.log") as again, \
             httpx.Client(timeout=args.start_timeout) as client:
-        restart = [_request(client, again.url, model, q, args.max_tokens, None) for q in cold_q]
-        plain_restart = [_request(client, again.url, model, q, args.max_tokens, "none") for q in cold_q]
+        restart, plain_restart = _paired(client, again.url, model, cold_q, args.max_tokens)
     s_cold, p_cold = _seconds(cold), _seconds(plain_cold)
     speedup_restart = _seconds(plain_restart) / _seconds(restart)
     return {"command": sys.argv, "target": args.target, "drafter": args.drafter, "weight_dtype": args.weight_dtype,
