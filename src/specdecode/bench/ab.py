@@ -6,6 +6,7 @@ then this ...) so the machine's slow phases hit both alike, and reading each met
 ratio per pair. The revision's ``src/`` is taken with ``git archive`` into a temporary folder and
 put first on the child process's ``sys.path``; both trees use this checkout's bundled models (set
 ``SPECDECODE_MODELS_DIR`` to change that) and build their own C++ kernels (cached by source).
+``--fresh-costs`` gives each run an empty cost cache: for a change to how costs are measured.
 
     specdecode bench ab --rev HEAD~1 --pairs 3 -- --threads 1 --per-category 2 --reps 2 \\
         --gammas 4,auto --lookup-tokens 4 --methods plain,draft,lookup
@@ -41,6 +42,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
                                   "else the current directory)")
     p.add_argument("--pairs", type=int, default=2, help="bench runs per tree, alternating (default: 2)")
     p.add_argument("--out", help="output directory (default: runs/ab-<timestamp>)")
+    p.add_argument("--fresh-costs", action="store_true",
+                   help="give every run an empty cost cache, so each tree measures its own costs as a first start "
+                        "does (default: both share $SPECDECODE_CACHE, so a change to the cost measurement is "
+                        "not what either tree runs on)")
     p.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="-- BENCH ARGS",
                    help="arguments for `specdecode bench` (--no-plots, --no-progress and --out are added)")
     p.set_defaults(func=cmd_ab)
@@ -128,7 +133,9 @@ def cmd_ab(args: argparse.Namespace) -> int:
                 cmd = [sys.executable, "-c", CHILD, str(src), "bench", *bench_args, "--no-plots", "--no-progress",
                        "--out", str(run_dir)]
                 print(f"pair {i + 1}, {side}: {' '.join(cmd[4:])}", flush=True)
-                rc = subprocess.run(cmd, env=env, check=False).returncode
+                run_env = dict(env, SPECDECODE_CACHE=str(Path(tmp) / f"cache-{side}-{i + 1}")) \
+                    if args.fresh_costs else env
+                rc = subprocess.run(cmd, env=run_env, check=False).returncode
                 written = run_dir / "bench.json"
                 result = json.loads(written.read_text()) if written.is_file() else None
                 if rc != 0 or result is None:
