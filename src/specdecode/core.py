@@ -164,6 +164,12 @@ class DecodeCore:
             d.reset_row(last)
         for costs in self.policy.take_refined().values():  # cached costs the live passes contradicted
             store_costs(costs)
+        passes = self.policy.trusted_passes()
+        for d in self._drafter_list:  # self-sizing drafters check their own measured costs (live_costs.py)
+            refine = getattr(d, "refine_costs", None)
+            if refine is not None and passes:
+                for costs in refine(passes):
+                    store_costs(costs)
 
     def clear(self) -> None:
         """Drop every row (after an engine error: nothing in the caches is trusted)."""

@@ -200,7 +200,7 @@ class GammaPolicy:
     def _live_costs(self, name: str, costs: Costs) -> Optional[Costs]:
         """``costs`` with every figure the live timings know well enough put in (None: not enough yet).
         The unit is the trusted one-token pass, else the trusted widths through the offline v."""
-        trusted = {w: s for (b, w), t in self._t.items() if b == 1 and (s := self._trusted(t)) is not None}
+        trusted = self.trusted_passes()
         if not trusted:
             return None
         t1 = trusted.get(1) or min(s / costs.v_at(w - 1) for w, s in trusted.items())
@@ -214,6 +214,11 @@ class GammaPolicy:
             return None
         return replace(costs, v=tuple(v), c=d / t1 if d is not None else costs.c,
                        target_s=tuple(t1 * x for x in v), draft_s=d if d is not None else costs.draft_s)
+
+    def trusted_passes(self) -> dict[int, float]:
+        """Seconds of a single-row target pass by width, for the widths with ``TRUST`` live timings (what a
+        self-sizing drafter checks its measured v(n) against: ``drafters/live_costs.py``)."""
+        return {w: s for (b, w), t in self._t.items() if b == 1 and (s := self._trusted(t)) is not None}
 
     def _unit(self, v: Sequence[float]) -> float:
         """Seconds of a one-token single-row pass: what offline ratios are multiples of."""

@@ -53,6 +53,7 @@ from ..costmodel import (
 )
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter
+from .live_costs import live_v
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
@@ -186,6 +187,20 @@ class AutoDrafter(RowZeroAdapter):
     def costs_for(self, target: Model) -> Costs | None:
         """None: auto sizes its members' drafts itself; the core's γ policy only caps them."""
         return None
+
+    def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
+        """The target's measured v(n) (what auto weighs its members with) and each member's own figures
+        checked against the live passes (``live_costs``); returns the replaced figures for the cost cache."""
+        out: list[Costs] = []
+        new = live_v(self._base, passes) if self._base is not None else None
+        if new is not None:
+            self._base, self._t1 = new, new.target_s[0]
+            out.append(new)
+        for m in self.members:
+            refine = getattr(m.drafter, "refine_costs", None)
+            if refine is not None:
+                out += refine(passes)
+        return out
 
     def reset_row(self, row: int) -> None:
         self._pending.pop(row, None)

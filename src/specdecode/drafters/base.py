@@ -194,7 +194,10 @@ class BatchDrafter(Protocol):
     draft tokens the target accepted (for a tree: the accepted path's length). A drafter that plans
     its own draft sizes from its own cost model (trees) may set ``sizes_itself = True`` (optional,
     False when absent): under the server's ``--speculation auto`` the γ policy then only switches
-    its rows between drafting up to the cap and plain steps (load), and never shortens the draft."""
+    its rows between drafting up to the cap and plain steps (load), and never shortens the draft.
+    Such a drafter may also define ``refine_costs(passes) -> list[Costs]`` (optional): the core hands it
+    the live single-row pass seconds by width after each finished request, and writes back to the cost
+    cache what it returns (``live_costs.py``)."""
 
     gamma: Gamma
     acceptance: Acceptance

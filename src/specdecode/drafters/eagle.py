@@ -36,14 +36,15 @@ import torch
 import torch.nn.functional as F
 
 from .. import measure_context
-from ..costmodel import CostSteps, Costs, Step
+from ..costmodel import CostSteps, Costs, Step, cost_clock
 from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, load_eagle, rope_table
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
-                           load_or_measure_eagle_costs)
+                           load_or_measure_eagle_costs, refined_eagle_costs)
+from .live_costs import StepTimings
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .tree_steps import PROBE, one_token_pass
 
@@ -107,6 +108,7 @@ class EagleDrafter(RowZeroAdapter):
         self.topk, self.expand, self.max_depth = max(1, topk), max(1, expand), max(1, max_depth)
         self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
         self._costs, self._level, self._tree_extra = costs, level_cost, tree_extra
+        self._steps: Optional[StepTimings] = None  # its own steps timed live (None: costs given, kept fixed)
         self._level_one = level_cost if level_one is None else level_one
         self._ingest = level_cost  # what ingesting a step's positions costs (measured with the rest)
         self._target: Optional["Model"] = None
@@ -174,9 +176,24 @@ class EagleDrafter(RowZeroAdapter):
             table = rope_table(c.head_dim, c.rope_theta, self._max_len + SCRATCH, torch.device("cpu"))
             self._cos, self._sin = table[:, 0].contiguous(), table[:, 1].contiguous()
         if self._costs is None:
-            got = load_or_measure_eagle_costs(target, self)
-            self._costs, self._level, self._tree_extra, self._ingest = got.costs, got.level, got.tree_extra, got.ingest
-            self._level_one = got.level_one
+            self._set_costs(load_or_measure_eagle_costs(target, self))
+            self._steps = StepTimings(cost_clock(target))
+
+    def _set_costs(self, got: EagleCosts) -> None:
+        self._costs, self._level, self._tree_extra, self._ingest = got.costs, got.level, got.tree_extra, got.ingest
+        self._level_one = got.level_one
+
+    def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
+        """Check the measured costs against the live passes and this drafter's own timed steps (``live_costs``);
+        returns the replaced figures for the cost cache."""
+        if self._steps is None or self._costs is None:
+            return []
+        cur = EagleCosts(self._costs, self._level, self._tree_extra, self._ingest, self._level_one)
+        got = refined_eagle_costs(cur, self._steps, passes, self.expand)
+        if got is None:
+            return []
+        self._set_costs(got)
+        return [got.costs]
 
     def _row(self, row: int) -> _RowState:
         st = self._rows.get(row)
@@ -371,9 +388,12 @@ class EagleDrafter(RowZeroAdapter):
                     or scratch + m > SCRATCH or used + m > BANK):
                 break
             # one level: the frontier nodes through the draft layer, attending to prefix + ancestors
+            t0 = self._steps.clock() if self._steps is not None else 0.0
             logits = self._layer(st, [tree.tokens[i] for i in frontier], self._bank, [tree.feats[i] for i in frontier],
                                  used, prefix + scratch, [n - 2 + depth] * m, [tree.ancestors[i] for i in frontier])
             toks, probs = self._children(logits)
+            if self._steps is not None and m in (1, self.expand):
+                self._steps.add("level_one" if m == 1 else "level", self._steps.clock() - t0)
             top1 = []
             for j, i in enumerate(frontier):
                 anc = tree.ancestors[i] | 1 << (scratch + j)
@@ -414,7 +434,10 @@ class EagleDrafter(RowZeroAdapter):
             for r, ctx in contexts.items():
                 if r in self._rows:
                     self._observe(self._rows[r], ctx)
+                t0 = self._steps.clock() if self._steps is not None else 0.0
                 logits = self.ingest(r, ctx) if ctx.max_tokens > 0 else None
+                if self._steps is not None and logits is not None:
+                    self._steps.add("ingest", self._steps.clock() - t0)
                 drafts[r] = self.grow(r, ctx, logits) if logits is not None else Draft()
         return drafts
 

@@ -23,10 +23,12 @@ target actually wrote.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..costmodel import Costs, drafter_costs
+from ..policy import MIN_DELTA_C
+from .live_costs import StepTimings, differ, live_v, unit_seconds
 from .tree_steps import measured_tree_extra
 
 if TYPE_CHECKING:
@@ -126,6 +128,33 @@ class EagleCosts:
     def from_costs(cls, costs: Costs, tree_extra: float) -> "EagleCosts":
         """The figures from the cost model's ``Costs`` of ``EagleDrafter.cost_steps`` (c: a level)."""
         return cls(costs, costs.c, tree_extra, costs.extra("ingest"), costs.extra("level_one"))
+
+    def to_costs(self) -> Costs:
+        """The ``Costs`` that ``from_costs`` reads (the cache file's figures; the tree step's extra is its own)."""
+        unit = self.costs.target_s[0] if self.costs.target_s else None
+        return replace(self.costs, c=self.level, draft_s=self.level * unit if unit else self.costs.draft_s,
+                       extras=(("ingest", self.ingest), ("level_one", self.level_one)))
+
+
+def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int, float], expand: int
+                        ) -> Optional[EagleCosts]:
+    """``cur`` with what the live passes and the drafter's own step timings contradict replaced (None: nothing
+    is): v(n) from the passes, the ingestion and the levels over the live one-token pass (``live_costs.py``).
+    A level of one node does less than an ingestion (one position, no feature projection) and a level of
+    ``expand`` nodes no more than ``expand`` levels of one, so a pessimistic level figure not yet timed is
+    bounded by them: the tree then runs such levels, and times them."""
+    costs = live_v(cur.costs, passes) or cur.costs
+    unit = unit_seconds(costs, passes)
+    if unit is None:
+        return None
+    ingest = steps.ratio("ingest", unit) or cur.ingest
+    one = steps.ratio("level_one", unit) or min(cur.level_one, ingest)
+    full = steps.ratio("level", unit) or min(cur.level, expand * one)
+    pairs = ((ingest, cur.ingest), (one, cur.level_one), (full, cur.level))
+    if costs is cur.costs and not any(differ(a, b, MIN_DELTA_C) for a, b in pairs):
+        return None
+    new = EagleCosts(costs, full, cur.tree_extra, ingest, one)
+    return replace(new, costs=new.to_costs())
 
 
 def load_or_measure_eagle_costs(target: "Model", drafter: "EagleDrafter") -> EagleCosts:

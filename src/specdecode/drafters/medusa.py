@@ -36,7 +36,7 @@ or not the node was in the tree, so the estimate does not depend on the shapes c
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
@@ -45,12 +45,14 @@ import torch.nn.functional as F
 
 from .. import measure_context
 from ..config import ConfigError
-from ..costmodel import CostSteps, Costs, Step, drafter_costs
+from ..costmodel import CostSteps, Costs, Step, cost_clock, drafter_costs
+from ..policy import MIN_DELTA_C
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
+from .live_costs import StepTimings, differ, live_v, unit_seconds
 from .tree_steps import PROBE, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
@@ -121,6 +123,7 @@ class MedusaDrafter(RowZeroAdapter):
         if self._fixed is not None and not tree and any(r for p in self._fixed.paths for r in p):
             raise ConfigError("chain mode takes rank-0 choices only, e.g. [[0], [0, 0]]")
         self._costs, self._tree_extra = costs, tree_extra
+        self._steps: Optional[StepTimings] = None  # the heads timed live (None: costs given, kept fixed)
         self._target: Optional["Model"] = None
         self._records: dict[int, list[_Record]] = {}
         self._plans: dict[tuple[int, int], tuple[int, TreePlan]] = {}
@@ -163,7 +166,25 @@ class MedusaDrafter(RowZeroAdapter):
         self._target = target
         if self._costs is None and self._fixed is None:
             self._costs, self._tree_extra = load_or_measure_tree_costs(target, self)
+            self._steps = StepTimings(cost_clock(target))
         self._plans.clear()
+
+    def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
+        """Check the measured v(n) and the heads' cost against the live passes and the heads' own timings
+        (``live_costs``); returns the replaced figures for the cost cache."""
+        if self._steps is None or self._costs is None:
+            return []
+        cur = self._costs
+        costs = live_v(cur, passes) or cur
+        unit = unit_seconds(costs, passes)
+        c = self._steps.ratio("draft", unit) if unit is not None else None
+        if c is not None and differ(c, cur.c, MIN_DELTA_C):
+            costs = replace(costs, c=c, draft_s=c * unit if unit is not None else cur.draft_s)
+        if costs is cur:
+            return []
+        self._costs = costs
+        self._plans.clear()
+        return [costs]
 
     def _vocab_ids(self, target: "Model") -> Optional[torch.Tensor]:
         spec = self.vocab_spec
@@ -282,9 +303,12 @@ class MedusaDrafter(RowZeroAdapter):
         else:
             self._steps_off = 0
         rows = list(ready)
+        t0 = self._steps.clock() if self._steps is not None else 0.0
         with torch.inference_mode():
             h = torch.stack([ready[r].hidden[-1] for r in rows])  # type: ignore[index]
             top = self.candidates(h).tolist()
+        if self._steps is not None and len(rows) == 1:
+            self._steps.add("draft", self._steps.clock() - t0)
         for r, cands in zip(rows, top):
             ctx = ready[r]
             recs = self._records.setdefault(r, [])

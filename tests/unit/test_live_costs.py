@@ -1,0 +1,109 @@
+"""Issue #30 for the self-sizing drafters: their measured costs (the target's v(n), EAGLE's ingestion and
+levels, Medusa's heads) are checked against the live steps, and a poisoned cost cache is corrected and
+rewritten (``drafters/live_costs.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+import specdecode as sd
+import specdecode.costmodel as cm
+from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.costmodel import Costs, cached_costs
+from specdecode.drafters.eagle import EagleCosts, EagleDrafter
+from specdecode.drafters.eagle_sizing import refined_eagle_costs
+from specdecode.drafters.live_costs import StepTimings, live_v
+from specdecode.drafters.medusa import MedusaDrafter
+from specdecode.policy import DISAGREE, TRUST
+
+from eagle_util import make_eagle
+from medusa_util import make_heads
+
+V = (1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6)
+
+
+def test_live_v_puts_in_the_widths_that_contradict_the_measurement_and_bounds_the_others() -> None:
+    costs = Costs(c=0.0, v=V, target_s=tuple(0.01 * x for x in V), key="k")
+    assert live_v(costs, {}) is None and live_v(costs, {4: 0.02}) is None  # no trusted one-token pass: no unit
+    assert live_v(costs, {1: 0.01, 3: 0.0115}) is None  # within DISAGREE of the measurement: kept
+    got = live_v(costs, {1: 0.01, 2: 0.03})  # width 2 costs 3 passes live, not 1.05
+    assert got is not None and got.key == "k"
+    assert got.v[1] == pytest.approx(3.0) and got.v[0] == 1.0
+    assert got.v[2:] == V[2:]  # wider widths stay as measured: physics allows them to be cheaper (row blocking)
+    got = live_v(costs, {1: 0.02, 8: 0.02})  # 8 tokens cost what one does live: no narrower pass costs more
+    assert got is not None and got.v == (1.0,) * 8 and got.target_s == (0.02,) * 8
+
+
+def _steps(**seconds: float) -> StepTimings:
+    steps = StepTimings(lambda: 0.0)
+    for name, s in seconds.items():
+        for _ in range(TRUST):
+            steps.add(name, s)
+    return steps
+
+
+def test_a_pessimistic_eagle_level_is_bounded_by_the_ingestion_then_replaced_by_its_own_timing() -> None:
+    costs = Costs(c=1.5, v=V, target_s=tuple(0.01 * x for x in V), key="eagle")
+    cur = EagleCosts(costs, level=1.5, tree_extra=0.03, ingest=0.1, level_one=1.5)
+    passes = {1: 0.01}
+    assert refined_eagle_costs(cur, _steps(), {}, 4) is None  # nothing trusted yet: nothing to go on
+    bounded = refined_eagle_costs(cur, _steps(ingest=0.0011), passes, 4)
+    assert bounded is not None  # a level of one node does less than an ingestion: 0.11, so it gets run
+    assert bounded.ingest == pytest.approx(0.11) and bounded.level_one == pytest.approx(0.11)
+    assert bounded.level == pytest.approx(0.44) and bounded.tree_extra == 0.03
+    timed = refined_eagle_costs(bounded, _steps(ingest=0.0011, level_one=0.0004, level=0.0006), passes, 4)
+    assert timed is not None and timed.level_one == pytest.approx(0.04) and timed.level == pytest.approx(0.06)
+    assert refined_eagle_costs(timed, _steps(ingest=0.0011, level_one=0.00045, level=0.0006), passes, 4) is None
+    written = timed.costs  # what the cache gets
+    assert written.c == pytest.approx(0.06) and written.extra("level_one") == pytest.approx(0.04)
+    assert written.key == "eagle" and EagleCosts.from_costs(written, 0.03) == timed  # it reads back the same
+
+
+def _request(core: DecodeCore, name: str, prompt: list[int], tokens: int) -> None:
+    """One greedy request as the server sends it (``adaptive``: the live passes are timed)."""
+    core.add(Request(prompt, SamplingConfig(temperature=0.0), GenerationConfig(max_new_tokens=tokens,
+                                                                               ignore_eos=True), name, adaptive=True))
+    while core.rows:
+        if any(isinstance(ev, FinishEvent) for _, ev in core.step()):
+            return
+
+
+@pytest.mark.parametrize("name", ["eagle", "medusa"])
+def test_a_poisoned_tree_cost_cache_is_corrected_by_the_live_steps(name: str, tiny_dirs: dict[str, Path],
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every figure of the drafter's cached file says a step costs 50 passes (no tree pays, and EAGLE would
+    never run a level again): after a few requests the live timings have replaced them, in the drafter and
+    on disk."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cm, "_MEMO", {})
+    target = sd.load_model(tiny_dirs["llama"])
+    build: Callable[[], EagleDrafter | MedusaDrafter] = (
+        (lambda: EagleDrafter.load(make_eagle(tmp_path / "e", target))) if name == "eagle" else
+        (lambda: MedusaDrafter.load(make_heads(tmp_path / "h", target.config.dim, target.vocab_size))))
+    drafter = build()
+    DecodeCore(target, {name: drafter}, max_rows=1, prepare=[name])  # measures and writes the cache
+    key = cm.cost_key([target], drafter.cost_key(target))
+    path = tmp_path / "cache" / "costs" / f"{key}.json"
+    d = json.loads(path.read_text())
+    extras = [[k, 50.0] for k, _ in d["extras"]]
+    path.write_text(json.dumps(dict(d, c=50.0, extras=extras)))  # a measurement under load spoiled it
+    monkeypatch.setattr(cm, "_MEMO", {})
+
+    drafter = build()
+    core = DecodeCore(target, {name: drafter}, max_rows=1, prepare=[name])
+    assert drafter.costs is not None and drafter.costs.c == 50.0
+    prompt = [i % target.vocab_size for i in range(3, 40)]
+    for _ in range(4):
+        _request(core, name, prompt, 48)
+    assert drafter.costs.c < 50.0 / DISAGREE
+    if isinstance(drafter, EagleDrafter):
+        assert drafter._level_one < 50.0 / DISAGREE and drafter._ingest < 50.0 / DISAGREE
+    monkeypatch.setattr(cm, "_MEMO", {})
+    rewritten = cached_costs(key)
+    assert rewritten is not None and rewritten.c == pytest.approx(drafter.costs.c)
