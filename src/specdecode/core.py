@@ -42,6 +42,7 @@ from .verify import VerifyResult, tree_mask, verify_draft
 
 _NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
 _PLAIN = RowPlan(None, 0, False, 0.0)
+REFINE_EVERY = 64  # passes between live checks of the self-sizing drafters' costs (and at every request's end)
 
 
 # -- the core ------------------------------------------------------------------------------------
@@ -164,10 +165,17 @@ class DecodeCore:
             d.reset_row(last)
         for costs in self.policy.take_refined().values():  # cached costs the live passes contradicted
             store_costs(costs)
+        self._refine_drafters()
+
+    def _refine_drafters(self) -> None:
+        """Self-sizing drafters check their own measured costs against the live passes (``live_costs.py``),
+        when a request ends and every ``REFINE_EVERY`` passes (a long request does not run on a spoiled file)."""
         passes = self.policy.trusted_passes()
-        for d in self._drafter_list:  # self-sizing drafters check their own measured costs (live_costs.py)
+        if not passes:
+            return
+        for d in self._drafter_list:
             refine = getattr(d, "refine_costs", None)
-            if refine is not None and passes:
+            if refine is not None:
                 for costs in refine(passes):
                     store_costs(costs)
 
@@ -297,6 +305,8 @@ class DecodeCore:
         if self._clock is self._cost_clock:
             self.policy.record_target(batch, width, self._clock() - t0)
         self.forward_passes += 1
+        if self.forward_passes % REFINE_EVERY == 0:
+            self._refine_drafters()
 
         events: list[tuple[Row, Event]] = []
         finished: list[Row] = []

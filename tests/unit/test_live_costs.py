@@ -13,7 +13,7 @@ import pytest
 import specdecode as sd
 import specdecode.costmodel as cm
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.core import REFINE_EVERY, DecodeCore, FinishEvent, Request
 from specdecode.costmodel import Costs, cached_costs
 from specdecode.drafters.eagle import EagleCosts, EagleDrafter
 from specdecode.drafters.eagle_sizing import refined_eagle_costs
@@ -78,8 +78,8 @@ def test_a_poisoned_tree_cost_cache_is_corrected_by_the_live_steps(name: str, ti
                                                                    tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every figure of the drafter's cached file says a step costs 50 passes (no tree pays, and EAGLE would
-    never run a level again): after a few requests the live timings have replaced them, in the drafter and
-    on disk."""
+    never run a level again): within a long request the live timings have replaced them, in the drafter and
+    then on disk."""
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cm, "_MEMO", {})
     target = sd.load_model(tiny_dirs["llama"])
@@ -99,7 +99,14 @@ def test_a_poisoned_tree_cost_cache_is_corrected_by_the_live_steps(name: str, ti
     core = DecodeCore(target, {name: drafter}, max_rows=1, prepare=[name])
     assert drafter.costs is not None and drafter.costs.c == 50.0
     prompt = [i % target.vocab_size for i in range(3, 40)]
-    for _ in range(4):
+    core.add(Request(prompt, SamplingConfig(temperature=0.0), GenerationConfig(max_new_tokens=400, ignore_eos=True),
+                     name, adaptive=True))
+    while core.forward_passes < 2 * REFINE_EVERY + 1:  # a long request: checked while it runs, not only at its end
+        core.step()
+    assert core.rows and drafter.costs.c < 50.0 / DISAGREE
+    while core.rows:
+        core.step()
+    for _ in range(3):
         _request(core, name, prompt, 48)
     assert drafter.costs.c < 50.0 / DISAGREE
     if isinstance(drafter, EagleDrafter):
