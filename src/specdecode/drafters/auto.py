@@ -53,7 +53,7 @@ from ..costmodel import (
 )
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter
-from .live_costs import live_v
+from .live_costs import Stored, live_v
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ class AutoDrafter(RowZeroAdapter):
         self.hidden_layers: tuple[int, ...] = ()  # the layers EAGLE members read (set by prepare_rows)
         self._pending: dict[int, tuple[Member, int]] = {}  # row -> (member that drafted, draft width)
         self._base: Costs | None = None
+        self._stored = Stored(None)  # what the target's cost cache file holds
         self._clock: Callable[[], float] = time.perf_counter
         self._t1 = 0.0
         self._target: Model | None = None
@@ -181,6 +182,7 @@ class AutoDrafter(RowZeroAdapter):
         if target is not self._target:
             self._target = target
             self._base = load_or_measure_costs(target, None)
+            self._stored = Stored(self._base)
             self._clock = cost_clock(target)
             self._t1 = self._base.target_s[0] if self._base.target_s else 0.0
 
@@ -189,13 +191,13 @@ class AutoDrafter(RowZeroAdapter):
         return None
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
-        """The target's measured v(n) (what auto weighs its members with) and each member's own figures
-        checked against the live passes (``live_costs``); returns the replaced figures for the cost cache."""
+        """The target's v(n) (what auto weighs its members with) and each member's own figures following the
+        live passes (``live_costs``); returns the figures to write back to the cost cache (past ``DISAGREE``×)."""
         out: list[Costs] = []
         new = live_v(self._base, passes) if self._base is not None else None
         if new is not None:
             self._base, self._t1 = new, new.target_s[0]
-            out.append(new)
+            out += self._stored.changed(new)
         for m in self.members:
             refine = getattr(m.drafter, "refine_costs", None)
             if refine is not None:

@@ -44,7 +44,7 @@ from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_
 from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, load_eagle, rope_table
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
                            load_or_measure_eagle_costs, refined_eagle_costs)
-from .live_costs import StepTimings
+from .live_costs import Stored, StepTimings
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .tree_steps import PROBE, one_token_pass
 
@@ -109,6 +109,7 @@ class EagleDrafter(RowZeroAdapter):
         self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
         self._costs, self._level, self._tree_extra = costs, level_cost, tree_extra
         self._steps: Optional[StepTimings] = None  # its own steps timed live (None: costs given, kept fixed)
+        self._stored = Stored(None)  # what its cost cache file holds
         self._level_one = level_cost if level_one is None else level_one
         self._ingest = level_cost  # what ingesting a step's positions costs (measured with the rest)
         self._target: Optional["Model"] = None
@@ -177,15 +178,15 @@ class EagleDrafter(RowZeroAdapter):
             self._cos, self._sin = table[:, 0].contiguous(), table[:, 1].contiguous()
         if self._costs is None:
             self._set_costs(load_or_measure_eagle_costs(target, self))
-            self._steps = StepTimings(cost_clock(target))
+            self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
 
     def _set_costs(self, got: EagleCosts) -> None:
         self._costs, self._level, self._tree_extra, self._ingest = got.costs, got.level, got.tree_extra, got.ingest
         self._level_one = got.level_one
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
-        """Check the measured costs against the live passes and this drafter's own timed steps (``live_costs``);
-        returns the replaced figures for the cost cache."""
+        """Follow the live passes and this drafter's own timed steps (``live_costs``); returns the figures to
+        write back to the cost cache (when they moved past ``DISAGREE``× from it)."""
         if self._steps is None or self._costs is None:
             return []
         cur = EagleCosts(self._costs, self._level, self._tree_extra, self._ingest, self._level_one)
@@ -193,7 +194,7 @@ class EagleDrafter(RowZeroAdapter):
         if got is None:
             return []
         self._set_costs(got)
-        return [got.costs]
+        return self._stored.changed(got.costs)
 
     def _row(self, row: int) -> _RowState:
         st = self._rows.get(row)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..costmodel import Costs, drafter_costs
 from ..policy import MIN_DELTA_C
-from .live_costs import StepTimings, differ, live_v, unit_seconds
+from .live_costs import FOLLOW, StepTimings, differ, live_v, unit_seconds
 from .tree_steps import measured_tree_extra
 
 if TYPE_CHECKING:
@@ -138,8 +138,8 @@ class EagleCosts:
 
 def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int, float], expand: int
                         ) -> Optional[EagleCosts]:
-    """``cur`` with what the live passes and the drafter's own step timings contradict replaced (None: nothing
-    is): v(n) from the passes, the ingestion and the levels over the live one-token pass (``live_costs.py``).
+    """``cur`` with the trusted live figures that differ from it by more than ``FOLLOW`` put in (None: none
+    does): v(n) from the passes, the ingestion and the levels over the live one-token pass (``live_costs.py``).
     A level of one node does less than an ingestion (one position, no feature projection) and a level of
     ``expand`` nodes no more than ``expand`` levels of one, so a pessimistic level figure not yet timed is
     bounded by them: the tree then runs such levels, and times them."""
@@ -151,7 +151,7 @@ def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int
     one = steps.ratio("level_one", unit) or min(cur.level_one, ingest)
     full = steps.ratio("level", unit) or min(cur.level, expand * one)
     pairs = ((ingest, cur.ingest), (one, cur.level_one), (full, cur.level))
-    if costs is cur.costs and not any(differ(a, b, MIN_DELTA_C) for a, b in pairs):
+    if costs is cur.costs and not any(differ(a, b, MIN_DELTA_C, FOLLOW) for a, b in pairs):
         return None
     new = EagleCosts(costs, full, cur.tree_extra, ingest, one)
     return replace(new, costs=new.to_costs())

@@ -52,7 +52,7 @@ from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
-from .live_costs import StepTimings, differ, live_v, unit_seconds
+from .live_costs import FOLLOW, Stored, StepTimings, differ, live_v, unit_seconds
 from .tree_steps import PROBE, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
@@ -124,6 +124,7 @@ class MedusaDrafter(RowZeroAdapter):
             raise ConfigError("chain mode takes rank-0 choices only, e.g. [[0], [0, 0]]")
         self._costs, self._tree_extra = costs, tree_extra
         self._steps: Optional[StepTimings] = None  # the heads timed live (None: costs given, kept fixed)
+        self._stored = Stored(None)  # what its cost cache file holds
         self._target: Optional["Model"] = None
         self._records: dict[int, list[_Record]] = {}
         self._plans: dict[tuple[int, int], tuple[int, TreePlan]] = {}
@@ -166,25 +167,25 @@ class MedusaDrafter(RowZeroAdapter):
         self._target = target
         if self._costs is None and self._fixed is None:
             self._costs, self._tree_extra = load_or_measure_tree_costs(target, self)
-            self._steps = StepTimings(cost_clock(target))
+            self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
         self._plans.clear()
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
-        """Check the measured v(n) and the heads' cost against the live passes and the heads' own timings
-        (``live_costs``); returns the replaced figures for the cost cache."""
+        """Follow the live passes and the heads' own timings (``live_costs``); returns the figures to write
+        back to the cost cache (when they moved past ``DISAGREE``× from it)."""
         if self._steps is None or self._costs is None:
             return []
         cur = self._costs
         costs = live_v(cur, passes) or cur
         unit = unit_seconds(costs, passes)
         c = self._steps.ratio("draft", unit) if unit is not None else None
-        if c is not None and differ(c, cur.c, MIN_DELTA_C):
+        if c is not None and differ(c, cur.c, MIN_DELTA_C, FOLLOW):
             costs = replace(costs, c=c, draft_s=c * unit if unit is not None else cur.draft_s)
         if costs is cur:
             return []
         self._costs = costs
         self._plans.clear()
-        return [costs]
+        return self._stored.changed(costs)
 
     def _vocab_ids(self, target: "Model") -> Optional[torch.Tensor]:
         spec = self.vocab_spec

@@ -40,7 +40,7 @@ from ..config import ConfigError
 from ..costmodel import Costs, cost_clock, load_or_measure_costs
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
-from .live_costs import live_v
+from .live_costs import Stored, live_v
 from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
@@ -264,6 +264,7 @@ class SuffixDrafter(RowZeroAdapter):
         self.tree, self.spec_factor, self.min_prob, self.margin = tree, spec_factor, min_prob, margin
         self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
         self._costs, self._costs_fixed = costs, costs is not None
+        self._stored = Stored(None)  # what the target's cost cache file holds
         self._rows: dict[int, _RowState] = {}
         self._conf = [[CONF_PRIOR * CONF_WEIGHT, CONF_WEIGHT] for _ in BUCKETS]  # [accepted, predicted]
         self._c = 0.0  # the drafter's own cost per row and step, in one-token target passes
@@ -284,6 +285,8 @@ class SuffixDrafter(RowZeroAdapter):
         self._target = target
         if self._costs is None:
             self._costs = load_or_measure_costs(target, None)
+        if not self._costs_fixed:
+            self._stored = Stored(self._costs)
         self._clock = cost_clock(target)
         self._t1 = self._costs.target_s[0] if self._costs.target_s else 0.0
 
@@ -292,14 +295,14 @@ class SuffixDrafter(RowZeroAdapter):
         return None
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
-        """The target's measured v(n) checked against the live passes (``live_costs``; this drafter's own
-        cost is timed on every step already); returns the replaced figures for the cost cache."""
+        """The target's v(n) following the live passes (``live_costs``; this drafter's own cost is timed on
+        every step already); returns the figures to write back to the cost cache (past ``DISAGREE``×)."""
         new = live_v(self._costs, passes) if self._costs is not None and not self._costs_fixed else None
         if new is None:
             return []
         self._costs, self._t1 = new, new.target_s[0]
         self._pays.clear()
-        return [new]
+        return self._stored.changed(new)
 
     def reset_row(self, row: int) -> None:
         self._rows.pop(row, None)
