@@ -205,6 +205,21 @@ class KVCache:
             raise ValueError(f"set_length({length}) would grow row {row} beyond its {self.lengths[row]} written tokens")
         self.lengths[row] = length
 
+    def repeat_to(self, length: int, row: int = 0) -> None:
+        """Grow ``row`` to ``length`` entries by repeating its written ones in order. Why: a cost measurement's
+        pass attends over every entry whatever it holds, and computing them all was most of a cold start's
+        measurement (``measure_context.py``)."""
+        if self.k is None:
+            raise TypeError("a layer view (KVCache.over_layers) cannot grow rows; grow the caches it views")
+        n = self.lengths[row]
+        if n == 0 or not n <= length <= self.max_len:
+            raise ValueError(f"cannot repeat row {row}'s {n} entries to {length} (room for {self.max_len})")
+        for start in range(n, length, n):
+            m = min(n, length - start)
+            self.k[:, row, :, start:start + m] = self.k[:, row, :, :m]
+            self.v[:, row, :, start:start + m] = self.v[:, row, :, :m]
+        self.lengths[row] = length
+
     def move_row(self, src: int, dst: int) -> None:
         """Copy row ``src``'s live keys/values into row ``dst`` and empty ``src`` (the decode core
         keeps its running rows a contiguous slice)."""

@@ -29,6 +29,21 @@ def test_cache_trim_and_context_limit() -> None:
         c.prepare(4)
 
 
+def test_cache_repeat_to_repeats_a_rows_entries_in_order() -> None:
+    c = KVCache(2, 2, 1, 8, 4, torch.float32, "cpu")
+    c.k[:, 1, :, :3] = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 1, 3, 4)
+    c.v[:, 1, :, :3] = -c.k[:, 1, :, :3]
+    c.lengths[1] = 3
+    c.repeat_to(7, row=1)
+    assert c.lengths == [0, 7]
+    assert torch.equal(c.k[:, 1, :, 3:6], c.k[:, 1, :, :3]) and torch.equal(c.k[:, 1, :, 6], c.k[:, 1, :, 0])
+    assert torch.equal(c.v[:, 1, :, :7], -c.k[:, 1, :, :7]) and c.k[:, 0].abs().sum() == 0  # the other row untouched
+    with pytest.raises(ValueError, match="cannot repeat row 0's 0 entries"):
+        c.repeat_to(4, row=0)
+    with pytest.raises(ValueError, match="room for 8"):
+        c.repeat_to(9, row=1)
+
+
 def ctx(tokens: list[int], max_tokens: int = 10) -> DraftContext:
     return DraftContext(tokens, max_tokens, SamplingConfig(), None)
 

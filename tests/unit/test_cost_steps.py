@@ -141,20 +141,26 @@ def test_every_measurement_of_a_preparation_shares_one_prefill(tiny_dirs: dict[s
     prefills: list[int] = []
     run = target.run
 
-    def spy(tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if tokens.shape[1] > measure_context.ROOM:  # wider than any timed pass: a prefill
+    def spy(tokens: torch.Tensor, cache: Any, *args: Any, **kwargs: Any) -> Any:
+        if cache.length() == 0:  # into an empty cache: a prefill (the timed passes follow the context)
             prefills.append(tokens.shape[1])
-        return run(tokens, *args, **kwargs)
+        return run(tokens, cache, *args, **kwargs)
 
     monkeypatch.setattr(target, "run", spy)
     core = sd.DecodeCore(target, {"auto": AutoDrafter(members)}, max_rows=1, prepare=["auto"])
-    assert prefills == [len(measure_context.context_ids(target))]  # one, with EAGLE's hidden layers
+    # one, with EAGLE's hidden layers, of the context's first SEED tokens (the rest repeat them)
+    assert prefills == [min(measure_context.SEED, len(measure_context.context_ids(target)))]
     assert len(list((tmp_path / "costs").glob("*.json"))) == 4  # and every figure measured
     assert measure_context._HELD.get(target) is None  # released by the core
     shared = measure_context.borrow(target, (0,))
     target.forward(shared.probe(5), shared.cache)  # a measurement that failed before rolling back
     again = measure_context.borrow(target)
     assert again is shared and again.cache.length() == len(again.ids) and 0 in again.layers
+    n, seed = len(shared.ids), measure_context.SEED  # positions past the seed repeat it, states and entries
+    assert n > seed and shared.hidden.shape[0] == shared.layers[0].shape[0] == n
+    assert torch.equal(shared.hidden[seed:2 * seed], shared.hidden[:seed])
+    assert torch.equal(shared.cache.k[:, 0, :, seed:n], shared.cache.k[:, 0, :, : n - seed])
+    assert shared.cache.v[:, 0, :, n - 1].abs().sum() > 0
     wider = measure_context.borrow(target, (0, 1))  # a layer it lacks: prefilled again with both
     assert wider is not shared and set(wider.layers) == {0, 1} and len(prefills) == 3
     del core
