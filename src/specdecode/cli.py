@@ -275,4 +275,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m specdecode.cli` runs this file as __main__, a second copy of the module: its CLIError is not the
+    # one the subcommands raise (they import specdecode.cli), so an error would escape as a traceback
+    from specdecode.cli import main as _main
+
+    sys.exit(_main())

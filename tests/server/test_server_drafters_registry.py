@@ -128,3 +128,30 @@ def test_every_registered_drafter_serves_with_default_flags_and_equals_plain(bun
             "model": health["model"], "prompt": prompts[0], "max_tokens": 12, "temperature": 0})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain[0], r.text
         assert r.json()["usage"]["speculative"]["drafted_by"].keys() <= {"layerskip-adapter"}, r.json()["usage"]
+
+
+def test_serve_with_a_target_and_no_draft_defaults_to_auto_as_generate_does(tiny_dirs: dict[str, Path]) -> None:
+    """`serve --target X` once stopped with "--target given without --draft" where `generate --target X`
+    ran auto; both now take the same default."""
+    from specdecode.cli import default_drafter_name
+    from specdecode.server.cli import build_state
+
+    args = _args("--target", str(tiny_dirs["llama"]))
+    state = build_state(args)
+    assert state.default_drafter == default_drafter_name(args) == "auto"
+    assert state.default_drafter == default_drafter_name(_args("--target", str(tiny_dirs["llama"]), "--prompt", "x",
+                                                               command="generate"))
+
+
+def test_python_dash_m_prints_a_cli_error_without_a_traceback(tmp_path: Path) -> None:
+    """The bench starts servers with `python -m specdecode.cli`; an error raised in a subcommand's module is one
+    clean line and rc 2 there too (it escaped as a traceback: that file ran as a second copy, __main__)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SPECDECODE_MODELS_DIR=str(tmp_path))  # no bundled models: `serve` raises CLIError
+    out = subprocess.run([sys.executable, "-m", "specdecode.cli", "serve"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "specdecode: error: no --target given and the bundled default model is missing" in out.stderr

@@ -170,3 +170,21 @@ def test_scheduler_drain_fails_queued_at_once_and_running_after_the_timeout(mode
     assert took < 20
     text = metrics.render().decode()
     assert _metric(text, 'specdecode_requests_total{finish_reason="shutdown"}') == 2
+
+
+def test_the_engine_sets_its_torch_threads_on_its_own_thread(models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OpenMP team belongs to the thread that starts it: `serve` loads on one thread and the engine thread
+    sets its own count (set on the main thread, it never reached the engine: a 2-core server decoded at half
+    speed). ``threads`` None leaves the process's setting alone."""
+    import torch
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append((threading.current_thread().name, n)))
+    for threads, want in ((3, [("specdecode-engine", 3)]), (None, [])):
+        calls.clear()
+        sched = Scheduler(models.target, {}, max_batch_size=1, threads=threads)
+        sched.start()
+        sched.stop(drain_s=1.0)
+        assert calls == want
+    with pytest.raises(Exception, match="threads must be >= 1, got 0"):
+        ServerConfig(threads=0)

@@ -143,3 +143,18 @@ def test_two_real_environments_alternate_without_rebuilding(tmp_path: Path) -> N
         assert next(d.glob("*.so")).stat().st_mtime_ns == so and (d / ".ninja_log").read_text() == log, \
             f"{d.name} was rebuilt"
     assert build  # the module under test
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "ninja").is_file(), reason="no ninja beside this interpreter")
+def test_a_process_without_the_venv_on_path_builds_with_the_same_ninja_in_the_same_folder() -> None:
+    """`/venv/bin/python` started with PATH=/usr/bin:/bin found the system's ninja (1.11) where this one found
+    the venv's (1.13): each rebuilt the other's kernels in one folder, three compiles per test run."""
+    from specdecode.kernels.build import ninja_path
+
+    code = ("from specdecode.kernels.build import build_dir, ninja_path\n"
+            "print(ninja_path()); print(build_dir('ext'))")
+    env = {"PATH": "/usr/bin:/bin", **{k: os.environ[k] for k in ("HOME", "TORCH_EXTENSIONS_DIR") if k in os.environ}}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [ninja_path(), str(build_dir("ext"))]
+    assert ninja_path() == str(Path(sys.executable).parent / "ninja")

@@ -83,3 +83,18 @@ def test_a_module_built_for_training_runs_eager(tiny_dirs: dict[str, Path]) -> N
     model = specdecode.load_model(tiny_dirs["llama"])
     module = LlamaModel(model.config, 32)
     assert module.kernels is EAGER and all(layer.kernels is EAGER for layer in module.layers)
+
+
+def test_loading_a_model_never_computes_on_the_meta_device(tiny_dirs: dict[str, Path]) -> None:
+    """Arithmetic on a meta tensor first imports torch's symbolic-shape machinery (sympy and ~800 modules):
+    1.1-1.3 s of every model load, server start and `generate`, until the RoPE tables were built on the CPU."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specdecode as sd\n"
+            f"m = sd.load_model({str(tiny_dirs['llama'])!r}, weight_dtype='int4')\n"
+            "sd.models.loading.quantized_copy(m, 'int8', n_layers=1)\n"
+            "print(m.module.rope_cos.device, 'sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["cpu", "False"]

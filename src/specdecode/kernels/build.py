@@ -6,7 +6,10 @@ ninja rebuilds whenever that file changes: two virtualenvs (or checkouts) sharin
 folder rebuild each other's kernels on every alternate run (~40 s each on 2 cores, and every
 other process's timings are wrong meanwhile). So the folder is keyed by everything that reaches
 the command line (``toolchain``) plus the source's bytes, and the source is compiled from a copy
-inside the folder, so its path is the same for every checkout. ``build_extension`` returns the module, or
+inside the folder, so its path is the same for every checkout. The ninja that builds is the interpreter's own
+where it has one (``ninja_path``): a pip-installed ninja 1.13 and the system's 1.11 rebuilt each other's
+builds in one folder (a process started without the venv on PATH finds the system's), so every test run
+compiled the three kernels again. ``build_extension`` returns the module, or
 raises ``ExtensionBuildError`` with one readable line (the compiler's first
 complaint, not ninja's echo of the command) that callers log once before
 falling back to eager PyTorch.
@@ -40,6 +43,13 @@ CFLAGS = ("-O3", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 
 
+def ninja_path() -> str:
+    """The ninja that builds: the one beside the interpreter (a venv's, installed with torch's build
+    requirements) wherever PATH points, else PATH's ("" if none)."""
+    own = Path(sys.executable).parent / "ninja"
+    return str(own) if own.is_file() and os.access(own, os.X_OK) else (shutil.which("ninja") or "")
+
+
 def toolchain(cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS) -> tuple[str, ...]:
     """What reaches the build's command lines besides the source: compiler, flags, torch's version,
     install path, include and library paths, its C++ ABI, and Python's version and include path.
@@ -55,7 +65,7 @@ def toolchain(cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS) 
     except TypeError:
         libraries = ext.library_paths()
     abi = str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", ""))
-    return (os.environ.get("CXX", "c++"), *cflags, "|", *ldflags, "|", torch.__version__,
+    return (os.environ.get("CXX", "c++"), ninja_path(), *cflags, "|", *ldflags, "|", torch.__version__,
             os.path.dirname(torch.__file__),
             *includes, "|", *libraries, "|", abi, sys.version, sysconfig.get_paths().get("include", ""))
 
@@ -132,6 +142,10 @@ def build_extension(name: str, source: Path) -> ModuleType:
         torch_log = logging.getLogger("torch.utils.cpp_extension")
         level = torch_log.level
         torch_log.setLevel(logging.ERROR)
+        path = os.environ.get("PATH")
+        ninja = ninja_path()
+        if ninja:  # torch runs whichever `ninja` PATH finds first: make it this one (the folder's key)
+            os.environ["PATH"] = os.path.dirname(ninja) + os.pathsep + (path or "")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -139,6 +153,10 @@ def build_extension(name: str, source: Path) -> ModuleType:
                               extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=False)
         finally:
             torch_log.setLevel(level)
+            if path is None:
+                os.environ.pop("PATH", None)
+            else:
+                os.environ["PATH"] = path
         if fresh:
             logger.info("compiled %s in %.1f s", source.name, time.perf_counter() - t0)
         return module

@@ -319,11 +319,8 @@ def assemble_model(cfg: ModelConfig, raw: dict[str, torch.Tensor], path: str, to
     missing = [n for n, p in module.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for {missing[:5]}")
-    if cfg.family == "llama":  # buffers were created on meta; rebuild them for real
-        from .llama import rope_tables
-
-        cos, sin = rope_tables(cfg, max_len)
-        module.rope_cos, module.rope_sin = cos.to(dev), sin.to(dev)
+    if cfg.family == "llama":  # the RoPE tables were built on the CPU (``rope_inv_freq``)
+        module.rope_cos, module.rope_sin = module.rope_cos.to(dev), module.rope_sin.to(dev)
     module.eval().requires_grad_(False)
     quant = quantize_module(module, fmt, packed=packed) if fmt is not None else None
     install_kernels(module, kernels)

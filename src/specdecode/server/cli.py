@@ -12,7 +12,8 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from ..config import ModelLoadConfig, add_dataclass_args, from_args
 from .config import API_KEY_ENV, ServerConfig, resolve_api_key
@@ -38,10 +39,11 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.set_defaults(func=cmd_serve)
 
 
-def build_state(args: argparse.Namespace) -> "ServerState":
-    """Load the target, the draft and every drafter the flags (or the bundled defaults) make available."""
-    from ..cli import model_loader, resolve_draft_path, resolve_target
-    from ..drafters.registry import PAIRED_DEFAULT, artifacts_from_args, get_spec, options_from_args
+def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) -> "ServerState":
+    """Load the target, the draft and every drafter the flags (or the bundled defaults) make available.
+    ``engine_threads``: the decode engine's threads unless --threads says (None: as the process has them)."""
+    from ..cli import default_drafter_name, model_loader, resolve_draft_path, resolve_target
+    from ..drafters.registry import artifacts_from_args, get_spec, options_from_args
     from .state import make_state
 
     config = from_args(ServerConfig, args)
@@ -49,11 +51,13 @@ def build_state(args: argparse.Namespace) -> "ServerState":
         log.warning("--api-key on the command line is visible to other users in `ps`; prefer $%s or "
                     "--api-key-file", API_KEY_ENV)
     config = resolve_api_key(config, os.environ)
+    if config.threads is None and engine_threads is not None:
+        config = replace(config, threads=engine_threads)
     artifacts = artifacts_from_args(args)  # a bad artifact flag fails before loading
     load = model_loader(from_args(ModelLoadConfig, args))
     with _phase("loading the target (and building its kernels on first use)"):
         target = load(resolve_target(args))
-    default_drafter = args.drafter or PAIRED_DEFAULT
+    default_drafter = default_drafter_name(args)  # as `generate`'s: auto for a --target without a --draft
     spec = get_spec(default_drafter)
     draft_path = resolve_draft_path(args, spec.needs_draft_model or (spec.uses_draft_model and not args.target))
     draft = None
@@ -70,9 +74,17 @@ def build_state(args: argparse.Namespace) -> "ServerState":
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import torch
+
     from .runner import make_server
 
-    state = build_state(args)
+    # Only the engine thread runs parallel ops. An OpenMP team belongs to the thread that starts it, and a
+    # team the main thread had started (loading the model) made the engine's 2-thread ops 2-3x slower: plain
+    # decoding at half the speed of 1 thread on a 2-core machine, where 2 threads on a clean process are 1.3-1.5x
+    # faster (docs/lab-notes.md, session 18). Loading is no faster with more threads.
+    threads = torch.get_num_threads()  # torch's default: $OMP_NUM_THREADS, else the physical cores
+    torch.set_num_threads(1)
+    state = build_state(args, engine_threads=threads)
     server = make_server(state)
     config = state.config
     print(f"specdecode serve: {state.model_name} on http://{config.host}:{config.port}/ "

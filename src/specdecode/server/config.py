@@ -47,6 +47,9 @@ class ServerConfig:
         default=30.0, metadata=_help("on SIGTERM: seconds running requests may take to finish (new and queued "
                                      "ones get HTTP 503 at once); past it they end with an error event"))
     openapi: bool = field(default=False, metadata=_help("serve the OpenAPI schema at /openapi.json"))
+    threads: Optional[int] = field(
+        default=None, metadata=_help("CPU threads of the decode engine (default: torch's, i.e. "
+                                     "$OMP_NUM_THREADS, else the physical cores)"))
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -65,6 +68,8 @@ class ServerConfig:
             raise ConfigError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
         if self.allowed_hosts is not None and any(not h.strip() for h in self.allowed_hosts.split(",")):
             raise ConfigError(f"allowed_hosts must be comma-separated host names, got {self.allowed_hosts!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError(f"max_context must be >= 2, got {self.max_context}")
 

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
+import torch
+
 from ..core import DecodeCore, Event, Failure, FinishEvent, Request, Row, StepEvent
 from ..drafters.base import BatchDrafter
 from ..models import Model
@@ -80,10 +82,12 @@ class Scheduler:
     def __init__(self, target: Model, drafters: Mapping[str, BatchDrafter], *, max_batch_size: int = 16,
                  max_queue: int = 64, max_context: Optional[int] = None,
                  metrics: Optional["ServerMetrics"] = None, prepare: Optional[Sequence[str]] = None,
-                 prepare_in_background: bool = False) -> None:
+                 prepare_in_background: bool = False, threads: Optional[int] = None) -> None:
         """``prepare``: the drafters prepared before the first request (buffers, measured costs), here or, with
-        ``prepare_in_background``, on the engine thread as it starts, while /health answers "warming"."""
+        ``prepare_in_background``, on the engine thread as it starts, while /health answers "warming".
+        ``threads``: the engine thread's torch threads, set on that thread (None: as the process has them)."""
         self.target = target
+        self._threads = threads
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.metrics = metrics
@@ -207,6 +211,9 @@ class Scheduler:
 
     def _run(self) -> None:
         core = self.core
+        if self._threads is not None:
+            # on this thread: an OpenMP team belongs to the thread that starts it (``server/cli.py``)
+            torch.set_num_threads(self._threads)
         self._warm_up()
         while True:
             with self._cond:

@@ -72,7 +72,7 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
     scheduler = Scheduler(target, drafters, max_batch_size=config.max_batch_size, max_queue=config.max_queue,
                           max_context=config.max_context, metrics=metrics,
                           prepare=[default_drafter] if default_drafter in drafters else [],
-                          prepare_in_background=prepare_in_background)
+                          prepare_in_background=prepare_in_background, threads=config.threads)
     chat = ChatFormatter.for_model(target)  # a loaded model: a GGUF carries its template in its metadata
     return ServerState(scheduler, metrics, config, model_name or target.name, chat, chat.source != PLAIN_TEMPLATE,
                        default_drafter, default_gamma, now(), max_token_chars(target))
