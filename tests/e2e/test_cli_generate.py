@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,11 @@ PROMPT = "def fib(n):"
 
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """A bare environment (no venv on PATH), keeping where this run's caches are: without HOME the CLI found
+    another home's kernel folder and compiled all three kernels there (~60 s in a clean-HOME `.ci/run`)."""
+    keep = {k: os.environ[k] for k in ("HOME", "TORCH_EXTENSIONS_DIR", "SPECDECODE_CACHE") if k in os.environ}
     return subprocess.run([sys.executable, "-m", "specdecode.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+                          text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", **keep})
 
 
 def test_json_output_equals_library(tiny_dirs: dict[str, Path]) -> None:
