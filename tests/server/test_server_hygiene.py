@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.config import ConfigError, GenerationConfig, SamplingConfig
 from specdecode.server.config import ServerConfig
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.scheduler import Failure, FinishEvent, Request, RequestHandle, Scheduler
@@ -186,5 +186,5 @@ def test_the_engine_sets_its_torch_threads_on_its_own_thread(models: Models, mon
         sched.start()
         sched.stop(drain_s=1.0)
         assert calls == want
-    with pytest.raises(Exception, match="threads must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match="threads must be >= 1, got 0"):
         ServerConfig(threads=0)
