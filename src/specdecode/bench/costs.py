@@ -8,9 +8,12 @@ path the kernels offer there (``--isas``), price a verification pass. Paths are 
 alternating order in one process, the median kept, so background load hits every path alike; with
 1 thread the timer is this thread's CPU time. With ``--draft`` each row also gives c, a draft model's
 step (over its ``draft_vocab.json`` cut, as the drafter runs it) over the target's one-token pass.
+With ``--floor`` each int8/int4 row also gives the kernel's arithmetic floor per token row (``arithmetic_floor``)
+and the lower bound on v(n) it sets, whatever the memory system does.
 
     specdecode bench costs [--target DIR] [--formats bf16,int8,int4] [--threads 1,2] [--max-tokens 16]
     specdecode bench costs --draft models/code-draft --formats bf16 --json runs/cost.json
+    specdecode bench costs --target smollm2-135m-instruct --formats int8,int4 --isas avx2 --floor
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -42,6 +46,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     c.add_argument("--context", type=int, default=200, help="tokens already in the cache (default: 200)")
     c.add_argument("--rounds", type=int, default=3, help="rounds over the paths, alternating order (default: 3)")
     c.add_argument("--reps", type=int, default=5, help="timed samples per pass width per round (default: 5)")
+    c.add_argument("--floor", action="store_true",
+                   help="int8/int4: also time the kernel's arithmetic per token row with the weights resident in "
+                        "L2 (no memory traffic) and print the lower bound on v(n) it sets")
     c.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     c.set_defaults(func=cmd_costs)
 
@@ -74,11 +81,39 @@ def _set_path(fmt: str, isa: str) -> None:
         set_quant_isa(isa)
 
 
+def arithmetic_floor(macs: int, dim: int, fmt: str, isa: str, calls: int = 200, rounds: int = 7) -> float:
+    """Seconds of the quantized kernel's arithmetic per token row for ``macs`` multiply-adds a token: the
+    marginal cost of a row (16 rows against 8) on one [1024, dim] matrix that stays in L2, scaled up.
+
+    Why: with no weight traffic left, what a further row costs is its integer dot products, their
+    conversions and scaling; a pass over n rows does n rows of that, so n * floor / (one-token pass)
+    bounds v(n) from below however well loads and arithmetic overlap."""
+    from ..kernels.quant import load_quant_extension, quantize
+
+    ext = load_quant_extension()
+    gen = torch.Generator().manual_seed(0)
+    w = quantize(torch.randn(1024, dim, generator=gen) * 0.02, fmt)
+    per_m: dict[int, float] = {}
+    for m in (8, 16):
+        x = torch.randn(m, dim, generator=gen)
+        for _ in range(calls // 4):
+            ext.quant_linear(x, w, None, isa)
+        samples = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                ext.quant_linear(x, w, None, isa)
+            samples.append((time.perf_counter() - t0) / calls)
+        per_m[m] = statistics.median(samples)
+    return max(0.0, per_m[16] - per_m[8]) / 8 / (1024 * dim) * macs
+
+
 def measure(target: str, formats: list[str], isas: Optional[list[str]], threads: list[int], max_tokens: int,
             context: int, rounds: int, reps: int, log: Callable[[str], None] = print,
-            draft: Optional[str] = None) -> list[dict[str, Any]]:
+            draft: Optional[str] = None, floor: bool = False) -> list[dict[str, Any]]:
     """One row per (format, path, threads): median seconds of passes over 1..max_tokens new tokens and v(n)
-    (with ``draft``: also its step's median seconds and c)."""
+    (with ``draft``: also its step's median seconds and c; with ``floor``: int8/int4 rows also give
+    ``arithmetic_floor`` and the bound n * floor / one-token pass on v(n))."""
     from ..costmodel import measure_costs
     from ..drafters.vocab import draft_vocab_for
     from ..models import load_model
@@ -116,6 +151,11 @@ def measure(target: str, formats: list[str], isas: Optional[list[str]], threads:
                     if draft_times[isa]:
                         step = statistics.median(draft_times[isa])
                         row.update(draft_step_s=step, c=step / med[0])
+                    if floor and model.quant is not None:
+                        macs = sum(model.quant.logical.values()) + model.output_matrix().numel()
+                        row_s = arithmetic_floor(macs, model.config.dim, fmt, isa)
+                        row.update(floor_row_s=row_s, macs_per_token=macs,
+                                   v_floor=[max(1.0, n * row_s / med[0]) for n in range(1, max_tokens + 1)])
                     rows.append(row)
                 _set_path(fmt, "auto")
             del model
@@ -132,6 +172,10 @@ def format_table(rows: list[dict[str, Any]], max_tokens: int) -> str:
         lines.append(f"{r['format']:<7}{r['isa']:<12}{r['threads']:>4}{1e3 * r['pass_s'][0]:>11.2f}  "
                      + " ".join(f"{v:5.2f}" for v in r["v"][1:])
                      + (f"   c {r['c']:.4f} (draft step {1e3 * r['draft_step_s']:.3f} ms)" if "c" in r else ""))
+        if "v_floor" in r:
+            lines.append(f"{'':<7}{'floor':<12}{'':>4}{1e3 * r['floor_row_s']:>11.2f}  "
+                         + " ".join(f"{v:5.2f}" for v in r["v_floor"][1:])
+                         + f"   (arithmetic per row, {r['macs_per_token'] / 1e6:.0f}M multiply-adds, weights in L2)")
     return "\n".join(lines)
 
 
@@ -150,7 +194,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     threads = parse_int_list(args.threads, "--threads")
     target = resolve_target(args)
     rows = measure(target, formats, isas, threads, args.max_tokens, args.context, args.rounds, args.reps,
-                   draft=args.draft)
+                   draft=args.draft, floor=args.floor)
     print(f"{target}: {args.context}-token context, median of {args.rounds} rounds x {args.reps} samples")
     print(format_table(rows, args.max_tokens))
     if args.json:
