@@ -47,6 +47,40 @@ def test_variants_match_plain_decoding(tiny_dirs: dict[str, Path], tmp_path: Pat
     assert "outputs differing from plain decoding: 0" in capsys.readouterr().out
 
 
+def test_variants_run_two_trained_directories_side_by_side(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from eagle_util import make_eagle
+
+    import specdecode.drafters.registry as registry
+    from specdecode.bench.variants import parse_variant
+    from specdecode.models import load_model
+
+    built: list[str] = []
+    real_build = registry.build_drafter
+
+    def spy(name, o):  # type: ignore[no-untyped-def]
+        built.append(o.artifacts["eagle"])
+        return real_build(name, o)
+
+    monkeypatch.setattr(registry, "build_drafter", spy)
+
+    target = load_model(str(tiny_dirs["llama"]))
+    one, two = make_eagle(tmp_path / "e1", target, seed=1), make_eagle(tmp_path / "e2", target, seed=2)
+    assert parse_variant(f"eagle:eagle-draft={two}").artifacts == {"eagle": str(two)}
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "p", "category": "c", "prompt": "a b a b a b", "max_new_tokens": 8}) + "\n")
+    out = tmp_path / "v.json"
+    rc = main(["bench", "variants", "eagle", f"eagle:eagle_draft={two}", "--target", str(tiny_dirs["llama"]),
+               "--eagle-draft", str(one), "--workload", str(workload), "--reps", "1", "--json", str(out)])
+    assert rc == 0 and json.loads(out.read_text())["mismatches"] == 0
+    assert built == [str(one), str(two)]  # the flag's directory, then the variant's own
+    # a directory that holds no EAGLE draft is named, not loaded
+    assert main(["bench", "variants", f"eagle:eagle-draft={tmp_path}", "--target", str(tiny_dirs["llama"])]) != 0
+    err = capsys.readouterr().err
+    assert "eagle_draft" in err and "EAGLE-3" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("variant, words", [("no-such-drafter", "unknown drafter"),
                                             ("ngram:depth=3", "ngram_max"),
                                             ("ngram:ngram_max=two", "ngram_max")])

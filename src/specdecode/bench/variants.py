@@ -13,7 +13,10 @@ drafters that combine others, which member the accepted tokens came from.
 
 A variant is ``NAME`` (a registered drafter, built with its declared defaults and this command's
 drafter flags) or ``NAME:key=value,...`` with keys from that drafter's options (``--help`` lists
-them under ``--drafter NAME``; dashes or underscores alike).
+them under ``--drafter NAME``; dashes or underscores alike) or a trained directory's flag, so two
+trainings of one drafter run side by side on the same prompts:
+
+    specdecode bench variants eagle eagle:eagle-draft=runs/eagle2/out auto auto:eagle-draft=runs/eagle2/out
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Variant:
     label: str  # as given on the command line
     drafter: str
     options: dict[str, object]
+    artifacts: dict[str, str] = field(default_factory=dict)  # artifact name -> directory, over the flags'
 
 
 @dataclass
@@ -74,24 +78,32 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 def parse_variant(text: str) -> Variant:
     """``NAME[:key=value,...]`` -> a Variant, each value parsed by the drafter's declared option."""
     from ..config import ConfigError
-    from ..drafters.registry import get_spec
+    from ..drafters.registry import all_artifacts, get_spec
 
     name, _, rest = text.partition(":")
     spec = get_spec(name.strip())
     declared = {o.key: o for o in spec.options}
+    trained = {a.flag.lstrip("-").replace("-", "_"): a for a in all_artifacts().values()}
     options: dict[str, object] = {}
+    artifacts: dict[str, str] = {}
     for item in filter(None, (x.strip() for x in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip().lstrip("-").replace("-", "_")
+        if eq and key in trained and key not in declared:
+            a = trained[key]
+            if not a.accepts(Path(value.strip())):
+                raise ConfigError(f"variant {text!r}: {key}: {value.strip()!r} is not {a.what}")
+            artifacts[a.name] = value.strip()
+            continue
         if not eq or key not in declared:
-            known = ", ".join(declared) or "none"
+            known = ", ".join([*declared, *trained]) or "none"
             raise ConfigError(f"variant {text!r}: expected key=value with a key among {spec.name!r}'s options "
-                              f"({known}); got {item!r}")
+                              f"and the trained directories' flags ({known}); got {item!r}")
         try:
             options[key] = declared[key].parse(value.strip())
         except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
             raise ConfigError(f"variant {text!r}: {key}: {e}") from None
-    return Variant(text, spec.name, options)
+    return Variant(text, spec.name, options, artifacts)
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
@@ -118,7 +130,8 @@ def cmd_variants(args: argparse.Namespace) -> int:
     gamma = parse_gamma(args.gamma)
     drafters: dict[str, Any] = {PLAIN: None}
     for v in variants:
-        o = DrafterOptions(draft=draft, gamma=gamma, options={**shared, **v.options}, artifacts=artifacts)
+        o = DrafterOptions(draft=draft, gamma=gamma, options={**shared, **v.options},
+                           artifacts={**artifacts, **v.artifacts})
         drafters[v.label] = build_drafter(v.drafter, o)
     workloads = select(load_workloads(resolve_workload(args.workload)), args.per_category or None,
                        args.max_new_tokens)
