@@ -235,3 +235,17 @@ def test_a_quantized_target_leaves_its_int4_copy_out_of_auto(tiny_dirs: dict[str
     plain = sd.generate(target, prompt, max_new_tokens=16, ignore_eos=True).token_ids
     assert sd.generate(target, prompt, drafter=auto, max_new_tokens=16, ignore_eos=True).token_ids == plain
     assert "quant" not in auto.names and "suffix" in auto.names
+
+
+def test_a_chain_without_its_own_prediction_is_cut_to_its_best_paying_prefix(tiny_dirs: dict[str, Path]) -> None:
+    """Prompt lookup proposes fixed-length copies. Where a verified token costs 0.3 of a pass (AVX2 int4) a
+    10-token copy at α 0.75 is worth E / v(10) = 3.83 / 4.0 < 1, so it was never chosen, even where it would
+    have been accepted whole; its 2-token prefix is worth 2.31 / 1.6 = 1.45 (3 tokens: 2.73 / 1.9 = 1.44)."""
+    lookup = Fake(list(range(10, 20)))
+    sure = Fake([5, 6, 7], expected=1.0)  # a member with its own prediction is taken as it is (and loses here)
+    auto = _auto(tiny_dirs, {"lookup": lookup, "sure": sure})
+    auto._base = Costs(c=0.0, v=tuple(1.0 + 0.3 * k for k in range(16)))
+    out = auto.propose_rows({0: _ctx(k=10)})
+    assert out[0].tokens == [10, 11] and out[0].source == "lookup"
+    auto.on_verified_row(0, 2)
+    assert lookup.verified == [(0, 2)] and lookup.acceptance.evaluated == 2  # the evidence is the cut draft's

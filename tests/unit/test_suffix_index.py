@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specdecode.config import SamplingConfig
 from specdecode.costmodel import Costs
 from specdecode.drafters.base import DraftContext
@@ -136,3 +138,24 @@ def test_accepted_chain_tokens_are_indexed_at_verification() -> None:
     assert d.shared.docs[d._rows[0].out_doc] == [3, 4]
     d.propose_rows({0: _ctx(prompt + [3, 4, 9], k=2)})  # the bonus token arrives with the next context
     assert d.shared.docs[d._rows[0].out_doc] == [3, 4, 9]
+
+
+def test_one_rejected_long_chain_counts_as_one_examined_depth() -> None:
+    """q is the chance a verified depth is accepted: a 15-node chain rejected at its first node is one failed
+    depth, not 15 (counting predicted nodes read a long-match bucket at 0.2 after one miss, so it stopped
+    drafting through a verbatim copy), and the bucket keeps drafting long chains."""
+    from specdecode.drafters.suffix import CONF_PRIOR, CONF_WEIGHT, _bucket
+
+    d = SuffixDrafter(costs=Costs(c=0.0, v=tuple(1.0 + 0.1 * k for k in range(64))))
+    body = list(range(100, 120))
+    seq = body + [7] + body[:18]  # an 18-token match: the copy goes on with body[18:]
+    b = _bucket(18)
+    before = d.conf(18)
+    assert before == pytest.approx(CONF_PRIOR[b])
+    first = d.propose_rows({0: _ctx(seq, k=15)})[0]
+    assert len(first.tokens) >= 2 and first.tokens[:2] == body[18:20]
+    d.on_verified_row(0, 0)
+    assert d.conf(18) == pytest.approx(CONF_PRIOR[b] * CONF_WEIGHT / (CONF_WEIGHT + 1.0))
+    assert len(d.propose_rows({0: _ctx(seq, k=15)})[0].tokens) >= 2  # still drafts
+    d.on_verified_row(0, 2)  # two accepted, the third depth rejected: 2 of 3 examined depths
+    assert d.conf(18) == pytest.approx((CONF_PRIOR[b] * CONF_WEIGHT + 2.0) / (CONF_WEIGHT + 4.0))

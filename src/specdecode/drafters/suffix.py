@@ -19,10 +19,14 @@ are evicted oldest first, with their index entries), and by ``MAX_OCCURRENCES`` 
 
 **The tree's size** follows the paper's adaptive rule (at most ``spec_factor`` x match length
 nodes, nodes below ``min_prob`` dropped) and the cost model: nodes are taken best-first by
-frequency, each worth frequency x conf(match length) expected accepted tokens, where conf is the
-running ratio of accepted to predicted tokens per match-length bucket; the drafter proposes the
-prefix maximising E(n) / (c + v(n) [+ tree overhead]) and nothing unless that beats plain
-decoding by the policy's margin. With no match it proposes nothing (a plain step) at the cost of
+frequency, a node at depth d worth frequency x q^d expected accepted tokens, where q (``conf``) is the
+running rate at which a verified depth is accepted, per match-length bucket: accepted tokens over the
+depths the target examined (the accepted ones and the first rejected one), each weighted by the
+tree's frequency there. It is the chain α of the cost model, so one rejected 15-node chain counts as
+one failed depth, not 15 (a ratio of accepted to predicted nodes read a long-match bucket at 0.1
+after one such miss and kept auto plain for 115 steps of a verbatim copy on SmolLM2's code prompts).
+The drafter proposes the prefix maximising E(n) / (c + v(n) [+ tree overhead]) and nothing unless that
+beats plain decoding by the policy's margin. With no match it proposes nothing (a plain step) at the cost of
 one dictionary lookup, which is why it does not slow down non-repetitive text.
 """
 
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..costmodel import Costs, cost_clock, load_or_measure_costs
+from ..costmodel import Costs, cost_clock, expected_tokens, load_or_measure_costs
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .live_costs import Stored, live_v
@@ -55,7 +59,11 @@ DEFAULT_MAX_TOKENS = 1 << 18  # tokens the shared index holds before evicting ol
 # on the bundled target)
 TREE_EXTRA = 0.1
 BUCKETS = (1, 2, 3, 4, 6, 10, 16)  # match-length buckets for the calibration
-CONF_PRIOR, CONF_WEIGHT, CONF_MEMORY = 0.5, 4.0, 200.0
+# q's prior per bucket: a longer match continues more reliably. Measured on SmolLM2-135M's real workload (20
+# prompts, every bucket's raw evidence): 0.35, 0.62, 0.75, 0.73, 0.84, 0.95, 0.99 (docs/lab-notes.md, session 20)
+CONF_PRIOR = (0.4, 0.6, 0.7, 0.7, 0.8, 0.9, 0.95)
+CONF_WEIGHT, CONF_MEMORY = 4.0, 200.0  # the prior is worth 4 examined depths; the memory, in examined depths
+Q_MAX = 0.99  # q is capped below 1: E(n) of a certain chain then still grows with n, but not without bound
 # share of the way back to the prior a bucket's figures go at each match it does not draft on: a bucket that
 # read low (a few early rejections) would otherwise never draft, so never gather the evidence to recover; it
 # drafts again after a few hundred such matches, and new rejections bring it down at once (1/32 raised τ 4%
@@ -177,6 +185,14 @@ class SuffixTree:
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
+    @property
+    def depths(self) -> list[int]:
+        """Each node's depth (1: a child of the pending token)."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
 
 def continuation_tree(continuations: Sequence[Sequence[int]], max_nodes: int, min_prob: float, match_len: int
                       ) -> SuffixTree:
@@ -237,7 +253,7 @@ class _RowState:
     out_doc: int  # the row's output in the shared index
     synced: int  # tokens of the sequence already indexed
     prompt_len: int
-    pending: tuple[int, float] | None = None  # (bucket, Σ frequency) of the proposal awaiting verification
+    pending: tuple[int, list[float]] | None = None  # (bucket, Σ frequency per depth) of the proposal being verified
     chain: list[int] | None = None  # that proposal's tokens when it is a chain (accepted ones are known then)
 
 
@@ -266,7 +282,7 @@ class SuffixDrafter(RowZeroAdapter):
         self._costs, self._costs_fixed = costs, costs is not None
         self._stored = Stored(None)  # what the target's cost cache file holds
         self._rows: dict[int, _RowState] = {}
-        self._conf = [[CONF_PRIOR * CONF_WEIGHT, CONF_WEIGHT] for _ in BUCKETS]  # [accepted, predicted]
+        self._conf = [[q * CONF_WEIGHT, CONF_WEIGHT] for q in CONF_PRIOR]  # [accepted, examined depths]
         self._c = 0.0  # the drafter's own cost per row and step, in one-token target passes
         self._clock: Callable[[], float] = time.perf_counter
         self._t1 = 0.0
@@ -319,19 +335,20 @@ class SuffixDrafter(RowZeroAdapter):
 
     # -- evidence ------------------------------------------------------------------------------------
     def on_verified_row(self, row: int, n_accepted: int) -> None:
-        """Calibration: accepted against predicted tokens for the proposal's match-length bucket. The
-        verified tokens themselves are indexed at the row's next proposal (the context holds them)."""
+        """Calibration: accepted tokens against the depths the target examined (those accepted and the first
+        rejected one, each weighted by the tree's frequency there) for the proposal's match-length bucket.
+        The verified tokens themselves are indexed at the row's next proposal (the context holds them)."""
         st = self._rows.get(row)
         if st is None or st.pending is None:
             return
-        b, predicted = st.pending
+        b, per_depth = st.pending
         st.pending = None
         if st.chain is not None and n_accepted:  # index them now: a request's last step is seen nowhere else
             self._index(st, st.chain[:n_accepted])
             st.chain = None
         acc = self._conf[b]
         acc[0] += n_accepted
-        acc[1] += predicted
+        acc[1] += sum(per_depth[:n_accepted + 1])
         if acc[1] > CONF_MEMORY:
             keep = CONF_MEMORY / acc[1]
             acc[0] *= keep
@@ -340,12 +357,13 @@ class SuffixDrafter(RowZeroAdapter):
     def _age(self, b: int) -> None:
         """A match not drafted on: bucket ``b``'s evidence ages toward the prior (``IDLE_AGE``)."""
         acc = self._conf[b]
-        acc[0] += IDLE_AGE * (CONF_PRIOR * CONF_WEIGHT - acc[0])
+        acc[0] += IDLE_AGE * (CONF_PRIOR[b] * CONF_WEIGHT - acc[0])
         acc[1] += IDLE_AGE * (CONF_WEIGHT - acc[1])
 
     def conf(self, match_len: int) -> float:
+        """q: the chance that a depth of this match length's tree is accepted, given its parent was."""
         a, p = self._conf[_bucket(match_len)]
-        return min(1.0, max(0.02, a / p))
+        return min(Q_MAX, max(0.02, a / p))
 
     def _sync(self, row: int, tokens: list[int]) -> _RowState:
         st = self._rows.get(row)
@@ -374,8 +392,9 @@ class SuffixDrafter(RowZeroAdapter):
         if got is None or abs(got[0] - conf) > 0.01 or abs(got[1] - self._c) > 0.01:
             costs = self._costs
             plain = costs.v_at(rows - 1)
-            pays = any((1.0 + conf * n) * plain / (rows * self._c + costs.v_at(rows * (n + 1) - 1)) > self.margin
-                       for n in range(1, cap + 1))
+            # the best tree of n nodes is a certain chain: E = 1 + q + ... + q^n
+            pays = any(expected_tokens(conf, n) * plain / (rows * self._c + costs.v_at(rows * (n + 1) - 1))
+                       > self.margin for n in range(1, cap + 1))
             got = self._pays[key] = (conf, self._c, pays)
         return got[2]
 
@@ -410,8 +429,8 @@ class SuffixDrafter(RowZeroAdapter):
         plain = costs.v_at(rows - 1)
         best_n, best_s, best_e, e = 0, self.margin, 1.0, 1.0
         chain = True
-        for n, (f, p) in enumerate(zip(tree.freqs, tree.parents), start=1):
-            e += f * conf
+        for n, (f, p, d) in enumerate(zip(tree.freqs, tree.parents, tree.depths), start=1):
+            e += f * conf ** d
             chain = chain and p == n - 2
             extra = 0.0 if chain else TREE_EXTRA
             s = e * plain / (rows * (self._c + extra) + costs.v_at(rows * (n + 1) - 1))
@@ -451,7 +470,10 @@ class SuffixDrafter(RowZeroAdapter):
         parents = tree.parents[:n]
         chain = all(p == i - 1 for i, p in enumerate(parents))
         st = self._rows[row]
-        st.pending = (_bucket(tree.match_len), sum(tree.freqs[:n]))
+        per_depth = [0.0] * max(tree.depths[:n])
+        for f, d in zip(tree.freqs[:n], tree.depths[:n]):
+            per_depth[d - 1] += f
+        st.pending = (_bucket(tree.match_len), per_depth)
         st.chain = tree.tokens[:n] if chain else None
         return Draft(tree.tokens[:n], None, None if chain else parents, expected=e)
 
