@@ -7,7 +7,8 @@ import pytest
 from specdecode.config import SamplingConfig
 from specdecode.costmodel import Costs
 from specdecode.drafters.base import DraftContext
-from specdecode.drafters.suffix import SuffixDrafter, SuffixIndex, continuation_tree
+from specdecode.drafters.suffix import SuffixDrafter
+from specdecode.drafters.suffix_index import SuffixIndex, continuation_tree
 
 FREE = Costs(c=0.0, v=(1.0,) * 64)  # every node free: the tree shape is decided by frequency alone
 
