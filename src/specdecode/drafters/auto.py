@@ -286,10 +286,10 @@ class AutoDrafter(RowZeroAdapter):
         accepted whole for 100 steps running, while its best prefix is worth 1.9."""
         if d.expected is not None or d.parents is not None or d.probs is not None or len(d.tokens) < 2:
             return d
-        assert self._base is not None
+        base = self._base
+        assert base is not None
         alpha = m.alpha
-        k = max(range(1, len(d.tokens) + 1),
-                key=lambda n: expected_tokens(alpha, n) / (m.c + self._base.v_at(n)))
+        k = max(range(1, len(d.tokens) + 1), key=lambda n: expected_tokens(alpha, n) / (m.c + base.v_at(n)))
         return d if k == len(d.tokens) else dataclasses.replace(d, tokens=d.tokens[:k])
 
     def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
