@@ -82,11 +82,18 @@ def resolve_target(args: argparse.Namespace) -> str:
     return str(path)
 
 
-def resolve_draft_path(args: argparse.Namespace, needed: bool) -> Optional[str]:
+def resolve_draft_path(args: argparse.Namespace, needed: bool, wanted: bool = False) -> Optional[str]:
     """The draft model directory for generate, serve and bench: --draft if given; else, when a draft
-    model is needed, the bundled one (which only fits the bundled target)."""
+    model is ``needed`` or ``wanted`` (auto takes one when there is one), the one trained for --target
+    in its ``drafters/model/``; else, when needed, the bundled one (which only fits the bundled target)."""
     if getattr(args, "draft", None):
         return str(args.draft)
+    if args.target and (needed or wanted):
+        from .drafters.registry import draft_model_beside
+
+        beside = draft_model_beside(args.target)
+        if beside is not None:
+            return str(beside)
     if not needed:
         return None
     if args.target and getattr(args, "drafter", None) is None:
@@ -110,12 +117,12 @@ def default_drafter_name(args: argparse.Namespace) -> str:
 
 
 def drafter_options(args: argparse.Namespace, load: Callable[[str], "Model"],
-                    needs_draft_model: bool) -> "DrafterOptions":
+                    needs_draft_model: bool, wants_draft_model: bool = False) -> "DrafterOptions":
     """What the registry builds drafters from, as the model flags say (loads the draft model if needed)."""
     from .drafters import DrafterOptions
     from .drafters.registry import artifacts_from_args, options_from_args
 
-    path = resolve_draft_path(args, needs_draft_model)
+    path = resolve_draft_path(args, needs_draft_model, wants_draft_model)
     return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,
                           options=options_from_args(args), artifacts=artifacts_from_args(args))
 
@@ -129,7 +136,7 @@ def build_drafter(args: argparse.Namespace, load: Callable[[str], "Model"]) -> O
     spec = get_spec(name)
     # a drafter that merely uses a draft model (auto) takes the bundled one beside the bundled target only
     needs_draft = spec.needs_draft_model or (spec.uses_draft_model and not args.target)
-    return build(name, drafter_options(args, load, needs_draft))
+    return build(name, drafter_options(args, load, needs_draft, spec.uses_draft_model))
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

@@ -342,7 +342,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.stop_at_eos = args.workload == "real"
     workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
     target_path = resolve_target(args)
-    draft_path = resolve_draft_path(args, needed=not args.target)  # the bundled pair unless --target is given
+    # the bundled pair unless --target is given; then the draft trained for it (drafters/model/) when there is one
+    draft_path = resolve_draft_path(args, needed=not args.target, wanted=True)
     from . import llamacpp_gguf
 
     peer_source = str(_peer_source(target_path))  # checked before loading

@@ -107,6 +107,13 @@ def target_folder(target: Optional[str]) -> Optional[Path]:
     return default_model_dir(target) if target in CATALOG else None
 
 
+def draft_model_beside(target: str) -> Optional[Path]:
+    """A draft model trained for ``target``: ``TARGET/drafters/model/`` when it holds a config.json."""
+    folder = target_folder(target)
+    place = folder / "drafters" / "model" if folder is not None else None
+    return place if place is not None and (place / "config.json").is_file() else None
+
+
 def resolve_artifacts(explicit: Mapping[str, Optional[str]], shared: Optional[str],
                       target: Optional[str]) -> dict[str, str]:
     """Every registered artifact this run has, by name (see ``plugin``'s docstring for the order):

@@ -232,7 +232,8 @@ def _add_distill(sub) -> None:
                         "EAGLE-3's hook points 2, L/2 and L-3 as inputs of layers, i.e. outputs of 1, L/2-1, L-4). "
                         "vLLM and SGLang capture outputs of layers up to L-2 only, so keep HIGH <= L-2 to export")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
-                   help="medusa, eagle, early-exit: the rollouts continue these prompts instead of corpus windows: one "
+                   help="medusa, eagle, early-exit: the rollouts continue these prompts instead of corpus windows "
+                        "(draft with --rollouts: only its held-out prompts, for the final report): one "
                         "JSON object a line, {\"messages\": [...]} or {\"prompt\": \"...\"} rendered with the target's "
                         "chat template, or {\"text\": \"...\"} as it is; each row is the prompt plus the target's "
                         "answer up to --prompt-len + --gen-len tokens (longer prompts are skipped). One prompt in 20, "
@@ -244,7 +245,15 @@ def _add_distill(sub) -> None:
     p.add_argument("--rollouts", default=None, metavar="DATA.pt",
                    help="medusa, eagle, early-exit: reuse the token rows another of these trainers cached in its run "
                         "directory (<method>-data-<key>.pt) instead of generating rollouts; only this method's "
-                        "features are computed (one generation serves every drafter)")
+                        "features are computed (one generation serves every drafter). draft: train on that "
+                        "file's rows and top-k teacher as they are (no target pass at all)")
+    p.add_argument("--init-layers", default=None, metavar="I,J,...",
+                   help="draft with --rollouts: start the draft as the target's embedding, final norm and these of "
+                        "its blocks (0-based, one per --layers); the shape flags must then be the target's")
+    p.add_argument("--cut-vocab", type=int, default=None, metavar="N",
+                   help="draft with --rollouts: train the output over the N tokens the target writes most as its "
+                        "top-1 on the rows (FR-Spec); the ranking goes to draft_vocab.json with N as its cut "
+                        "(default: the whole vocabulary)")
     p.add_argument("--sample-temperature", type=float, default=None,
                    help="medusa, eagle, early-exit: temperature of the rollouts that are not greedy (default: 1.0)")
     p.add_argument("--budget-minutes", type=float, default=None,
@@ -275,6 +284,7 @@ _FROZEN_SHARED = ("target", "out", "run_dir", "steps", "batch_size", "lr", "warm
 # flags only the frozen-target methods take (None when not typed; an error with --method draft)
 _FROZEN_ONLY = {"prompts": "prompts", "target_weight_dtype": "target_weight_dtype",
                 "sample_temperature": "sample_temperature", "rollouts": "rollouts"}
+_DRAFT_TAKES = ("prompts", "rollouts")  # of those, what a draft model trained on a run's rows takes too
 
 
 @dataclass(frozen=True)
@@ -326,6 +336,8 @@ def _run_distill_frozen(method: str, args: argparse.Namespace, argv: Optional[Se
     if wrong:
         raise ConfigError(f"{', '.join(wrong)} shape a draft model and do not apply to --method {method} (it trains "
                           f"on the target's hidden size); drop them; {spec.hint}")
+    if args.init_layers is not None or args.cut_vocab is not None:
+        raise ConfigError(f"--init-layers and --cut-vocab shape a draft model (--method draft), not --method {method}")
     mine = {dest for dest, _ in spec.own}
     foreign = [flag for dest, flag in _OWN_FLAGS.items() if dest not in mine and getattr(args, dest) is not None]
     if foreign:
@@ -357,10 +369,14 @@ def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None)
         return _run_distill_frozen(method, args, argv)
     from ..config import ConfigError
 
-    frozen_only = ["--" + d.replace("_", "-") for d in _FROZEN_ONLY if getattr(args, d) is not None]
+    frozen_only = ["--" + d.replace("_", "-") for d in _FROZEN_ONLY
+                   if getattr(args, d) is not None and d not in _DRAFT_TAKES]
     if frozen_only:
         raise ConfigError(f"{', '.join(frozen_only)} apply to --method medusa, eagle or early-exit, "
                           "not to a draft model")
+    if args.rollouts is None and (args.init_layers is not None or args.cut_vocab is not None or args.prompts):
+        raise ConfigError("--init-layers, --cut-vocab and --prompts shape a draft trained on --rollouts DATA.pt; "
+                          "add --rollouts (a data cache of `distill --method eagle|medusa|early-exit`)")
     typed_own = [dest for dest in _OWN_FLAGS if getattr(args, dest) is not None]
     if typed_own:  # e.g. "--medusa-heads need --method medusa"
         methods = [m for m, spec in _FROZEN.items() if any(d == typed_own[0] for d, _ in spec.own)]
@@ -370,8 +386,8 @@ def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None)
              "warmup", "loss", "onpolicy_seqs", "prompt_len", "gen_len", "greedy_frac", "corpus_seqs", "corpus_mix",
              "top_k", "gen_batch", "target_dtype", "eval_prompts", "eval_prompt_len", "eval_new_tokens", "seed",
              "device", "threads", "amp", "save_dtype",
-             "max_minutes", "stop_after", "resume", "quick", "tokenizer_vocab"]
-    cfg = DistillConfig(corpus=list(args.corpus), **{n: getattr(args, n) for n in names})
+             "max_minutes", "stop_after", "resume", "quick", "tokenizer_vocab", "rollouts", "prompts", "init_layers"]
+    cfg = DistillConfig(corpus=list(args.corpus), vocab_cut=args.cut_vocab, **{n: getattr(args, n) for n in names})
     r = _run_training(args, argv, cfg, QUICK, distill)
     if r is None:
         return 130

@@ -89,6 +89,11 @@ class DistillConfig:
     eval_new_tokens: int = 128
     quick: bool = False
     tokenizer_vocab: Optional[int] = None  # set: the draft gets its own BPE (train/distill_xtok.py)
+    # set: train on another run's cached rows and teacher (train/distill_rollouts.py), not corpus rollouts
+    rollouts: Optional[str] = None
+    prompts: Optional[str] = None  # with rollouts: the JSONL whose held-out prompts the evaluation answers
+    init_layers: Optional[str] = None  # with rollouts: "0,29" starts the draft from these target blocks
+    vocab_cut: Optional[int] = None  # with rollouts: train logits over the N tokens the target writes most
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
@@ -214,6 +219,10 @@ def distill(cfg: DistillConfig) -> DistillResult:
         from .distill_xtok import distill_new_tokenizer
 
         return distill_new_tokenizer(cfg, target, run_dir, device, governor)
+    if cfg.rollouts is not None:
+        from .distill_rollouts import distill_on_rollouts
+
+        return distill_on_rollouts(cfg, target, run_dir, device, governor)
     ds = build_dataset(target, cfg, run_dir)
     tc = target.config
     eos = min(target.eos_token_ids) if target.eos_token_ids else doc_separator(target)

@@ -31,6 +31,7 @@ from ..drafters.layerskip import DraftLayers, check_family
 from ..drafters.medusa_heads import describe_target
 from ..models import Model
 from .common import autocast
+from .evaluate import chain_tau
 from .loop import LoopState, log, resume, save_run, train_loop
 from .medusa import proposal_ranking, restricted_fkl
 from .selfdistill import (SAVE_DTYPES, CpuBudget, SelfDistillConfig, build_rollout_data, eval_sequences,
@@ -123,12 +124,7 @@ def evaluate_exit(target: Model, adapter: ExitAdapter, prompts: torch.Tensor | l
         hits.append(guess == truth)
         hits_free.append((final_norm(target, h[:, p - 1 : -1]) @ full.t()).argmax(-1) == truth)
     ok = torch.cat(hits)  # [prompts, new_tokens]
-    n = ok.shape[1]
-    tau = {}
-    for g in gammas:  # anchors a with g positions after them: accepted = leading run of hits, capped at g
-        run = torch.stack([ok[:, a : a + g].long().cumprod(-1).sum(-1) for a in range(n - g + 1)], -1)
-        tau[g] = 1.0 + float(run.float().mean())
-    return float(ok.float().mean()), float(torch.cat(hits_free).float().mean()), tau, ok.numel()
+    return float(ok.float().mean()), float(torch.cat(hits_free).float().mean()), chain_tau(ok, gammas), ok.numel()
 
 
 def measured_speedup(target: Model, adapter: ExitAdapter, tau: dict[int, float]) -> dict[str, object]:

@@ -144,6 +144,17 @@ def measure_alpha(target: Model, drafters: dict[str, Drafter], prompts: torch.Te
     return {name: (s[0] / n_pos, s[1] / n_pos) for name, s in sums.items()}, n_pos
 
 
+def chain_tau(ok: torch.Tensor, gammas: Sequence[int]) -> dict[int, float]:
+    """τ(γ) of a greedy top-1 chain from per-position hits ``ok`` [rows, positions]: at every anchor with
+    γ positions after it, 1 + the leading run of hits capped at γ, averaged."""
+    n = ok.shape[1]
+    tau = {}
+    for g in gammas:
+        run = torch.stack([ok[:, a: a + g].long().cumprod(-1).sum(-1) for a in range(n - g + 1)], -1)
+        tau[g] = 1.0 + float(run.float().mean())
+    return tau
+
+
 def doc_separator(m: Model) -> int:
     """The id that separates documents: BOS if the config names one, else EOS, else <|endoftext|>."""
     if m.config.bos_token_id is not None:
