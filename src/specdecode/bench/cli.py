@@ -301,6 +301,13 @@ def own_drafts(args: argparse.Namespace, load: Any) -> dict[str, Any]:
     return {n: load(p) for n, p in paths.items() if p}
 
 
+def _draft_families() -> set[str]:
+    """The bench families of drafters that need a draft model."""
+    from ..drafters.registry import REGISTRY
+
+    return {v.family for s in REGISTRY.values() if s.needs_draft_model for v in s.bench}
+
+
 def _peer_source(target: str) -> Path:
     """What --target names on disk (a catalogued name resolves to its GGUF), for choosing llama.cpp's formats."""
     from ..models.loading import resolve_model_path
@@ -342,8 +349,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.stop_at_eos = args.workload == "real"
     workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
     target_path = resolve_target(args)
-    # the bundled pair unless --target is given; then the draft trained for it (drafters/model/) when there is one
-    draft_path = resolve_draft_path(args, needed=not args.target, wanted=True)
+    # the bundled pair unless --target is given; then, for the draft methods, the one trained for it (drafters/model/)
+    draft_path = resolve_draft_path(args, needed=not args.target, wanted=bool(set(families) & _draft_families()))
     from . import llamacpp_gguf
 
     peer_source = str(_peer_source(target_path))  # checked before loading
@@ -362,7 +369,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     memory: dict[str, Any] = {"after_loading_mib": _maxrss_mib()}
     ctx = BenchContext(target, draft, str(target.path), str(draft.path) if draft else None,
                        ignore_eos=not args.stop_at_eos, draft_vocab=args.draft_vocab, sampling=sampling,
-                       options=options_from_args(args), artifacts=artifacts, own_drafts=own_drafts(args, load))
+                       options=options_from_args(args), artifacts=artifacts, own_drafts=own_drafts(args, load),
+                       auto_draft=bool(args.draft) or not args.target)  # as generate's auto: no draft found beside
     methods, skipped = build_methods(ctx, families, {"gammas": gammas, "lookup_tokens": lookup_tokens,
                                                      "peer_gammas": peer_gammas})
     peer_files: dict[str, str] = {}

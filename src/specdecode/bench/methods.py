@@ -56,6 +56,7 @@ class BenchContext:
     options: Mapping[str, object] = field(default_factory=dict)  # the drafters' declared options, by key
     artifacts: Mapping[str, str] = field(default_factory=dict)  # trained drafter directories, by artifact name
     own_drafts: Mapping[str, Model] = field(default_factory=dict)  # drafter -> its own-tokenizer draft (else draft)
+    auto_draft: bool = True  # auto takes ``draft`` (False: found beside a --target, which generate's auto skips)
     _hf: dict[str, object] = field(default_factory=dict)
     _eager: dict[str, Model] = field(default_factory=dict)
 

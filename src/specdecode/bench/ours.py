@@ -78,7 +78,7 @@ def variant_factory(spec: DrafterSpec, v: BenchVariant) -> Callable[[BenchContex
             raise MethodUnavailable(f"greedy decoding has one verification rule; pass --temperature > 0 to compare "
                                     f"{v.family} with the default rule")
         target = ctx.eager_model(ctx.target_path) if v.eager else ctx.target
-        takes_draft = spec.needs_draft_model or spec.uses_draft_model
+        takes_draft = spec.needs_draft_model or (spec.uses_draft_model and ctx.auto_draft)
         draft = (ctx.own_drafts.get(spec.name) or ctx.draft) if takes_draft else None
         if v.eager and draft is not None and ctx.draft_path:
             draft = ctx.eager_model(ctx.draft_path)

@@ -123,7 +123,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
     target = load(resolve_target(args))
     specs = [get_spec(v.drafter) for v in variants]
     wants_draft = any(s.needs_draft_model or (s.uses_draft_model and not args.target) for s in specs)
-    draft_path = resolve_draft_path(args, wants_draft, wanted=any(s.uses_draft_model for s in specs))
+    draft_path = resolve_draft_path(args, wants_draft)
     draft = load(draft_path) if draft_path else None
     shared = options_from_args(args)
     artifacts = artifacts_from_args(args)

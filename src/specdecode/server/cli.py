@@ -59,8 +59,7 @@ def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) 
         target = load(resolve_target(args))
     default_drafter = default_drafter_name(args)  # as `generate`'s: auto for a --target without a --draft
     spec = get_spec(default_drafter)
-    draft_path = resolve_draft_path(args, spec.needs_draft_model or (spec.uses_draft_model and not args.target),
-                                    wanted=spec.uses_draft_model)
+    draft_path = resolve_draft_path(args, spec.needs_draft_model or (spec.uses_draft_model and not args.target))
     draft = None
     if draft_path:
         with _phase(f"loading the draft {draft_path}"):
