@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+import numpy as np
 import torch
 
 from ..drafters.vocab import rank_tokens, write_vocab_file
@@ -73,7 +74,7 @@ def load_rows(src: str, target: Model, top_k: int) -> dict[str, torch.Tensor]:
     return {"tokens": tokens.clone(), "lp": lp[..., :k].clone(), "idx": idx[..., :k].clone()}
 
 
-def cut_ranking(idx: torch.Tensor, vocab_size: int) -> tuple[list[int], object]:
+def cut_ranking(idx: torch.Tensor, vocab_size: int) -> tuple[list[int], np.ndarray]:
     """Token ids by how often the target wrote them as its top-1 on the rows (FR-Spec / EAGLE-3's d2t)."""
     return rank_tokens(idx[..., 0].reshape(-1).long().numpy(), vocab_size)
 
@@ -208,7 +209,7 @@ def distill_on_rollouts(cfg: "DistillConfig", target: Model, run_dir: Path, devi
     save_hf(model, out, cfg.save_dtype, extra={"distill": info})
     if target.tokenizer is not None:
         target.tokenizer.save(str(out / "tokenizer.json"))
-    write_vocab_file(out, ranked, counts, n_cut,  # type: ignore[arg-type]
+    write_vocab_file(out, ranked, counts, n_cut,
                      f"the target's top-1 tokens on the training rows of {Path(cfg.rollouts).name}")
     (run_dir / "result.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     log(f"wrote {out} ({fmt_count(n_params)} params, {cfg.save_dtype}) in {(time.time() - t0) / 60:.1f} min")
