@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from tqdm import tqdm
@@ -204,6 +204,24 @@ def bucket_divergence(draft_logits: torch.Tensor, teacher_lp: torch.Tensor, teac
     raise ValueError(f"unknown loss {kind!r}; use one of {', '.join(LOSSES)}")
 
 
+def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float) -> float:
+    """One update from ``loss`` (backward, gradient clip, step); the loss as a number."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return loss.item()
+
+
+def progress_line(cfg: DistillConfig) -> Callable[[LoopState, float, float], str]:
+    """The loop's log line for a draft's distillation."""
+    def line(s: LoopState, loss: float, lr: float) -> str:
+        return (f"step {s.step} {cfg.loss} {loss:.4f} (ema {s.loss_ema:.4f}) lr {lr:.2e} {s.tok_s:,.0f} tok/s "
+                f"elapsed {s.elapsed() / 60:.1f} min")
+
+    return line
+
+
 def distill(cfg: DistillConfig) -> DistillResult:
     if cfg.loss not in LOSSES:
         raise ValueError(f"unknown --loss {cfg.loss!r}; use one of {', '.join(LOSSES)}")
@@ -256,17 +274,9 @@ def distill(cfg: DistillConfig) -> DistillResult:
             logits = model(tokens)
         loss = bucket_divergence(logits, ds[kind + "_lp"][rows].to(device), ds[kind + "_idx"][rows].to(device),
                                  cfg.loss)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        return loss.item(), tokens.numel()
+        return optimizer_step(model, opt, loss, cfg.grad_clip), tokens.numel()
 
-    def log_line(s: LoopState, loss: float, lr: float) -> str:
-        return (f"step {s.step} {cfg.loss} {loss:.4f} (ema {s.loss_ema:.4f}) lr {lr:.2e} {s.tok_s:,.0f} tok/s "
-                f"elapsed {s.elapsed() / 60:.1f} min")
-
-    state = train_loop(cfg, "distill", state, opt, governor, train_step, save, log_line)
+    state = train_loop(cfg, "distill", state, opt, governor, train_step, save, progress_line(cfg))
     step = state.step
     if state.stopped:
         return DistillResult(Path(cfg.out), step, n_params, None)

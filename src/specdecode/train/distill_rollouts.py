@@ -144,7 +144,7 @@ def depth_acceptance(ok: torch.Tensor, depths: int) -> list[float]:
 
 def distill_on_rollouts(cfg: "DistillConfig", target: Model, run_dir: Path, device: torch.device,
                         governor: Optional["ThreadGovernor"]) -> "DistillResult":
-    from .distill import DistillResult, bucket_divergence
+    from .distill import DistillResult, bucket_divergence, optimizer_step, progress_line
 
     assert cfg.rollouts is not None
     init = parse_init_layers(cfg.init_layers, target.config.n_layers)
@@ -176,18 +176,10 @@ def distill_on_rollouts(cfg: "DistillConfig", target: Model, run_dir: Path, devi
         with autocast(device, cfg.amp):
             logits = model(tokens, head=model.embed[ids_d])
         loss = bucket_divergence(logits, lp.to(device), idx.to(device), cfg.loss)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        return loss.item(), tokens.numel()
-
-    def log_line(s: LoopState, loss: float, lr: float) -> str:
-        return (f"step {s.step} {cfg.loss} {loss:.4f} (ema {s.loss_ema:.4f}) lr {lr:.2e} {s.tok_s:,.0f} tok/s "
-                f"elapsed {s.elapsed() / 60:.1f} min")
+        return optimizer_step(model, opt, loss, cfg.grad_clip), tokens.numel()
 
     t0 = time.time()
-    state = train_loop(cfg, "distill", state, opt, governor, train_step, save, log_line)
+    state = train_loop(cfg, "distill", state, opt, governor, train_step, save, progress_line(cfg))
     if state.stopped:
         return DistillResult(Path(cfg.out), state.step, n_params, None)
     model.eval()
