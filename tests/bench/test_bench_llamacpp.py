@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from specdecode.bench import llamacpp, llamacpp_gguf
 from specdecode.bench.llamacpp_convert import GPT2_REGEX, is_gpt2_pretokenizer, pretokenizer_name
@@ -364,6 +366,58 @@ def test_comparison_pairs_lookup_with_our_lookup() -> None:
     assert rows["llama.cpp/q8_0"]["ratio_ours_over_theirs"] == pytest.approx(1.25)
     assert rows["llama.cpp-lookup/q8_0/k4"]["ours"] == "lookup/k4"
     assert rows["llama.cpp-lookup/q8_0/k4"]["ratio_ours_over_theirs"] == pytest.approx(1.25)
+
+
+def test_best_by_category_takes_each_side_best_per_category() -> None:
+    def entry(name: str, runtime: str, per_cat: dict[str, float], status: str = "ok") -> dict[str, object]:
+        return {"name": name, "runtime": runtime, "status": status,
+                "categories": {c: {"tokens_per_s": {"mean": v}} for c, v in per_cat.items()}}
+
+    summary = {"methods": [entry("plain", "specdecode", {"code": 50.0, "chat": 50.0, "overall": 50.0}),
+                           entry("suffix", "specdecode", {"code": 90.0, "chat": 45.0, "overall": 70.0}),
+                           entry("auto", "specdecode", {"code": 999.0}, status="failed"),
+                           entry("llama.cpp/q4_0", "llama.cpp", {"code": 30.0, "chat": 40.0, "overall": 35.0}),
+                           entry("llama.cpp-lookup/q4_0/k8", "llama.cpp", {"code": 60.0, "chat": 20.0,
+                                                                          "overall": 40.0})]}
+    rows = {r["category"]: r for r in llamacpp.best_by_category(summary)}
+    assert (rows["code"]["ours"], rows["code"]["llama_cpp"]) == ("suffix", "llama.cpp-lookup/q4_0/k8")
+    assert rows["code"]["ratio_ours_over_theirs"] == pytest.approx(1.5)  # the failed method's figure is not read
+    assert (rows["chat"]["ours"], rows["chat"]["llama_cpp"]) == ("plain", "llama.cpp/q4_0")
+    assert rows["chat"]["ratio_ours_over_theirs"] == pytest.approx(1.25)
+    assert rows["overall"]["ratio_ours_over_theirs"] == pytest.approx(70.0 / 40.0)
+    text = llamacpp.format_best_by_category(list(rows.values()))
+    assert "llama.cpp-lookup/q4_0/k8" in text and "1.50" in text
+    assert llamacpp.best_by_category({"methods": summary["methods"][:2]}) == []  # no llama.cpp row: nothing
+
+
+def test_cut_draft_is_staged_with_zero_rows_outside_its_cut(tmp_path: Path) -> None:
+    """llama.cpp has no FR-Spec cut, so a cut draft is converted from a copy whose output rows outside the cut
+    are zero: the cut's logits are unchanged and the rest score 0."""
+    import transformers
+    from tiny import build_model
+
+    from specdecode.bench.llamacpp_convert import stage_vocab_cut
+    from specdecode.drafters.vocab import write_vocab_file
+
+    d = build_model(tmp_path / "draft", tie_word_embeddings=True)
+    assert stage_vocab_cut(d, tmp_path / "staged") == d  # no draft_vocab.json: converted as it is
+    ranked = list(range(299, -1, -1))
+    write_vocab_file(d, ranked, np.ones(300), size=40, source="test")
+    staged = stage_vocab_cut(d, tmp_path / "staged")
+    assert staged == tmp_path / "staged"
+    assert json.loads((staged / "config.json").read_text())["tie_word_embeddings"] is False
+    assert not (staged / "draft_vocab.json").exists() and (staged / "tokenizer.json").is_file()
+    ids = torch.tensor([[5, 9, 17, 3]])
+    with torch.no_grad():
+        before = transformers.AutoModelForCausalLM.from_pretrained(d).eval()(ids).logits[0]
+        after = transformers.AutoModelForCausalLM.from_pretrained(staged).eval()(ids).logits[0]
+    cut = torch.tensor(sorted(ranked[:40]))
+    outside = torch.ones(300, dtype=torch.bool)
+    outside[cut] = False
+    torch.testing.assert_close(after[:, cut], before[:, cut])
+    assert bool((after[:, outside] == 0).all())
+    write_vocab_file(d, ranked, np.ones(300), size=300, source="test")  # a cut as wide as the vocabulary: no copy
+    assert stage_vocab_cut(d, tmp_path / "staged2") == d
 
 
 @pytest.mark.slow

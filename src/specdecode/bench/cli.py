@@ -416,8 +416,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     summary = summarize(records, methods, skipped, failures, prompts, costs, greedy=sampling.greedy)
     table = format_table(summary)
     peer_rows = llamacpp.comparison(summary, target.weight_format, methods) if peer_build else []
+    peer_best = llamacpp.best_by_category(summary) if peer_build else []
     if peer_rows:
         table += "\n\n" + llamacpp.format_comparison(peer_rows, target.weight_format)
+    if peer_best:
+        table += "\n\n" + llamacpp.format_best_by_category(peer_best)
     elif peer_build is None:
         table += f"\nllama.cpp: {llamacpp.NOT_RUN}"
     print(table)
@@ -455,7 +458,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   "seconds": r.output.seconds} for r in records],
         "plots": plots,
         "llama_cpp": ({**peer_build.describe(), "formats": peer_formats, "gammas": peer_gammas, "threads": threads,
-                       "gguf": peer_files, "comparison": peer_rows} if peer_build else {"status": llamacpp.NOT_RUN}),
+                       "gguf": peer_files, "comparison": peer_rows,
+                       "best_by_category": peer_best} if peer_build else {"status": llamacpp.NOT_RUN}),
     }
     payload = finite(payload)
     write_json(out_dir / "bench.json", payload)

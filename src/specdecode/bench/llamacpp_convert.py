@@ -12,11 +12,19 @@ llama.cpp implements as ``gpt-2``; its hash differs from GPT-2's only because th
 vocabulary does. So when the converter gives up, and only then, we check that the
 tokenizer really is GPT-2-style and answer ``gpt-2``. The vendored file is never
 edited: the mapping is applied at runtime in this process.
+
+A draft with an FR-Spec cut (``draft_vocab.json``) was trained on its cut's logits only: over the
+full vocabulary its argmax falls outside the cut at almost every position (SmolLM2's one-block
+draft: 99.8%). llama.cpp has no cut, so the draft is converted from a staged copy whose output
+matrix is untied and zero outside the cut. Those tokens then score exactly 0, below the cut's best
+logit wherever that is positive (on SmolLM2's draft, at every one of 4,800 positions checked), so
+llama.cpp's greedy draft proposes what ours does, at the price of a full-width output matrix.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,12 +93,43 @@ def install_mapping(text_model_cls: type) -> None:
     text_model_cls._set_vocab_sentencepiece = _set_vocab_sentencepiece  # type: ignore[attr-defined]
 
 
+def stage_vocab_cut(model_dir: Path, dest: Path) -> Path:
+    """``model_dir`` itself without a cut, else a copy at ``dest`` whose untied output matrix is zero
+    outside the cut (module doc)."""
+    from safetensors.torch import load_file, save_file
+
+    from ..drafters.vocab import read_vocab_file
+
+    data = read_vocab_file(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    vocab = int(config["vocab_size"])
+    if data is None or int(data.get("size", vocab)) >= vocab:
+        return model_dir
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if len(shards) != 1:
+        raise ValueError(f"{model_dir}: expected one .safetensors file for a cut draft, found {len(shards)}")
+    weights = load_file(str(shards[0]))
+    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"]).clone()
+    keep = head.new_zeros(vocab, 1)
+    keep[data["token_ids"][:int(data["size"])]] = 1
+    weights["lm_head.weight"] = head * keep
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "draft_vocab.json"):
+            shutil.copy2(f, dest / f.name)
+    (dest / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}, indent=1))
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2
     checkout, model_dir, out, outtype = argv
     root = Path(checkout).resolve()
+    staged = Path(out).parent / "staged-vocab-cut"
+    model_dir = str(stage_vocab_cut(Path(model_dir), staged))
     sys.path[:0] = [str(root), str(root / "gguf-py")]
     sys.argv = [str(root / "convert_hf_to_gguf.py"), model_dir, "--outfile", out, "--outtype", outtype]
     import convert_hf_to_gguf  # noqa: E402  (the checkout's converter, found on the path set above)
@@ -100,7 +139,10 @@ def main(argv: list[str]) -> int:
     except ImportError:
         TextModel = convert_hf_to_gguf.TextModel  # older checkouts: one file
     install_mapping(TextModel)
-    convert_hf_to_gguf.main()
+    try:
+        convert_hf_to_gguf.main()
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return 0
 
 
