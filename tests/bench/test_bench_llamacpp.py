@@ -288,6 +288,7 @@ def test_formats_for_gguf_and_hf_targets(tmp_path: Path) -> None:
     assert llamacpp_gguf.default_formats(str(hf)) == "bf16,q8_0,q4_0"
     assert llamacpp_gguf.parse_formats("file, q4_0,q8_0,q4_0", True) == ["file", "q4_0", "q8_0"]
     assert llamacpp_gguf.parse_formats("file,bf16,q8_0", False) == ["bf16", "q8_0"]  # file = the BF16 conversion
+    assert llamacpp_gguf.parse_formats("q4_0-pure", True) == llamacpp_gguf.parse_formats("q4_0-pure", False)
     with pytest.raises(ConfigError, match="--llama-cpp-formats.*q5_k"):
         llamacpp_gguf.parse_formats("file,q5_k", True)
     assert llamacpp_gguf.file_type(g) == "q8_0"
@@ -316,6 +317,10 @@ def test_gguf_target_runs_as_is_and_requantizes_with_allow_requantize(tmp_path: 
     assert len((tmp_path / "quantize-calls").read_text().splitlines()) == 1
     assert [s.name for s in skipped] == ["llama.cpp-spec/q4_1/g3", "llama.cpp-spec/q8_0/g3"]
     assert all("no draft model" in s.reason for s in skipped)
+    pure = llamacpp_gguf.requantized(build, g, "q4_0-pure")  # every matrix Q4_0: llama-quantize --pure
+    assert pure.name.endswith("-q4_0-pure.gguf") and pure.is_file()
+    last = (tmp_path / "quantize-calls").read_text().splitlines()[-1]
+    assert last.startswith(f"--allow-requantize --pure {g} ") and last.endswith(" Q4_0")
 
 
 def test_lookup_runs_llama_lookup_without_a_persistent_cache(tmp_path: Path) -> None:

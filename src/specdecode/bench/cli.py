@@ -138,7 +138,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                         "directory is converted to GGUF first (default: not run)")
     b.add_argument("--llama-cpp-formats", default=None,
                    help="GGUF weight formats for the llama.cpp runs: 'file' (a GGUF target as given), bf16, f16, "
-                        "q8_0, q4_0 (made by llama-quantize, --allow-requantize from a quantized GGUF) "
+                        "q8_0, q4_0 (made by llama-quantize, --allow-requantize from a quantized GGUF), q4_0-pure "
+                        "(--pure: the output matrix in Q4_0 too, llama.cpp's fastest file) "
                         "(default: file for a GGUF target, bf16,q8_0,q4_0 for an HF directory)")
     add_dataclass_args(b, ModelLoadConfig)
     add_dataclass_args(b, SamplingConfig)  # every method samples alike; > 0 adds each family's sampled companion

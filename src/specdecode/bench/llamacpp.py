@@ -47,7 +47,9 @@ from .llamacpp_parse import (LlamaCppError, LlamaCppSummaryLost, SpecResult, out
 from .runners import Method, RunOutput
 
 RUNTIME = "llama.cpp"
-FORMATS = ("bf16", "q8_0", "q4_0")  # GGUF weight formats; bf16 from the converter, the others via llama-quantize
+FORMATS = ("bf16", "q8_0", "q4_0")  # default GGUF formats; bf16 from the converter, the others by llama-quantize
+PURE = "-pure"  # llama-quantize --pure: every matrix in the type, the output matrix too (on request only)
+KNOWN_FORMATS = (*FORMATS, "q4_0" + PURE)
 NOT_RUN = "not run: pass --llama-cpp DIR (a llama.cpp build; scripts/build_llama_cpp.sh makes one)"
 BENCH_BIN, SPEC_BIN, QUANT_BIN = "llama-bench", "llama-speculative-simple", "llama-quantize"
 RUN_TIMEOUT_S = 600
@@ -137,10 +139,15 @@ def _run_logged(what: str, cmd: Sequence[str], log: Path, env: Optional[dict[str
         raise LlamaCppError(f"{what} failed (exit {rc}; log {log}):\n{tail}")
 
 
+def split_pure(fmt: str) -> tuple[str, bool]:
+    """``q4_0-pure`` -> (``q4_0``, True): llama-quantize's type and whether to pass ``--pure``."""
+    return (fmt[:-len(PURE)], True) if fmt.endswith(PURE) else (fmt, False)
+
+
 def gguf_path(build: LlamaCppBuild, model_dir: Path, fmt: str) -> Path:
     """The cached GGUF of ``model_dir`` in ``fmt`` (one of FORMATS), converting or quantizing on first use."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"--llama-cpp-formats: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    if fmt not in KNOWN_FORMATS:
+        raise ConfigError(f"--llama-cpp-formats: unknown format {fmt!r}; known: {', '.join(KNOWN_FORMATS)}")
     model_dir = Path(model_dir)
     folder = cache_root() / f"{model_dir.name}-{checkpoint_key(model_dir, build.version)}"
     out = folder / f"{model_dir.name}-{fmt}.gguf"
@@ -160,8 +167,10 @@ def gguf_path(build: LlamaCppBuild, model_dir: Path, fmt: str) -> Path:
         if quant is None:
             raise LlamaCppError(f"no {QUANT_BIN} in {build.bin_dir}: build it (scripts/build_llama_cpp.sh)")
         src_gguf = gguf_path(build, model_dir, "bf16")
-        _run_logged(f"{QUANT_BIN} {fmt.upper()}", [str(quant), str(src_gguf), str(tmp), fmt.upper()],
-                    folder / f"quantize-{fmt}.log")
+        base, pure = split_pure(fmt)
+        flags = ["--pure"] if pure else []
+        _run_logged(f"{QUANT_BIN} {' '.join(flags + [base.upper()])}",
+                    [str(quant), *flags, str(src_gguf), str(tmp), base.upper()], folder / f"quantize-{fmt}.log")
     (folder / "source.json").write_text(json.dumps({"checkpoint": str(model_dir.resolve()),
                                                     "llama_cpp": build.version}, indent=1))
     tmp.replace(out)
@@ -309,9 +318,10 @@ def start_timed_runs(methods: Sequence[Method]) -> None:
 
 def parse_formats(text: str) -> list[str]:
     fmts = [f.strip().lower() for f in text.split(",") if f.strip()]
-    bad = [f for f in fmts if f not in FORMATS]
+    bad = [f for f in fmts if f not in KNOWN_FORMATS]
     if bad or not fmts:
-        raise ConfigError(f"--llama-cpp-formats: unknown format(s) {bad or text!r}; choose from {', '.join(FORMATS)}")
+        raise ConfigError(f"--llama-cpp-formats: unknown format(s) {bad or text!r}; "
+                          f"choose from {', '.join(KNOWN_FORMATS)}")
     return fmts
 
 
@@ -319,7 +329,7 @@ def parse_formats(text: str) -> list[str]:
 # Ours vs theirs
 # ---------------------------------------------------------------------------
 
-OUR_DTYPE_FOR = {"bf16": ("bfloat16", "bf16"), "q8_0": ("int8",), "q4_0": ("int4",)}
+OUR_DTYPE_FOR = {"bf16": ("bfloat16", "bf16"), "q8_0": ("int8",), "q4_0": ("int4",), "q4_0-pure": ("int4",)}
 
 
 def comparison(summary: dict[str, Any], weight_dtype: str, methods: Sequence[Method]) -> list[dict[str, Any]]:

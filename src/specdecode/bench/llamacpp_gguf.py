@@ -5,9 +5,10 @@
 for a GGUF target) is the file as given, and its rows are named by the file's layer-matrix type
 (``llama.cpp/q4_1``). ``q8_0``, ``q4_0``, ``bf16`` (or ``f16``) are made from the file by its
 ``llama-quantize --allow-requantize`` (an already quantized source needs the flag), cached as the
-HF conversions are. Our side loads the target as given; to time ours on a made form too, pass that
-file as ``--target`` (``bench.json`` lists their paths under ``llama_cpp.gguf``): ours reads Q8_0
-and Q4_0 blocks as stored.
+HF conversions are; ``q4_0-pure`` adds ``--pure`` (every matrix Q4_0, the output matrix too, where
+llama.cpp's default recipe keeps it at higher precision: faster decoding, the fastest file it runs).
+Our side loads the target as given; to time ours on a made form too, pass that file as ``--target``
+(``bench.json`` lists their paths under ``llama_cpp.gguf``): ours reads Q8_0 and Q4_0 blocks as stored.
 
 **Lookup decoding: ``llama-lookup``**, beside our ``lookup`` family, k = each ``--lookup-tokens``
 (``--spec-draft-n-max k``). It drafts from n-grams of the context only (1..4-grams, compiled in;
@@ -31,7 +32,7 @@ from .runners import Method, Skipped
 
 LOOKUP_BIN = "llama-lookup"
 FILE = "file"  # the GGUF target as given
-REQUANT_FORMATS = ("bf16", "f16", "q8_0", "q4_0")  # what we ask llama-quantize to make from a GGUF
+REQUANT_FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_0-pure")  # what we ask llama-quantize to make from a GGUF
 
 
 def is_gguf_path(path: str | Path) -> bool:
@@ -62,7 +63,7 @@ def default_formats(target_path: str) -> str:
 def parse_formats(text: str, gguf_target: bool) -> list[str]:
     """--llama-cpp-formats: for a GGUF target ``file`` and what llama-quantize makes from it; for an HF
     directory the converter's BF16 and its quantizations (``file`` = bf16 there)."""
-    known = (FILE, *REQUANT_FORMATS) if gguf_target else (FILE, *lc.FORMATS)
+    known = (FILE, *REQUANT_FORMATS) if gguf_target else (FILE, *lc.KNOWN_FORMATS)
     fmts = list(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
     bad = [f for f in fmts if f not in known]
     if bad or not fmts:
@@ -82,6 +83,7 @@ def requantized(build: lc.LlamaCppBuild, src: Path, fmt: str) -> Path:
     already is in that format."""
     if fmt == FILE or file_type(src) == fmt:
         return src
+    base, pure = lc.split_pure(fmt)
     quant = build.binary(lc.QUANT_BIN)
     if quant is None:
         raise lc.LlamaCppError(f"no {lc.QUANT_BIN} in {build.bin_dir}: build it (scripts/build_llama_cpp.sh)")
@@ -91,8 +93,9 @@ def requantized(build: lc.LlamaCppBuild, src: Path, fmt: str) -> Path:
         return out
     folder.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.gguf")
-    lc._run_logged(f"{lc.QUANT_BIN} --allow-requantize {fmt.upper()}",
-                   [str(quant), "--allow-requantize", str(src), str(tmp), fmt.upper()], folder / f"quantize-{fmt}.log")
+    flags = ["--allow-requantize"] + (["--pure"] if pure else [])
+    lc._run_logged(f"{lc.QUANT_BIN} {' '.join(flags)} {base.upper()}",
+                   [str(quant), *flags, str(src), str(tmp), base.upper()], folder / f"quantize-{fmt}.log")
     (folder / "source.json").write_text(json.dumps({"source": str(src.resolve()), "llama_cpp": build.version}))
     tmp.replace(out)
     return out
