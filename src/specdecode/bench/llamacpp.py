@@ -377,10 +377,12 @@ def best_by_category(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for cat in cats:
         def best(runtime: str) -> tuple[Optional[str], Optional[float]]:
-            tps = {m["name"]: ((m["categories"].get(cat) or {}).get("tokens_per_s") or {}).get("mean")
-                   for m in ok if (m["runtime"] == RUNTIME) == (runtime == RUNTIME)}
-            tps = {n: v for n, v in tps.items() if v}
-            name = max(tps, key=lambda n: tps[n]) if tps else None
+            tps: dict[str, float] = {}
+            for m in ok:
+                v = ((m["categories"].get(cat) or {}).get("tokens_per_s") or {}).get("mean")
+                if v and (m["runtime"] == RUNTIME) == (runtime == RUNTIME):
+                    tps[m["name"]] = float(v)
+            name = max(tps, key=tps.__getitem__) if tps else None
             return name, (tps[name] if name else None)
 
         ours, ours_tps = best("specdecode")
