@@ -399,7 +399,8 @@ def format_markdown(payload: dict[str, Any], table: str, image_dir: str = "img")
     lines = [
         f"Run {cfg['started']} ({cfg['duration_s']:.0f} s), commit `{cfg['git_commit']}`, {cfg['cpu']} "
         f"({cfg['cpu_count']} CPUs, load average {cfg['load_average_start_end'][0]:.1f} → "
-        f"{cfg['load_average_start_end'][1]:.1f}), {cfg['threads']} thread(s), {cfg['dtype']}, torch {v['torch']}, "
+        f"{cfg['load_average_start_end'][1]:.1f}), {cfg['threads']} thread(s), {cfg['dtype']}, "
+        f"kernels {cfg.get('kernels') or 'none'}, torch {v['torch']}, "
         f"transformers {v['transformers']}, python {v['python']}.",
         f"Target {cfg['target']} ({cfg['target_parameters'] / 1e6:.1f}M parameters), draft {cfg['draft']} "
         f"({(cfg['draft_parameters'] or 0) / 1e6:.1f}M); {len(payload['workloads'])} prompts × {cfg['reps']} "
