@@ -418,12 +418,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     table = format_table(summary)
     peer_rows = llamacpp.comparison(summary, target.weight_format, methods) if peer_build else []
     peer_best = llamacpp.best_by_category(summary) if peer_build else []
+    if peer_build is None:
+        table += f"\nllama.cpp: {llamacpp.NOT_RUN}"
     if peer_rows:
         table += "\n\n" + llamacpp.format_comparison(peer_rows, target.weight_format)
     if peer_best:
         table += "\n\n" + llamacpp.format_best_by_category(peer_best)
-    elif peer_build is None:
-        table += f"\nllama.cpp: {llamacpp.NOT_RUN}"
     print(table)
     config = {
         "command": sys.argv, "started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),

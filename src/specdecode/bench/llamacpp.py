@@ -145,7 +145,7 @@ def split_pure(fmt: str) -> tuple[str, bool]:
 
 
 def gguf_path(build: LlamaCppBuild, model_dir: Path, fmt: str) -> Path:
-    """The cached GGUF of ``model_dir`` in ``fmt`` (one of FORMATS), converting or quantizing on first use."""
+    """The cached GGUF of ``model_dir`` in ``fmt`` (one of KNOWN_FORMATS), converting or quantizing on first use."""
     if fmt not in KNOWN_FORMATS:
         raise ConfigError(f"--llama-cpp-formats: unknown format {fmt!r}; known: {', '.join(KNOWN_FORMATS)}")
     model_dir = Path(model_dir)
