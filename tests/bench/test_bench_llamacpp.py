@@ -184,6 +184,16 @@ def test_conversion_maps_gpt2_pretokenizer_and_caches(tmp_path: Path, monkeypatc
                                     "tokenizer.ggml.bos_token_id"])
     assert meta == {"tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.model": "gpt2", "general.architecture": "llama",
                     "tokenizer.ggml.bos_token_id": 0}
+    # the bundled draft has an FR-Spec cut: its output matrix went over untied, zero outside the cut
+    from specdecode.drafters.vocab import read_vocab_file
+    from specdecode.models import load_model
+
+    vocab = read_vocab_file(BUNDLED_DRAFT)
+    assert vocab is not None
+    head = load_model(str(path)).output_matrix().float()
+    inside = torch.zeros(head.shape[0], dtype=torch.bool)
+    inside[vocab["token_ids"][:vocab["size"]]] = True
+    assert bool((head[~inside] == 0).all()) and bool((head[inside].abs().sum(dim=1) > 0).all())
     stamp = path.stat().st_mtime_ns
     assert llamacpp.gguf_path(build, BUNDLED_DRAFT, "bf16") == path and path.stat().st_mtime_ns == stamp  # cached
     if build.binary(llamacpp.QUANT_BIN):
@@ -204,8 +214,10 @@ def test_bench_with_llama_cpp_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     assert main(["bench", "--methods", "plain,draft", "--gammas", "3", "--peer-gammas", "3",
                  "--out", str(out), *common]) == 0
     table = capsys.readouterr().out
-    assert "ours vs llama.cpp" in table
+    assert "ours vs llama.cpp" in table and "best of ours vs best of llama.cpp, per category" in table
     data = json.loads((out / "bench.json").read_text())
+    best = {r["category"]: r for r in data["llama_cpp"]["best_by_category"]}
+    assert set(best) == set(data["categories"]) and all(r["ratio_ours_over_theirs"] > 0 for r in best.values())
     names = {m["name"]: m for m in data["methods"]}
     for fmt in llamacpp.FORMATS:
         for name in (f"llama.cpp/{fmt}", f"llama.cpp-spec/{fmt}/g3"):
