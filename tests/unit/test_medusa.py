@@ -159,3 +159,34 @@ def test_packed_heads_propose_as_the_dense_heads(tmp_path: Path, tiny_dirs: dict
     assert float((a[..., 0] == b[..., 0]).float().mean()) >= 0.9
     with pytest.raises(ConfigError, match="quant .*must be None or one of int8, int4"):
         MedusaDrafter.load(heads, quant="int3")
+
+
+def test_heads_that_do_not_pay_are_probed_ever_more_rarely(tmp_path: Path, tiny_dirs: dict[str, Path]) -> None:
+    """While no tree pays, the heads run on probes only, spaced 8, 16, 32 ... 256 steps apart (one every 8
+    steps cost 3% of plain decoding on SmolLM2, AVX2)."""
+    import torch
+
+    from specdecode.config import SamplingConfig
+    from specdecode.drafters.base import DraftContext
+    from specdecode.drafters.medusa import PROBE_FIRST, PROBE_MAX
+
+    target = load_model(tiny_dirs["llama"])
+    steep = _costs([1.0] + [50.0] * 63, c=5.0)  # every node dearer than it can pay
+    d = MedusaDrafter.load(make_heads(tmp_path / "h", target.config.dim, target.vocab_size), costs=steep)
+    d.prepare(target)
+    runs = []
+    real = d.candidates
+    d.candidates = lambda h: (runs.append(1), real(h))[1]  # type: ignore[method-assign]
+    ctx = DraftContext([1, 2, 3], 4, SamplingConfig(), None, hidden=torch.randn(1, target.config.dim))
+    steps, gap, probes_at = 0, PROBE_FIRST, []
+    while gap < PROBE_MAX:  # the spacing doubles from PROBE_FIRST up to PROBE_MAX ...
+        probes_at.append(steps + gap)
+        steps, gap = steps + gap, 2 * gap
+    probes_at += [steps + PROBE_MAX * (i + 1) for i in range(3)]  # ... and stays there
+    seen = []
+    for step in range(1, probes_at[-1] + 1):
+        before = len(runs)
+        assert not d.propose_rows({0: ctx})[0].tokens  # nothing pays: no draft
+        if len(runs) > before:
+            seen.append(step)
+    assert seen == probes_at
