@@ -52,3 +52,17 @@ def test_select_and_validation(tmp_path: Path) -> None:
     bad.write_text("{not json\n")
     with pytest.raises(ConfigError, match="bad.jsonl:1"):
         load_workloads(bad)
+
+
+def test_stop_at_eos_default_matches_llama_cpp_budgets(capsys: pytest.CaptureFixture[str]) -> None:
+    """The chat workload stops at the answer's end, unless llama.cpp runs beside us: llama-bench always writes
+    the full budget, so ours does too. Asking for both is allowed, with a warning that the counts differ."""
+    from specdecode.bench.workloads import stop_at_eos
+
+    assert stop_at_eos(None, "real", False) is True
+    assert stop_at_eos(None, "real", True) is False
+    assert stop_at_eos(None, "mixed", False) is False
+    assert stop_at_eos(False, "real", False) is False
+    assert capsys.readouterr().err == ""
+    assert stop_at_eos(True, "real", True) is True
+    assert "llama-bench cannot stop at EOS" in capsys.readouterr().err

@@ -125,7 +125,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--max-new-tokens", type=int, help="cap every prompt's token budget at this")
     b.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=None,
                    help="stop at end-of-sequence (default: on for the chat workload 'real', where text past the "
-                        "answer's end would inflate speedups; off otherwise, so all methods emit the full budget)")
+                        "answer's end would inflate speedups, unless --llama-cpp runs, whose llama-bench always "
+                        "writes the full budget; off otherwise, so all methods emit the full budget)")
     b.add_argument("--threads", type=int, default=None,
                    help="torch threads for every method, fixed for the whole run; 0 = decide once at the start: "
                         "all cores if the machine is otherwise idle, else 1 (default: 0; quick: 1)")
@@ -328,7 +329,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .real import prepare_real_prompts
     from .runners import BenchContext, build_methods, method_table, run_all, warm_up
-    from .workloads import load_workloads, resolve_workload, select
+    from .workloads import load_workloads, resolve_workload, select, stop_at_eos
 
     started = time.time()
     st = resolve_settings(args)
@@ -346,8 +347,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     artifacts = artifacts_from_args(args)  # a bad artifact flag fails before loading
     workload_path = resolve_workload(args.workload)
-    if args.stop_at_eos is None:  # greedy outputs are identical, so every method still emits the same tokens
-        args.stop_at_eos = args.workload == "real"
+    args.stop_at_eos = stop_at_eos(args.stop_at_eos, args.workload, bool(args.llama_cpp))
     workloads = select(load_workloads(workload_path), st.per_category, st.max_new_tokens)
     target_path = resolve_target(args)
     # the bundled pair unless --target is given; then, for the draft methods, the one trained for it (drafters/model/)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+import sys
 import textwrap
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -67,6 +68,18 @@ def resolve_workload(name: Optional[str]) -> Path:
     if p.is_file() or name not in NAMED_WORKLOADS:
         return p
     return NAMED_WORKLOADS[name]
+
+
+def stop_at_eos(asked: Optional[bool], workload: str, llama_cpp: bool) -> bool:
+    """--stop-at-eos as given, else on for the chat workload 'real' (text past the answer's end would inflate
+    speedups; greedy outputs are identical, so every method still emits the same tokens) unless llama.cpp runs
+    beside us: llama-bench always writes the full budget, so ours does too and the budgets match."""
+    if asked is None:
+        return workload == "real" and not llama_cpp
+    if asked and llama_cpp:
+        print("bench: --stop-at-eos with --llama-cpp: llama.cpp's runs still write the full budget (llama-bench "
+              "cannot stop at EOS), so its tok/s and ours count different tokens", file=sys.stderr)
+    return asked
 
 
 def _messages(value: Any, where: str) -> tuple[tuple[str, str], ...]:
