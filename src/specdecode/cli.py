@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
 # when present so a missing optional dependency never breaks `generate`.
 SUBCOMMAND_MODULES = ("specdecode.chat_cli", "specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli",
-                      "specdecode.drafters.calibrate")
+                      "specdecode.drafters.calibrate", "specdecode.train.datastore")
 
 
 class CLIError(Exception):

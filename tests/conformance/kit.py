@@ -72,6 +72,16 @@ def crosstok_law_draft(out: Path) -> Path:
     return d
 
 
+def make_store(out: Path, target: sd.Model) -> Path:
+    """A suffix datastore of random token runs over the target's vocabulary: on a tiny vocabulary its short
+    matches are everywhere, so drafts come from it (and are sometimes accepted) in every check."""
+    from specdecode.drafters.suffix_store import save_store
+
+    g = torch.Generator().manual_seed(5)
+    docs = [torch.randint(0, target.vocab_size, (40,), generator=g).tolist() for _ in range(20)]
+    return save_store(out, docs, target.vocab_size, {"source": "random (tests)"})
+
+
 Kit = Callable[[sd.Model, Path], Needs]
 
 
@@ -110,7 +120,7 @@ TABLE: dict[str, Kit] = {
     "medusa-chain": lambda t, tmp: Needs(artifacts={"medusa": make_heads(tmp / "heads", t.config.dim, t.vocab_size,
                                                                          num_heads=2, scale=0.3)}, gamma="auto"),
     "eagle": lambda t, tmp: Needs(artifacts={"eagle": make_eagle(tmp / "eagle", t, seed=3)}, gamma="auto"),
-    "suffix": lambda t, tmp: Needs(gamma="auto"),
+    "suffix": lambda t, tmp: Needs(gamma="auto", artifacts={"suffix": make_store(tmp / "store", t)}),
     "quant": lambda t, tmp: Needs(),
     # auto drafts only where its live timings say a member pays, so on a loaded machine it may decode plainly
     # throughout: tests/exactness/test_suffix_law.py::test_auto_sampled_law_matches_target fixes members that draft

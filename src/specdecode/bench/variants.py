@@ -4,9 +4,10 @@ The bench compares its method families; this compares any registered drafters wi
 their declared options (the settings a user would pass as flags), on the same prompts: each prompt
 is run by plain decoding and then by every variant in turn (order reversed on odd repetitions), the
 drafters kept across prompts as a server keeps them (and reset at the start of each repetition).
-Greedy, EOS ignored; every output is checked against plain decoding's (exit status 1 if one
-differs). Prints per category tok/s, the speedup over plain, τ (tokens per target pass) and, for
-drafters that combine others, which member the accepted tokens came from.
+Greedy, EOS ignored unless ``--stop-at-eos``; chat records are rendered with the target's template as the
+bench renders them. Every output is checked against plain decoding's (exit status 1 if one differs). Prints
+per category tok/s, the speedup over plain, τ (tokens per target pass) and, for drafters that combine others,
+which member the accepted tokens came from.
 
     specdecode bench variants auto quant suffix --workload mixed
     specdecode bench variants NAME NAME:key=value NAME:key=value,key2=value --per-category 3 --reps 2
@@ -69,6 +70,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.add_argument("--max-new-tokens", type=int, default=384, help="cap on each prompt's own budget (default: 384)")
     p.add_argument("--reps", type=int, default=2, help="passes over the prompts (default: 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="end each answer at the model's end of turn, as a user sees it (default: EOS ignored, every "
+                        "run writes its whole budget)")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     add_dataclass_args(p, ModelLoadConfig)
     add_drafter_args(p)
@@ -114,7 +118,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
     from ..drafters.plugin import DrafterOptions
     from ..drafters.registry import artifacts_from_args, build_drafter, get_spec, options_from_args
     from ..engine import generate
-    from .runners import prepare_prompts
+    from .real import prepare_real_prompts
     from .workloads import load_workloads, resolve_workload, select
 
     variants = [parse_variant(v) for v in args.variants]
@@ -135,7 +139,8 @@ def cmd_variants(args: argparse.Namespace) -> int:
         drafters[v.label] = build_drafter(v.drafter, o)
     workloads = select(load_workloads(resolve_workload(args.workload)), args.per_category or None,
                        args.max_new_tokens)
-    prompts = prepare_prompts(workloads, target, draft)
+    prompts, _ = prepare_real_prompts(workloads, target, draft)
+    ignore_eos = not args.stop_at_eos
     categories = list(dict.fromkeys(p.workload.category for p in prompts))
     for d in drafters.values():  # untimed: builds kernels and measures each drafter's costs once (cached on disk)
         generate(target, prompts[0].ids, drafter=d, max_new_tokens=8, ignore_eos=True)
@@ -151,7 +156,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
             for label in (list(drafters) if rep % 2 == 0 else list(reversed(drafters))):
                 t0 = time.perf_counter()
                 r = generate(target, p.ids, drafter=drafters[label], max_new_tokens=p.max_new_tokens,
-                             ignore_eos=True)
+                             ignore_eos=ignore_eos)
                 s = stat[(label, p.workload.category)]
                 s.seconds += time.perf_counter() - t0
                 s.tokens += len(r.token_ids)
@@ -167,6 +172,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"target": target.path, "variants": args.variants,
                                                "prompts": len(prompts), "reps": args.reps, "rows": rows,
+                                               "ignore_eos": ignore_eos,
                                                "mismatches": mismatches}, indent=2) + "\n")
     return 1 if mismatches else 0
 

@@ -5,6 +5,9 @@ changed, the same answer skeleton. The drafter matches the sequence's current su
 
 * the row's own sequence (prompt + output so far), and
 * every earlier output this drafter has seen (all rows of the instance: the server's requests),
+* and, when the target has one, a datastore of its own answers to other prompts (``suffix_store.py``),
+  used where it matches more than ``STORE_LEAD`` tokens longer than the live text (or the live text does
+  not match at all): a longer live match is the better guess, the row's own text being about this request,
 
 and proposes a TREE of the most frequent continuations of the longest match: a node's frequency
 is the share of matched occurrences that continue with its path. Candidates are deterministic
@@ -38,8 +41,9 @@ from ..costmodel import Costs, cost_clock, expected_tokens, load_or_measure_cost
 from ..policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .live_costs import Stored, live_v
-from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
+from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .suffix_index import DEFAULT_MAX_TOKENS, SuffixIndex, SuffixTree, continuation_tree, top_chain
+from .suffix_store import is_store_dir
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -59,6 +63,11 @@ Q_MAX = 0.99  # q is capped below 1: E(n) of a certain chain then still grows wi
 # drafts again after a few hundred such matches, and new rejections bring it down at once (1/32 raised τ 4%
 # on SmolLM2's real workload but not the speed: 0.98-0.99x, the extra drafts were marginal)
 IDLE_AGE = 1.0 / 128
+# the datastore's match must beat the live text's (own sequence, earlier outputs) by more than this many tokens.
+# Replayed on SmolLM2's real-workload answers (top chains of 8, always drafting; lab-notes.md, session 23): τ 2.61
+# with the live text alone; 2.80 taking the longest match wherever it is (summarize and reasoning lose: a long
+# answer's own repeats beat other answers' phrases); 3.03 with a lead of 2, 3.04 with 4
+STORE_LEAD = 2
 
 
 def _bucket(match_len: int) -> int:
@@ -69,6 +78,11 @@ def _bucket(match_len: int) -> int:
     return b
 
 
+def _slot(match_len: int, stored: bool) -> int:
+    """The calibration slot: the match-length bucket, the datastore's after the live text's."""
+    return _bucket(match_len) + (len(BUCKETS) if stored else 0)
+
+
 # -- the drafter -----------------------------------------------------------------------------------
 @dataclass
 class _RowState:
@@ -77,7 +91,7 @@ class _RowState:
     out_doc: int  # the row's output in the shared index
     synced: int  # tokens of the sequence already indexed
     prompt_len: int
-    pending: tuple[int, list[float]] | None = None  # (bucket, Σ frequency per depth) of the proposal being verified
+    pending: tuple[int, list[float]] | None = None  # (calibration slot, Σ frequency per depth) of the proposal
     chain: list[int] | None = None  # that proposal's tokens when it is a chain (accepted ones are known then)
 
 
@@ -87,14 +101,15 @@ class SuffixDrafter(RowZeroAdapter):
 
     ``gamma``: most nodes per proposal ("auto": ``MAX_NODES``; the cost model picks fewer).
     ``max_tokens``: the shared index's bound. ``tree=False``: chains only (the most frequent path).
-    ``costs``: v(k) of the target to plan with instead of measuring (tests)."""
+    ``costs``: v(k) of the target to plan with instead of measuring (tests). ``store``: a datastore directory
+    (``suffix_store``), loaded when the target is known; its matches are calibrated apart from the live ones."""
 
     wants_hidden = False
     sizes_itself = True  # plans its own trees (see BatchDrafter)
 
     def __init__(self, gamma: Gamma = "auto", *, max_tokens: int = DEFAULT_MAX_TOKENS, tree: bool = True,
                  spec_factor: float = 4.0, min_prob: float = 0.1, margin: float = SPECULATION_MARGIN,
-                 costs: Costs | None = None) -> None:
+                 costs: Costs | None = None, store: str | None = None) -> None:
         gamma = check_gamma(gamma, "gamma (most suffix tree nodes)")
         if spec_factor <= 0 or not 0.0 <= min_prob <= 1.0:
             raise ConfigError("suffix drafting needs spec_factor > 0 and min_prob in [0, 1]")
@@ -106,7 +121,9 @@ class SuffixDrafter(RowZeroAdapter):
         self._costs, self._costs_fixed = costs, costs is not None
         self._stored = Stored(None)  # what the target's cost cache file holds
         self._rows: dict[int, _RowState] = {}
-        self._conf = [[q * CONF_WEIGHT, CONF_WEIGHT] for q in CONF_PRIOR]  # [accepted, examined depths]
+        # [accepted, examined depths] per match-length bucket: the live text's, then the datastore's
+        self._conf = [[q * CONF_WEIGHT, CONF_WEIGHT] for q in CONF_PRIOR + CONF_PRIOR]
+        self.store_dir, self.store = store, None
         self._c = 0.0  # the drafter's own cost per row and step, in one-token target passes
         self._clock: Callable[[], float] = time.perf_counter
         self._t1 = 0.0
@@ -123,6 +140,10 @@ class SuffixDrafter(RowZeroAdapter):
                 (str(target.path), target.vocab_size):
             self.forget()
         self._target = target
+        if self.store_dir is not None:
+            from .suffix_store import load_store
+
+            self.store = load_store(self.store_dir, target.vocab_size)
         if self._costs is None:
             self._costs = load_or_measure_costs(target, None)
         if not self._costs_fixed:
@@ -153,7 +174,8 @@ class SuffixDrafter(RowZeroAdapter):
             self._rows[dst] = self._rows.pop(src)
 
     def forget(self) -> None:
-        """Drop every earlier output (a benchmark's next repetition must not see the previous one's)."""
+        """Drop every earlier output (a benchmark's next repetition must not see the previous one's); the
+        datastore stays: it holds no request's text."""
         self.shared.clear()
         self._rows.clear()
 
@@ -179,14 +201,15 @@ class SuffixDrafter(RowZeroAdapter):
             acc[1] *= keep
 
     def _age(self, b: int) -> None:
-        """A match not drafted on: bucket ``b``'s evidence ages toward the prior (``IDLE_AGE``)."""
+        """A match not drafted on: slot ``b``'s evidence ages toward the prior (``IDLE_AGE``)."""
         acc = self._conf[b]
-        acc[0] += IDLE_AGE * (CONF_PRIOR[b] * CONF_WEIGHT - acc[0])
+        acc[0] += IDLE_AGE * (CONF_PRIOR[b % len(BUCKETS)] * CONF_WEIGHT - acc[0])
         acc[1] += IDLE_AGE * (CONF_WEIGHT - acc[1])
 
-    def conf(self, match_len: int) -> float:
-        """q: the chance that a depth of this match length's tree is accepted, given its parent was."""
-        a, p = self._conf[_bucket(match_len)]
+    def conf(self, match_len: int, stored: bool = False) -> float:
+        """q: the chance that a depth of this match length's tree is accepted, given its parent was
+        (``stored``: a match in the datastore)."""
+        a, p = self._conf[_slot(match_len, stored)]
         return min(Q_MAX, max(0.02, a / p))
 
     def _sync(self, row: int, tokens: list[int]) -> _RowState:
@@ -207,12 +230,12 @@ class SuffixDrafter(RowZeroAdapter):
         st.synced += len(new)
 
     # -- drafting ------------------------------------------------------------------------------------
-    def _may_pay(self, match_len: int, cap: int, rows: int) -> bool:
-        """Whether a tree of at most ``cap`` nodes at this match length's confidence could beat the margin."""
+    def _may_pay(self, match_len: int, stored: bool, cap: int, rows: int) -> bool:
+        """Whether a tree of at most ``cap`` nodes at this match's confidence could beat the margin."""
         assert self._costs is not None
-        key = (_bucket(match_len), cap, rows)
+        key = (_slot(match_len, stored), cap, rows)
         got = self._pays.get(key)
-        conf = self.conf(match_len)
+        conf = self.conf(match_len, stored)
         if got is None or abs(got[0] - conf) > 0.01 or abs(got[1] - self._c) > 0.01:
             costs = self._costs
             plain = costs.v_at(rows - 1)
@@ -225,31 +248,32 @@ class SuffixDrafter(RowZeroAdapter):
     def candidates(self, row: int, tokens: list[int], max_nodes: int, rows: int = 1) -> SuffixTree | None:
         """The continuation tree of the row's longest match (its own sequence or earlier outputs)."""
         st = self._sync(row, tokens)
-        m_local, hits_local = st.local.lookup(tokens)
-        m_shared, hits_shared = self.shared.lookup(tokens, exclude=st.out_doc)
-        m = max(m_local, m_shared)
+        found = [st.local.lookup(tokens), self.shared.lookup(tokens, exclude=st.out_doc)]
+        sources = [st.local, self.shared]
+        m = max(found[0][0], found[1][0])
+        stored = False
+        if self.store is not None:
+            m_store, hits_store = self.store.lookup(tokens)
+            if m_store > 0 and (m == 0 or m_store > m + STORE_LEAD):
+                found, sources, m, stored = [(m_store, hits_store)], [self.store], m_store, True
         if m == 0:
             return None
         cap = min(max_nodes, max(1, int(self.spec_factor * m)))
-        if not self._may_pay(m, cap, rows):
-            self._age(_bucket(m))
+        if not self._may_pay(m, stored, cap, rows):
+            self._age(_slot(m, stored))
             return None  # even if every node were certain, this match's calibration could not pay
-        conts = []
-        if m_local == m:
-            conts += [st.local.continuation(d, e, cap) for d, e in hits_local]
-        if m_shared == m:
-            conts += [self.shared.continuation(d, e, cap) for d, e in hits_shared]
+        conts = [src.continuation(d, e, cap) for src, (mi, hits) in zip(sources, found) if mi == m for d, e in hits]
         conts = [c for c in conts if c]
         if not conts:
             return None
-        if not self.tree:
-            return top_chain(conts, cap, self.min_prob, m)
-        return continuation_tree(conts, cap, self.min_prob, m)
+        tree = (continuation_tree if self.tree else top_chain)(conts, cap, self.min_prob, m)
+        tree.stored = stored
+        return tree
 
     def plan(self, tree: SuffixTree, rows: int = 1) -> tuple[int, float]:
         """(nodes, predicted tokens per pass) of the best-paying prefix of ``tree``; (0, 1.0) if none pays."""
         assert self._costs is not None
-        costs, conf = self._costs, self.conf(tree.match_len)
+        costs, conf = self._costs, self.conf(tree.match_len, tree.stored)
         plain = costs.v_at(rows - 1)
         best_n, best_s, best_e, e = 0, self.margin, 1.0, 1.0
         chain = True
@@ -289,7 +313,7 @@ class SuffixDrafter(RowZeroAdapter):
             return Draft()
         n, e = self.plan(tree, rows)
         if n == 0:
-            self._age(_bucket(tree.match_len))
+            self._age(_slot(tree.match_len, tree.stored))
             return Draft()
         parents = tree.parents[:n]
         chain = all(p == i - 1 for i, p in enumerate(parents))
@@ -297,17 +321,23 @@ class SuffixDrafter(RowZeroAdapter):
         per_depth = [0.0] * max(tree.depths[:n])
         for f, d in zip(tree.freqs[:n], tree.depths[:n]):
             per_depth[d - 1] += f
-        st.pending = (_bucket(tree.match_len), per_depth)
+        st.pending = (_slot(tree.match_len, tree.stored), per_depth)
         st.chain = tree.tokens[:n] if chain else None
         return Draft(tree.tokens[:n], None, None if chain else parents, expected=e)
 
 
+STORE = Artifact("suffix", "a suffix datastore directory (holding datastore.safetensors)", "a suffix datastore",
+                 "specdecode datastore --target TARGET --out TARGET/drafters/suffix", is_store_dir,
+                 "--suffix-datastore", required=False)
+
+
 def _build(o: DrafterOptions) -> SuffixDrafter:
-    return SuffixDrafter(o.gamma)
+    return SuffixDrafter(o.gamma, store=o.artifact(STORE.name))
 
 
 SPECS = (DrafterSpec(
-    "suffix", "suffix drafting: trees of the most frequent continuations of the longest match in the sequence and "
-    "in earlier outputs (shared by all requests)", _build, auto=AutoMember(5),
+    "suffix", "suffix drafting: trees of the most frequent continuations of the longest match in the sequence, "
+    "in earlier outputs (shared by all requests) and in the target's datastore when it has one", _build,
+    artifacts=(STORE,), auto=AutoMember(5),
     bench=(BenchVariant("suffix", "suffix drafting: frequency-ranked trees from the sequence and earlier outputs "
                         "(history restarts per repetition)", history=True),)),)

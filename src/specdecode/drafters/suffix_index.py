@@ -134,6 +134,7 @@ class SuffixTree:
     parents: list[int]
     freqs: list[float]
     match_len: int
+    stored: bool = False  # the match is in the datastore (``suffix_store``), calibrated apart
 
     @property
     def is_chain(self) -> bool:
