@@ -96,3 +96,15 @@ def test_store_matches_calibrate_apart_and_survive_forget(tmp_path: Path) -> Non
     assert _slot(2, True) == _slot(2, False) + len(BUCKETS)
     d.forget()
     assert d.store is not None and d.store.n_tokens == 6  # the datastore holds no request's text
+
+
+def test_the_shipped_datastore_is_found_beside_smollm2() -> None:
+    """``--target smollm2-135m-instruct`` finds it with no flags (the GGUF itself is not needed for that), and it
+    holds SmolLM2's token ids."""
+    from specdecode.drafters.registry import resolve_artifacts
+
+    found = resolve_artifacts({}, None, "smollm2-135m-instruct")
+    assert Path(found["suffix"]).name == "suffix"
+    docs, info = read_store(Path(found["suffix"]))
+    assert info["vocab_size"] == 49152 and len(docs) == info["answers"] > 1000
+    assert all(0 <= t < 49152 for d in docs[:50] for t in d)
