@@ -74,3 +74,21 @@ def test_speedup_is_ratio_of_mean_per_prompt_throughputs_per_rep() -> None:
     assert by["hf-x"]["status"] == "skipped"
     table = format_table(s)
     assert "skipped: hf-x: not installed" in table and "first difference at token 2" in table
+
+
+def test_prefill_share_per_category_and_its_line_under_the_table() -> None:
+    """The prompt's prefill is inside each run's time and no drafter shortens it: the report gives its share of
+    plain decoding's time per category (time-weighted), and none for a runtime that hides it."""
+    ids = [5, 6, 7, 8]
+    records = [RunRecord("plain", "a", "completion", 0, RunOutput(ids, 1.0, [(0, 0)] * 4, 0.0, 0.25)),
+               RunRecord("plain", "b", "editing", 0, RunOutput(ids, 3.0, [(0, 0)] * 4, 0.0, 0.25)),
+               RunRecord("hf", "a", "completion", 0, RunOutput(ids, 1.0, None)),
+               RunRecord("hf", "b", "editing", 0, RunOutput(ids, 1.0, None))]
+    s = summarize(records, [Fake("plain", "plain", None), Fake("hf", "hf", None)], [], [], PROMPTS, None)
+    by = {m["name"]: m["categories"] for m in s["methods"]}
+    assert by["plain"]["completion"]["prefill_share"] == pytest.approx(0.25)
+    assert by["plain"]["editing"]["prefill_share"] == pytest.approx(0.25 / 3)
+    assert by["plain"]["overall"]["prefill_share"] == pytest.approx(0.5 / 4)
+    assert "prefill_share" not in by["hf"]["overall"]
+    assert "prefill's share of plain decoding's time (no drafter shortens it): completion 0.25, editing 0.08, " \
+           "overall 0.12" in format_table(s)

@@ -456,7 +456,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "failures": [f.__dict__ for f in failures],
         "runs": [{"method": r.method, "workload": r.workload, "category": r.category, "rep": r.rep,
                   "new_tokens": len(r.output.token_ids),
-                  "seconds": r.output.seconds} for r in records],
+                  "seconds": r.output.seconds, "prefill_seconds": r.output.prefill_seconds} for r in records],
         "plots": plots,
         "llama_cpp": ({**peer_build.describe(), "formats": peer_formats, "gammas": peer_gammas, "threads": threads,
                        "gguf": peer_files, "comparison": peer_rows,

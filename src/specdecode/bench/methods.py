@@ -31,6 +31,7 @@ class RunOutput:
     seconds: float  # wall time of the whole request, prefill included
     steps: Optional[list[Step]]  # (drafted, accepted) per target pass; None when the runtime hides it
     draft_seconds: float = 0.0
+    prefill_seconds: Optional[float] = None  # the prompt's prefill, inside ``seconds``; None when the runtime hides it
 
 
 class Method(Protocol):

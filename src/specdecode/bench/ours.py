@@ -40,7 +40,7 @@ class OursMethod:
             else:
                 fin = ev
         dt = time.perf_counter() - t0
-        return RunOutput(fin.token_ids, dt, steps, fin.stats.draft_s)
+        return RunOutput(fin.token_ids, dt, steps, fin.stats.draft_s, fin.stats.prefill_s)
 
 
 class HistoryMethod(OursMethod):

@@ -118,6 +118,10 @@ def _category_metrics(m: Method, rs: Sequence[RunRecord], ids: set[str], reps: S
         "new_tokens_mean": (sum(len(r.output.token_ids) for r in rs) / len(rs)) if rs else None,
         "tokens_per_s": _ms(per_rep_tps), "speedup": _ms(per_rep_speedup) if per_rep_speedup else None,
     }
+    timed = [r for r in rs if r.output.prefill_seconds is not None]
+    if timed:  # speculation shortens the decode steps only: this share of the time stays
+        out["prefill_share"] = (sum(r.output.prefill_seconds or 0.0 for r in timed)
+                                / max(1e-12, sum(r.output.seconds for r in timed)))
     checked = [r for r in rs if r.workload in reference]
     out["exact_match"] = (sum(reference[r.workload] == r.output.token_ids for r in checked) / len(checked)
                           if checked else None)
@@ -225,6 +229,11 @@ def format_table(summary: dict[str, Any]) -> str:
             row.append(f"{_pm(d.get('speedup'))} ({_f(d.get('tau'))})")
         rows2.append(row)
     lines += ["", _grid(head2, rows2)]
+    base = next((m for m in summary["methods"] if m["name"] == BASELINE and m["status"] == "ok"), None)
+    shares = {c: (base["categories"].get(c) or {}).get("prefill_share") for c in cats} if base else {}
+    if any(v is not None for v in shares.values()):
+        lines.append(f"prefill's share of {BASELINE} decoding's time (no drafter shortens it): "
+                     + ", ".join(f"{c} {v:.2f}" for c, v in shares.items() if v is not None))
     by_position = format_output_position(summary)
     if by_position:
         lines += ["", by_position]
