@@ -375,7 +375,8 @@ def _label(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[1]:  # a panel with nothing to plot (no fixed γ ran) gets none
+        ax.legend(fontsize=7)
 
 
 def _pooled_alpha(summary: dict[str, Any], family: str, cat: str) -> Optional[float]:
