@@ -108,3 +108,26 @@ def test_the_shipped_datastore_is_found_beside_smollm2() -> None:
     docs, info = read_store(Path(found["suffix"]))
     assert info["vocab_size"] == 49152 and len(docs) == info["answers"] > 1000
     assert all(0 <= t < 49152 for d in docs[:50] for t in d)
+
+
+def test_store_index_finds_what_the_live_index_finds() -> None:
+    """The datastore's numpy index answers every lookup as the live index would over the same documents: the
+    same longest match and the same hits, most recent first, among the last ``max_occurrences`` of a key (ids
+    past 2^15 included: a packed key's top bit is set)."""
+    from specdecode.drafters.suffix_index import SuffixIndex
+    from specdecode.drafters.suffix_store import StoreIndex
+
+    g = torch.Generator().manual_seed(0)
+    alphabet = torch.tensor([3, 4, 5, 40000, 65535])  # few symbols: long repeated matches and many hits per key
+    docs = [alphabet[torch.randint(0, 5, (int(n),), generator=g)].tolist()
+            for n in torch.randint(1, 60, (40,), generator=g)]
+    store, live = StoreIndex(docs, max_occurrences=8), SuffixIndex(max_tokens=1 << 20, max_occurrences=8)
+    for d in docs:
+        live.append(live.new_doc(), d)
+    queries = [alphabet[torch.randint(0, 5, (12,), generator=g)].tolist() for _ in range(300)] + [[], [7], [40000]]
+    for q in queries:
+        assert store.lookup(q) == live.lookup(q), q
+    assert store.n_tokens == live.n_tokens
+    hit = next(q for q in queries if store.lookup(q)[0] >= 3)
+    m, hits = store.lookup(hit)
+    assert all(store.continuation(d, e, 4) == live.continuation(d, e, 4) for d, e in hits)
