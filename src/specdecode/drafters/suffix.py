@@ -43,7 +43,7 @@ from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_
 from .live_costs import Stored, live_v
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .suffix_index import DEFAULT_MAX_TOKENS, SuffixIndex, SuffixTree, continuation_tree, top_chain
-from .suffix_store import is_store_dir
+from .suffix_store import StoreIndex, is_store_dir
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -123,7 +123,8 @@ class SuffixDrafter(RowZeroAdapter):
         self._rows: dict[int, _RowState] = {}
         # [accepted, examined depths] per match-length bucket: the live text's, then the datastore's
         self._conf = [[q * CONF_WEIGHT, CONF_WEIGHT] for q in CONF_PRIOR + CONF_PRIOR]
-        self.store_dir, self.store = store, None
+        self.store_dir = store
+        self.store: StoreIndex | SuffixIndex | None = None  # loaded with the target (its vocabulary is checked)
         self._c = 0.0  # the drafter's own cost per row and step, in one-token target passes
         self._clock: Callable[[], float] = time.perf_counter
         self._t1 = 0.0
@@ -246,10 +247,10 @@ class SuffixDrafter(RowZeroAdapter):
         return got[2]
 
     def candidates(self, row: int, tokens: list[int], max_nodes: int, rows: int = 1) -> SuffixTree | None:
-        """The continuation tree of the row's longest match (its own sequence or earlier outputs)."""
+        """The continuation tree of the row's longest match (its own sequence, earlier outputs, the datastore)."""
         st = self._sync(row, tokens)
         found = [st.local.lookup(tokens), self.shared.lookup(tokens, exclude=st.out_doc)]
-        sources = [st.local, self.shared]
+        sources: list[StoreIndex | SuffixIndex] = [st.local, self.shared]
         m = max(found[0][0], found[1][0])
         stored = False
         if self.store is not None:
