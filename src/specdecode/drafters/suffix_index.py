@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config import ConfigError
@@ -105,24 +105,35 @@ class SuffixIndex:
             occ = self.index.get(tuple(pattern[n - k:]))
             if not occ:
                 continue
-            best, hits = 0, []
-            for doc, end in reversed(occ):
-                seq = self.docs[doc]
-                if doc == exclude or end >= len(seq):
-                    continue
-                m = k
-                while m < MAX_MATCH and m < end and m < n and seq[end - 1 - m] == pattern[n - 1 - m]:
-                    m += 1
-                if m > best:
-                    best, hits = m, [(doc, end)]
-                elif m == best and len(hits) < limit:
-                    hits.append((doc, end))
+            best, hits = longest_hits(pattern, k, ((d, e) for d, e in reversed(occ) if d != exclude), self.docs, limit)
             if hits:
                 return best, hits
         return 0, []
 
     def continuation(self, doc: int, end: int, depth: int) -> list[int]:
         return self.docs[doc][end:end + depth]
+
+
+def longest_hits(pattern: Sequence[int], k: int, occurrences: Iterable[tuple[int, int]],
+                 docs: Mapping[int, Sequence[int]] | Sequence[Sequence[int]], limit: int
+                 ) -> tuple[int, list[tuple[int, int]]]:
+    """Of a key's occurrences (doc, end), most recent first, each matching ``pattern``'s last ``k`` tokens: the
+    longest match found by extending backwards (up to ``MAX_MATCH``) and its hits (at most ``limit``), skipping
+    those that end their document (nothing to continue with)."""
+    n = len(pattern)
+    best, hits = 0, []
+    for doc, end in occurrences:
+        seq = docs[doc]
+        if end >= len(seq):
+            continue
+        m = k
+        while m < MAX_MATCH and m < end and m < n and seq[end - 1 - m] == pattern[n - 1 - m]:
+            m += 1
+        if m > best:
+            best, hits = m, [(doc, end)]
+        elif m == best and len(hits) < limit:
+            hits.append((doc, end))
+    return best, hits
 
 
 # -- the tree ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError
-from .suffix_index import KEY_LENGTHS, MAX_MATCH, MAX_OCCURRENCES, SuffixIndex
+from .suffix_index import KEY_LENGTHS, MAX_OCCURRENCES, SuffixIndex, longest_hits
 
 STORE_FILE = "datastore.safetensors"
 INFO_FILE = "datastore.json"
@@ -113,19 +113,9 @@ class StoreIndex:
             keys, ends = self._keys[k]
             probe = np.uint64(key)
             lo, hi = int(np.searchsorted(keys, probe, "left")), int(np.searchsorted(keys, probe, "right"))
-            best, hits = 0, []
-            for i in reversed(ends[max(lo, hi - self.max_occurrences):hi].tolist()):
-                doc, end = int(self._doc[i]), int(self._end_in_doc[i])
-                seq = self.docs[doc]
-                if end >= len(seq):
-                    continue
-                m = k
-                while m < MAX_MATCH and m < end and m < n and seq[end - 1 - m] == pattern[n - 1 - m]:
-                    m += 1
-                if m > best:
-                    best, hits = m, [(doc, end)]
-                elif m == best and len(hits) < limit:
-                    hits.append((doc, end))
+            recent = reversed(ends[max(lo, hi - self.max_occurrences):hi].tolist())
+            best, hits = longest_hits(pattern, k, ((int(self._doc[i]), int(self._end_in_doc[i])) for i in recent),
+                                      self.docs, limit)
             if hits:
                 return best, hits
         return 0, []
