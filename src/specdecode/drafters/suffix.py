@@ -3,11 +3,11 @@
 Agents and editors repeat themselves: the same tool-call format, the same file with one line
 changed, the same answer skeleton. The drafter matches the sequence's current suffix against
 
-* the row's own sequence (prompt + output so far), and
+* the row's own sequence (prompt + output so far),
 * every earlier output this drafter has seen (all rows of the instance: the server's requests),
 * and, when the target has one, a datastore of its own answers to other prompts (``suffix_store.py``),
   used where it matches more than ``STORE_LEAD`` tokens longer than the live text (or the live text does
-  not match at all): a longer live match is the better guess, the row's own text being about this request,
+  not match at all): a longer live match is the better guess, the row's own text being about this request;
 
 and proposes a TREE of the most frequent continuations of the longest match: a node's frequency
 is the share of matched occurrences that continue with its path. Candidates are deterministic
@@ -43,7 +43,7 @@ from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_
 from .live_costs import Stored, live_v
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .suffix_index import DEFAULT_MAX_TOKENS, SuffixIndex, SuffixTree, continuation_tree, top_chain
-from .suffix_store import StoreIndex, is_store_dir
+from .suffix_store import StoreIndex, is_store_dir, load_store
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -142,8 +142,6 @@ class SuffixDrafter(RowZeroAdapter):
             self.forget()
         self._target = target
         if self.store_dir is not None:
-            from .suffix_store import load_store
-
             self.store = load_store(self.store_dir, target.vocab_size)
         if self._costs is None:
             self._costs = load_or_measure_costs(target, None)
