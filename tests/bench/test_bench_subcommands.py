@@ -11,7 +11,7 @@ import pytest
 
 from specdecode.cli import build_parser, main
 
-SUBCOMMANDS = ("costs", "variants", "load", "kv-dtype", "llamacpp-decode", "kernel-ab", "ab", "coldstart")
+SUBCOMMANDS = ("costs", "variants", "replay", "load", "kv-dtype", "llamacpp-decode", "kernel-ab", "ab", "coldstart")
 
 
 @pytest.mark.parametrize("name", SUBCOMMANDS)

@@ -13,6 +13,7 @@ import importlib
 MODULES = (
     "costs",  # v(n) per weight format, kernel path and thread count (and c with --draft)
     "variants",  # registered drafters and their option values against plain decoding
+    "replay",  # drafters on the target's recorded greedy answers: exact τ, a predicted speedup, no timing noise
     "load",  # `specdecode serve` under concurrent clients, speculation on vs off
     "kv_dtype",  # decode step time per KV-cache storage dtype against context length
     "llamacpp_decode",  # plain decode speed, ours against llama.cpp's, on the same GGUF files
@@ -24,6 +25,6 @@ MODULES = (
 
 def add_subcommands(bench: argparse.ArgumentParser) -> None:
     sub = bench.add_subparsers(dest="bench_command",
-                               metavar="{costs,variants,load,kv-dtype,llamacpp-decode,kernel-ab,ab,coldstart}")
+                               metavar="{costs,variants,replay,load,kv-dtype,llamacpp-decode,kernel-ab,ab,coldstart}")
     for name in MODULES:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)

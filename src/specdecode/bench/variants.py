@@ -50,13 +50,21 @@ class Tally:
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("variants", help="registered drafters and their option values against plain decoding, "
+                                        "prompt by prompt in one process",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_variant_args(p)
+    p.add_argument("--reps", type=int, default=2, help="passes over the prompts (default: 2)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    p.set_defaults(func=cmd_variants)
+
+
+def add_variant_args(p: argparse.ArgumentParser) -> None:
+    """The variants, the models and the prompts: what ``variants`` and ``replay`` both take."""
     from ..config import ModelLoadConfig, add_dataclass_args
     from ..drafters.registry import add_drafter_args
     from .cli import parse_per_category
 
-    p = sub.add_parser("variants", help="registered drafters and their option values against plain decoding, "
-                                        "prompt by prompt in one process",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variants", nargs="+", metavar="VARIANT",
                    help="NAME (a registered drafter) or NAME:key=value,... with keys from its options (the "
                         "--drafter NAME groups below)")
@@ -68,15 +76,12 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.add_argument("--per-category", type=parse_per_category, default=3,
                    help="first N prompts of each category, or 'all' (default: 3)")
     p.add_argument("--max-new-tokens", type=int, default=384, help="cap on each prompt's own budget (default: 384)")
-    p.add_argument("--reps", type=int, default=2, help="passes over the prompts (default: 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     p.add_argument("--stop-at-eos", action="store_true",
                    help="end each answer at the model's end of turn, as a user sees it (default: EOS ignored, every "
                         "run writes its whole budget)")
-    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     add_dataclass_args(p, ModelLoadConfig)
     add_drafter_args(p)
-    p.set_defaults(func=cmd_variants)
 
 
 def parse_variant(text: str) -> Variant:
@@ -110,14 +115,21 @@ def parse_variant(text: str) -> Variant:
     return Variant(text, spec.name, options, artifacts)
 
 
-def cmd_variants(args: argparse.Namespace) -> int:
+@dataclass
+class Setup:
+    target: Any  # Model
+    drafters: dict[str, Any]  # label -> BatchDrafter (None: plain decoding, under PLAIN)
+    prompts: list[Any]  # RealPrompt
+
+
+def setup(args: argparse.Namespace) -> Setup:
+    """Load the models, build each variant's drafter (plain first) and render the prompts."""
     import torch
 
     from ..cli import model_loader, parse_gamma, resolve_draft_path, resolve_target
     from ..config import ModelLoadConfig, from_args
     from ..drafters.plugin import DrafterOptions
     from ..drafters.registry import artifacts_from_args, build_drafter, get_spec, options_from_args
-    from ..engine import generate
     from .real import prepare_real_prompts
     from .workloads import load_workloads, resolve_workload, select
 
@@ -140,6 +152,14 @@ def cmd_variants(args: argparse.Namespace) -> int:
     workloads = select(load_workloads(resolve_workload(args.workload)), args.per_category or None,
                        args.max_new_tokens)
     prompts, _ = prepare_real_prompts(workloads, target, draft)
+    return Setup(target, drafters, prompts)
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    from ..engine import generate
+
+    run = setup(args)
+    target, drafters, prompts = run.target, run.drafters, run.prompts
     ignore_eos = not args.stop_at_eos
     categories = list(dict.fromkeys(p.workload.category for p in prompts))
     for d in drafters.values():  # untimed: builds kernels and measures each drafter's costs once (cached on disk)

@@ -1,0 +1,253 @@
+"""`specdecode bench replay`: drafters replayed on the target's recorded greedy answers, without timing noise.
+
+A timed run of 20 prompts moves by 3–4% from run to run on a shared machine, more than most drafter
+changes are worth. Greedy decoding is deterministic, so each step's outcome can be computed without the
+target: the target's answer to each prompt is recorded once (plain decoding, written to ``--record`` and
+reused), then each drafter proposes exactly as in a run and its draft is verified against the recording
+by the same greedy rule the decode core applies (``verify.greedy_verify`` / ``greedy_verify_tree``), and
+the outcome goes back to the drafter (``on_verified_row``, its acceptance history), as the core does.
+What a run would accept is therefore reproduced step for step (``tests/bench/test_replay.py`` checks it
+against ``generate``), and only the price of each step is modelled: c (the drafter's own time for the
+proposal, measured here, over a one-token target pass) plus v(nodes verified) from this target's cost
+table on this machine (or ``--v-table``). The predicted speedup is tokens / Σ (c + v) over the decode
+steps; prefill, the same for every method, is left out (the bench's own line gives its share).
+
+Replayable: drafters that read only the token sequence (suffix, prompt lookup, a draft model, the
+quantized copy, auto over such members) and size their own drafts, or any of them at a fixed ``--gamma``.
+Not replayable: drafters that read the target's hidden states (EAGLE, Medusa, the exit adapter), and γ
+'auto' for a drafter the γ policy sizes (it weighs live pass timings). A drafter that plans with its own
+measured drafting time (suffix's c, auto's per-member c) can choose differently at the margin from one
+replay or run to the next; with fixed costs the replay is the run, step for step.
+
+    specdecode bench replay suffix auto --target smollm2-135m-instruct.gguf --workload real --per-category 4 \\
+        --max-new-tokens 256 --stop-at-eos --record runs/replay-record.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from .variants import PLAIN, add_variant_args, setup
+
+if TYPE_CHECKING:
+    from ..costmodel import Costs
+    from ..drafters.base import BatchDrafter, Draft
+    from ..models import Model
+
+
+@dataclass
+class Trace:
+    """One prompt replayed by one drafter."""
+
+    tokens: int = 0  # tokens the answer has (up to its end of turn with --stop-at-eos)
+    steps: int = 0  # target passes a run would make
+    nodes: list[int] = field(default_factory=list)  # draft nodes verified at each step
+    accepted: list[int] = field(default_factory=list)  # draft tokens accepted at each step
+    draft_s: list[float] = field(default_factory=list)  # the drafter's seconds at each step (0: no call)
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("replay", help="drafters replayed on the target's recorded greedy answers: exact τ and a "
+                                      "predicted speedup from the cost table, without timing noise",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_variant_args(p)
+    p.add_argument("--record", metavar="FILE",
+                   help="the recorded answers: read when it holds this target's answers to these prompts, else "
+                        "written (default: recorded afresh, not kept)")
+    p.add_argument("--v-table", metavar="V1,V2,...",
+                   help="v(1), v(2), ... (a pass over 2, 3, ... tokens over a one-token pass) to price the steps "
+                        "with, e.g. another machine's from `bench costs` (default: this target's measured table)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows and each step's figures as JSON")
+    p.set_defaults(func=cmd_replay)
+
+
+def _identity(target: "Model") -> str:
+    """What the recorded answers depend on: the model file, its weight format and the kernel path."""
+    from ..kernels.quant import quant_isa
+
+    return f"{target.path}|{target.weight_dtype}|{target.kv_dtype}|{quant_isa()}"
+
+
+def _key(ids: Sequence[int], budget: int) -> str:
+    return hashlib.sha1(json.dumps([list(ids), budget]).encode()).hexdigest()
+
+
+def record(target: "Model", prompts: Sequence[Any], path: Optional[str]) -> list[list[int]]:
+    """Each prompt's greedy answer over its whole budget (EOS ignored: a draft may run past the end of
+    turn, and a run verifies it against what the target would write there), from ``path`` when it has
+    them for this target, else decoded now (and written to ``path``)."""
+    from ..engine import generate
+
+    ident = _identity(target)
+    stored: dict[str, list[int]] = {}
+    if path and Path(path).exists():
+        data = json.loads(Path(path).read_text())
+        if data.get("target") == ident:
+            stored = data["answers"]
+    out, fresh = [], 0
+    for p in prompts:
+        key = _key(p.ids, p.max_new_tokens)
+        if key not in stored:
+            r = generate(target, p.ids, max_new_tokens=p.max_new_tokens, ignore_eos=True)
+            stored[key] = list(r.token_ids)
+            fresh += 1
+            print(f"recorded {p.workload.id}: {len(r.token_ids)} tokens", flush=True)
+        out.append(stored[key])
+    if path and fresh:
+        Path(path).write_text(json.dumps({"target": ident, "answers": stored}) + "\n")
+    return out
+
+
+def answer_end(answer: Sequence[int], eos: set[int], stop_at_eos: bool) -> int:
+    """Tokens a run writes: through the first end-of-turn token with ``stop_at_eos``, else all."""
+    if stop_at_eos:
+        for i, t in enumerate(answer):
+            if t in eos:
+                return i + 1
+    return len(answer)
+
+
+def target_choices(draft: "Draft", answer: Sequence[int], t: int) -> list[int]:
+    """What the target's pass would pick after the pending token and after each draft node: the
+    recorded next token where the node's path is the recording's, else -1 (nothing matches it)."""
+    out = [answer[t]]
+    depth: list[int] = []
+    on: list[bool] = []
+    for k, tok in enumerate(draft.tokens):
+        parent = draft.parents[k] if draft.parents is not None else k - 1
+        d = 1 if parent < 0 else depth[parent] + 1
+        ok = (parent < 0 or on[parent]) and t + d - 1 < len(answer) and answer[t + d - 1] == tok
+        depth.append(d)
+        on.append(ok)
+        out.append(answer[t + d] if ok and t + d < len(answer) else -1)
+    return out
+
+
+def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequence[int], end: int,
+                  budget: int, cap: int) -> Trace:
+    """The decode core's single-row loop with the target's passes replaced by the recording: the same
+    draft-length cap, the same calls on the drafter (``acceptance.fade``/``mark``/``update``,
+    ``propose_rows``, ``on_verified_row``) and the same greedy rule."""
+    from ..config import SamplingConfig
+    from ..drafters.base import DraftContext
+    from ..verify import greedy_verify, greedy_verify_tree
+
+    sampling = SamplingConfig()
+    tr = Trace(tokens=end)
+    drafter.reset_row(0)
+    t = 0
+    while t < end:
+        drafter.acceptance.fade()
+        g = max(0, min(cap, budget - t - 1))
+        draft_s = 0.0
+        nodes = 0
+        accepted = 0
+        drafter.acceptance.mark(g)
+        if g > 0:
+            t0 = time.perf_counter()
+            draft = drafter.propose_rows({0: DraftContext(list(prompt) + list(answer[:t]), g, sampling, None)})[0]
+            draft_s = time.perf_counter() - t0
+            nodes = len(draft.tokens)
+            if nodes > g:
+                raise RuntimeError(f"the drafter proposed {nodes} tokens but at most {g} were allowed")
+            if nodes:
+                choices = target_choices(draft, answer, t)
+                res = (greedy_verify_tree(choices, draft.tokens, draft.parents) if draft.parents is not None
+                       else greedy_verify(choices, draft.tokens))
+                accepted = res.n_accepted
+                drafter.on_verified_row(0, accepted)
+                drafter.acceptance.update(nodes, accepted)
+        tr.steps += 1
+        tr.nodes.append(nodes)
+        tr.accepted.append(accepted)
+        tr.draft_s.append(draft_s)
+        t += accepted + 1
+    return tr
+
+
+def step_cost(costs: "Costs", t1: float, nodes: int, draft_s: float) -> float:
+    """A step's price in one-token target passes: the drafter's time plus a pass over nodes + 1 tokens."""
+    return (draft_s / t1 if t1 > 0 else 0.0) + costs.v_at(nodes)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
+    from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
+
+    run = setup(args)
+    target, prompts = run.target, run.prompts
+    drafters = {k: d for k, d in run.drafters.items() if k != PLAIN}
+    measured = load_or_measure_costs(target, None)
+    t1 = measured.target_s[0] if measured.target_s else 0.0
+    costs = measured
+    if args.v_table:
+        try:
+            v = tuple(float(x) for x in args.v_table.split(","))
+        except ValueError:
+            raise ConfigError(f"--v-table: expected numbers separated by commas, got {args.v_table!r}") from None
+        costs = Costs(c=0.0, v=(1.0,) + v)
+    for label, d in drafters.items():
+        d.prepare_rows(target, 1, target.max_seq_len)
+        d.reset_row(0)
+        if d.wants_hidden:
+            raise ConfigError(f"variant {label!r} reads the target's hidden states, which a replay does not have; "
+                              "replay drafters that read only the tokens (suffix, lookup, auto without trained heads "
+                              "beside the target: point --target at the model file alone)")
+        if not getattr(d, "sizes_itself", False) and not isinstance(d.gamma, int):
+            raise ConfigError(f"variant {label!r}: its draft length comes from the γ policy's live timings; "
+                              "replay it at a fixed length with --gamma N")
+    answers = record(target, prompts, args.record)
+    eos = set(target.eos_token_ids)
+    categories = list(dict.fromkeys(p.workload.category for p in prompts))
+    traces: dict[str, list[Trace]] = {}
+    for label, d in drafters.items():
+        # untimed, as the bench's warm-up: first-use work (a datastore's index, kernels) out of the steps' c
+        replay_prompt(d, prompts[0].ids, answers[0], min(8, len(answers[0])), prompts[0].max_new_tokens, 8)
+        forget = getattr(d, "forget", None)
+        if callable(forget):
+            forget()
+        cap = d.gamma if isinstance(d.gamma, int) else MAX_GAMMA
+        traces[label] = [replay_prompt(d, p.ids, a, answer_end(a, eos, args.stop_at_eos), p.max_new_tokens, cap)
+                         for p, a in zip(prompts, answers)]
+    source = "--v-table" if args.v_table else "measured for this target"
+    table = ", ".join(f"{costs.v_at(n):.2f}" for n in range(1, 9))
+    print(f"v(1..8) {table} ({source}); one-token pass {t1 * 1e3:.2f} ms")
+    rows = report(traces, [p.workload.category for p in prompts], categories, costs, t1)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "target": _identity(target), "variants": list(drafters), "prompts": [p.workload.id for p in prompts],
+            "stop_at_eos": args.stop_at_eos, "v": list(costs.v), "t1_s": t1, "rows": rows,
+            "steps": {label: [{"nodes": tr.nodes, "accepted": tr.accepted,
+                               "draft_s": [round(x, 7) for x in tr.draft_s]} for tr in trs]
+                      for label, trs in traces.items()}}, indent=1) + "\n")
+    return 0
+
+
+def report(traces: dict[str, list[Trace]], cats_of: Sequence[str], categories: list[str], costs: "Costs",
+           t1: float) -> list[dict[str, Any]]:
+    """Print and return one row per (category, variant), 'overall' last."""
+    rows = []
+    width = max(len(v) for v in traces) + 2
+    print(f"{'category':11s} {'variant':{width}s} {'pred':>6s}  {'tau':>5s}  {'nodes':>5s}  {'c':>6s}  decode steps")
+    for cat in categories + ["overall"]:
+        for label, trs in traces.items():
+            sel = [tr for tr, c in zip(trs, cats_of) if cat in ("overall", c)]
+            tokens, steps = sum(tr.tokens for tr in sel), sum(tr.steps for tr in sel)
+            cost = sum(step_cost(costs, t1, n, s) for tr in sel for n, s in zip(tr.nodes, tr.draft_s))
+            drafting = [(n, s) for tr in sel for n, s in zip(tr.nodes, tr.draft_s) if s > 0]
+            row = {"category": cat, "variant": label, "predicted": tokens / cost if cost else 0.0,
+                   "tau": tokens / steps if steps else 0.0, "tokens": tokens, "steps": steps,
+                   "nodes": sum(tr_n for tr in sel for tr_n in tr.nodes) / steps if steps else 0.0,
+                   "c": (sum(s for _, s in drafting) / len(drafting) / t1) if drafting and t1 > 0 else 0.0}
+            rows.append(row)
+            print(f"{cat:11s} {label:{width}s} {row['predicted']:5.3f}x  {row['tau']:5.2f}  {row['nodes']:5.2f}  "
+                  f"{row['c']:6.3f}  {steps}")
+    print("pred: tokens / Σ (c + v(nodes)) over the decode steps (prefill left out); tau: tokens per target pass; "
+          "nodes: draft nodes verified a step; c: the drafter's time a proposal over a one-token pass")
+    return rows

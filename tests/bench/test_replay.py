@@ -1,0 +1,93 @@
+"""`bench replay`: a drafter replayed on recorded greedy answers makes the run's steps (same drafts
+accepted, same passes), the target's choices along a tree follow the recording, and the subcommand
+prints and writes τ and the predicted speedup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import specdecode as sd
+from specdecode.bench.replay import answer_end, replay_prompt, target_choices
+from specdecode.cli import main
+from specdecode.config import GenerationConfig
+from specdecode.costmodel import MAX_GAMMA, Costs
+from specdecode.drafters.base import Draft
+from specdecode.drafters.suffix import SuffixDrafter
+from specdecode.rows import StepEvent
+
+FIB = "def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib(n):\n"
+PROMPTS = [FIB, "x = 1\ny = 2\n" * 3, "class Point:\n    def __init__(self):\n", FIB]
+FIXED = Costs(c=0.0, v=tuple(1.0 + 0.05 * k for k in range(64)))  # no timings: the suffix plan is deterministic
+
+
+def test_target_choices_follow_the_recording_along_each_path() -> None:
+    answer = [5, 6, 7, 8]
+    # chain: 5 6 9 -> the target picks 5 first, 6 after node 0, 7 after node 1; node 2 is off the recording
+    assert target_choices(Draft([5, 6, 9]), answer, 0) == [5, 6, 7, -1]
+    # tree: root children 5 and 4; 5's children 6 and 7; from t = 0 only the path 5 -> 6 is on the recording
+    tree = Draft([5, 4, 6, 7], parents=[-1, -1, 0, 0])
+    assert target_choices(tree, answer, 0) == [5, 6, -1, 7, -1]
+    assert target_choices(Draft([8]), answer, 3) == [8, -1]  # past the recording: nothing to match
+
+
+def test_answer_end_stops_after_the_first_end_of_turn() -> None:
+    assert answer_end([1, 2, 9, 3, 9], {9}, True) == 3
+    assert answer_end([1, 2, 9, 3, 9], {9}, False) == 5
+    assert answer_end([1, 2, 3], {9}, True) == 3
+
+
+def test_replay_makes_the_runs_steps(tiny_dirs: dict[str, Path]) -> None:
+    target = sd.load_model(tiny_dirs["llama"])
+    live, replayed = SuffixDrafter(costs=FIXED), SuffixDrafter(costs=FIXED)
+    replayed.prepare_rows(target, 1, 256)
+    budget = 32
+    drafted_any = 0
+    for text in PROMPTS:  # one drafter across the prompts: earlier answers feed later drafts, as in a run
+        ids = target.encode(text)
+        gen = GenerationConfig(max_new_tokens=budget, ignore_eos=True)
+        run = [ev for ev in sd.stream(target, ids, live, generation=gen) if isinstance(ev, StepEvent)]
+        answer = [t for ev in run for t in ev.token_ids]
+        tr = replay_prompt(replayed, ids, answer, len(answer), budget, MAX_GAMMA)
+        assert tr.steps == len(run)
+        assert tr.nodes == [len(ev.proposed or []) for ev in run]
+        assert tr.accepted == [sum(ev.from_draft) for ev in run]
+        drafted_any += sum(tr.nodes)
+    assert drafted_any > 0  # the prompts repeat themselves: suffix drafting must have proposed
+
+
+def test_replay_cli_prints_and_writes_rows(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"p{i}", "category": "c", "prompt": p, "max_new_tokens": 16}) + "\n"
+                                for i, p in enumerate(PROMPTS[:2])))
+    out, rec = tmp_path / "r.json", tmp_path / "rec.json"
+    args = ["bench", "replay", "suffix", "ngram", "--gamma", "4", "--target", str(tiny_dirs["llama"]),
+            "--workload", str(workload), "--record", str(rec), "--json", str(out)]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "recorded p0" in first and rec.exists()
+    report = json.loads(out.read_text())
+    rows = {(r["category"], r["variant"]): r for r in report["rows"]}
+    assert set(rows) == {(c, v) for c in ("c", "overall") for v in ("suffix", "ngram")}
+    for r in rows.values():
+        assert r["tokens"] == 32 and 1.0 <= r["tau"] <= 5.0 and r["predicted"] > 0
+        assert r["tau"] == pytest.approx(r["tokens"] / r["steps"])
+    assert main(args + ["--v-table", "1.1,1.2,1.3,1.4"]) == 0  # the recording is reused, not redone
+    assert "recorded" not in capsys.readouterr().out
+
+
+def test_replay_refuses_a_drafter_that_reads_hidden_states(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from eagle_util import make_eagle
+
+    target = sd.load_model(tiny_dirs["llama"])
+    eagle = make_eagle(tmp_path / "e", target, seed=1)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "p", "category": "c", "prompt": PROMPTS[0], "max_new_tokens": 8}) + "\n")
+    rc = main(["bench", "replay", f"eagle:eagle-draft={eagle}", "--target", str(tiny_dirs["llama"]),
+               "--workload", str(workload)])
+    assert rc != 0
+    assert "hidden states" in capsys.readouterr().err
