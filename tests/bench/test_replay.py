@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode.bench.replay import answer_end, replay_prompt, target_choices
+from specdecode.bench.replay import answer_end, replay_prompt, target_choices, teacher_forced
 from specdecode.cli import main
 from specdecode.config import GenerationConfig
 from specdecode.costmodel import MAX_GAMMA, Costs
@@ -21,6 +21,11 @@ from specdecode.rows import StepEvent
 FIB = "def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib(n):\n"
 PROMPTS = [FIB, "x = 1\ny = 2\n" * 3, "class Point:\n    def __init__(self):\n", FIB]
 FIXED = Costs(c=0.0, v=tuple(1.0 + 0.05 * k for k in range(64)))  # no timings: the suffix plan is deterministic
+
+
+def _is_pass(ev: object) -> bool:
+    """A step's event (the text-only tail at the end of a request is not a pass)."""
+    return isinstance(ev, StepEvent) and bool(ev.token_ids)
 
 
 def test_target_choices_follow_the_recording_along_each_path() -> None:
@@ -48,7 +53,7 @@ def test_replay_makes_the_runs_steps(tiny_dirs: dict[str, Path]) -> None:
     for text in PROMPTS:  # one drafter across the prompts: earlier answers feed later drafts, as in a run
         ids = target.encode(text)
         gen = GenerationConfig(max_new_tokens=budget, ignore_eos=True)
-        run = [ev for ev in sd.stream(target, ids, live, generation=gen) if isinstance(ev, StepEvent)]
+        run = [ev for ev in sd.stream(target, ids, live, generation=gen) if _is_pass(ev)]
         answer = [t for ev in run for t in ev.token_ids]
         tr = replay_prompt(replayed, ids, answer, len(answer), budget, MAX_GAMMA)
         assert tr.steps == len(run)
@@ -56,6 +61,49 @@ def test_replay_makes_the_runs_steps(tiny_dirs: dict[str, Path]) -> None:
         assert tr.accepted == [sum(ev.from_draft) for ev in run]
         drafted_any += sum(tr.nodes)
     assert drafted_any > 0  # the prompts repeat themselves: suffix drafting must have proposed
+
+
+def _same_steps(target, live, replayed, budget: int = 24) -> int:  # type: ignore[no-untyped-def]
+    """Run each prompt with ``live`` and replay it with ``replayed`` (states from one teacher-forced pass);
+    the steps must agree. Returns the draft nodes replayed."""
+    replayed.prepare_rows(target, 1, 256)
+    layers = sorted(getattr(replayed, "hidden_layers", ()))
+    nodes = 0
+    for text in PROMPTS:
+        ids = target.encode(text)
+        gen = GenerationConfig(max_new_tokens=budget, ignore_eos=True)
+        run = [ev for ev in sd.stream(target, ids, live, generation=gen) if _is_pass(ev)]
+        answer = [t for ev in run for t in ev.token_ids]
+        cap = replayed.gamma if isinstance(replayed.gamma, int) else MAX_GAMMA
+        tr = replay_prompt(replayed, ids, answer, len(answer), budget, cap, teacher_forced(target, ids, answer, layers))
+        assert tr.nodes == [len(ev.proposed or []) for ev in run]
+        assert tr.accepted == [sum(ev.from_draft) for ev in run]
+        nodes += sum(tr.nodes)
+    return nodes
+
+
+def test_replay_makes_an_eagle_runs_steps(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from eagle_util import FLAT as EAGLE_FLAT
+    from eagle_util import make_eagle
+
+    from specdecode.drafters.eagle import EagleDrafter
+
+    target = sd.load_model(tiny_dirs["llama"])
+    eagle = make_eagle(tmp_path / "e", target)
+    live, replayed = (EagleDrafter.load(eagle, costs=EAGLE_FLAT, gamma=6) for _ in range(2))
+    assert _same_steps(target, live, replayed) > 0
+
+
+def test_replay_makes_a_medusa_runs_steps(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from medusa_util import FLAT as MEDUSA_FLAT
+    from medusa_util import make_heads
+
+    from specdecode.drafters.medusa import MedusaDrafter
+
+    target = sd.load_model(tiny_dirs["llama"])
+    heads = make_heads(tmp_path / "m", target.config.dim, target.vocab_size)
+    live, replayed = (MedusaDrafter.load(heads, costs=MEDUSA_FLAT) for _ in range(2))
+    assert _same_steps(target, live, replayed) > 0
 
 
 def test_replay_cli_prints_and_writes_rows(tiny_dirs: dict[str, Path], tmp_path: Path,
@@ -79,15 +127,25 @@ def test_replay_cli_prints_and_writes_rows(tiny_dirs: dict[str, Path], tmp_path:
     assert "recorded" not in capsys.readouterr().out
 
 
-def test_replay_refuses_a_drafter_that_reads_hidden_states(tiny_dirs: dict[str, Path], tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_cli_runs_a_hidden_state_drafter(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
     from eagle_util import make_eagle
 
     target = sd.load_model(tiny_dirs["llama"])
     eagle = make_eagle(tmp_path / "e", target, seed=1)
     workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"id": "p", "category": "c", "prompt": PROMPTS[0], "max_new_tokens": 12}) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["bench", "replay", f"eagle:eagle-draft={eagle}", "--target", str(tiny_dirs["llama"]),
+                 "--workload", str(workload), "--json", str(out)]) == 0
+    (row, _) = [r for r in json.loads(out.read_text())["rows"]]
+    assert row["tokens"] == 12 and row["steps"] <= 12
+
+
+def test_replay_refuses_a_policy_sized_drafter_at_gamma_auto(tiny_dirs: dict[str, Path], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "w.jsonl"
     workload.write_text(json.dumps({"id": "p", "category": "c", "prompt": PROMPTS[0], "max_new_tokens": 8}) + "\n")
-    rc = main(["bench", "replay", f"eagle:eagle-draft={eagle}", "--target", str(tiny_dirs["llama"]),
+    rc = main(["bench", "replay", "model", "--target", str(tiny_dirs["llama"]), "--draft", str(tiny_dirs["draft"]),
                "--workload", str(workload)])
     assert rc != 0
-    assert "hidden states" in capsys.readouterr().err
+    assert "--gamma N" in capsys.readouterr().err

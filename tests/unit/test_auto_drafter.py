@@ -177,6 +177,30 @@ def test_losing_dear_member_is_probed_at_doubling_intervals_and_adopted_when_goo
     assert m.interval == PROBE_FIRST
 
 
+def test_a_dear_member_that_declines_loses_its_rate_and_is_no_longer_asked(tiny_dirs: dict[str, Path]) -> None:
+    """A self-sizing member asked to draft and drafting nothing (its own planner saw nothing worth it) cost
+    the step its c for nothing: its rate falls below plain decoding, so auto stops paying for the asking
+    (on SmolLM2's AVX2 path EAGLE, ranked by its drafting steps only, was asked every step and declined most)."""
+    heads = Fake([])  # declines every call
+    auto = _auto(tiny_dirs, {"heads": heads})
+    clock = [0.0]
+    auto._clock = lambda: clock[0]  # auto's timer: each proposal takes 0.3 of a pass on it
+    propose = heads.propose_rows
+
+    def timed(contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        clock[0] += 0.3 * len(contexts)
+        return propose(contexts)
+
+    heads.propose_rows = timed  # type: ignore[method-assign]
+    m = auto.members[0]
+    m.samples.extend([0.3] * 9)
+    m.c, m.rate, m.steps = 0.3, 2.0, 5  # it drafted well on earlier text
+    for _ in range(40):
+        assert not auto.propose_rows({0: _ctx()})[0].tokens
+    assert m.rate < 1.0
+    assert len(heads.calls) < 15  # asked until its rate fell, then only probed
+
+
 def test_hidden_state_members_get_their_layers_from_the_core(tiny_dirs: dict[str, Path]) -> None:
     """An EAGLE-like member inside auto receives the intermediate layers it names (the decode core
     captures what auto's ``hidden_layers`` asks for)."""

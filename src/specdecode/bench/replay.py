@@ -12,12 +12,15 @@ proposal, measured here, over a one-token target pass) plus v(nodes verified) fr
 table on this machine (or ``--v-table``). The predicted speedup is tokens / Σ (c + v) over the decode
 steps; prefill, the same for every method, is left out (the bench's own line gives its share).
 
-Replayable: drafters that read only the token sequence (suffix, prompt lookup, a draft model, the
-quantized copy, auto over such members) and size their own drafts, or any of them at a fixed ``--gamma``.
-Not replayable: drafters that read the target's hidden states (EAGLE, Medusa, the exit adapter), and γ
-'auto' for a drafter the γ policy sizes (it weighs live pass timings). A drafter that plans with its own
-measured drafting time (suffix's c, auto's per-member c) can choose differently at the margin from one
-replay or run to the next; with fixed costs the replay is the run, step for step.
+Drafters that read the target's hidden states (EAGLE, Medusa) get them from one teacher-forced pass over
+the prompt and the recorded answer: along the accepted path a run's states are the same numbers (the
+kernels give a token's states bit for bit whatever else shares its pass), so what such a drafter is
+handed after each step (the pending token's and the accepted tokens' states) is a slice of that pass.
+Every drafter is replayable at a fixed ``--gamma``, and a self-sizing one (suffix, auto, the trees) at
+γ 'auto'; a γ 'auto' drafter that the γ policy sizes is not (the policy weighs live pass timings). A
+drafter that plans with its own measured drafting time (suffix's c, auto's per-member c) can choose
+differently at the margin from one replay or run to the next; with fixed costs the replay is the run,
+step for step.
 
     specdecode bench replay suffix auto --target smollm2-135m-instruct.gguf --workload real --per-category 4 \\
         --max-new-tokens 256 --stop-at-eos --record runs/replay-record.json
@@ -36,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from .variants import PLAIN, add_variant_args, setup
 
 if TYPE_CHECKING:
+    import torch
+
     from ..costmodel import Costs
     from ..drafters.base import BatchDrafter, Draft
     from ..models import Model
@@ -50,6 +55,7 @@ class Trace:
     nodes: list[int] = field(default_factory=list)  # draft nodes verified at each step
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted at each step
     draft_s: list[float] = field(default_factory=list)  # the drafter's seconds at each step (0: no call)
+    sources: list[str] = field(default_factory=list)  # which member drafted (auto), "" for none or a lone drafter
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -129,11 +135,38 @@ def target_choices(draft: "Draft", answer: Sequence[int], t: int) -> list[int]:
     return out
 
 
+@dataclass
+class States:
+    """The target's states over prompt + answer (one pass, position by position): what a hidden-state
+    drafter reads. ``hidden``: the final normed states [T, dim]; ``layers``: the residual after each
+    captured layer."""
+
+    hidden: "torch.Tensor"
+    layers: dict[int, "torch.Tensor"]
+
+    def span(self, a: int, b: int) -> tuple["torch.Tensor", dict[int, "torch.Tensor"]]:
+        return self.hidden[a:b], {k: v[a:b] for k, v in self.layers.items()}
+
+
+def teacher_forced(target: "Model", prompt: Sequence[int], answer: Sequence[int], layers: Sequence[int]) -> States:
+    """One pass over prompt + answer (but its last token), keeping the states instead of the logits."""
+    import torch
+
+    ids = list(prompt) + list(answer)
+    cache = target.new_cache(1, len(ids))
+    x = torch.tensor([ids[:-1]], dtype=torch.long, device=target.device)
+    out = target.run(x, cache, rows=slice(0, 1), return_hidden=True, hidden_layers=tuple(layers),
+                     head=target.output_matrix()[:1])  # one output row stands in: no logits are wanted
+    assert out.hidden is not None
+    return States(out.hidden[0], {k: v[0] for k, v in out.layers.items()})
+
+
 def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequence[int], end: int,
-                  budget: int, cap: int) -> Trace:
+                  budget: int, cap: int, states: Optional[States] = None) -> Trace:
     """The decode core's single-row loop with the target's passes replaced by the recording: the same
     draft-length cap, the same calls on the drafter (``acceptance.fade``/``mark``/``update``,
-    ``propose_rows``, ``on_verified_row``) and the same greedy rule."""
+    ``propose_rows``, ``on_verified_row``), the same greedy rule, and for a hidden-state drafter the states
+    the core would hand it (``states``: the prefill's, then each step's pending and accepted tokens')."""
     from ..config import SamplingConfig
     from ..drafters.base import DraftContext
     from ..verify import greedy_verify, greedy_verify_tree
@@ -142,18 +175,24 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
     tr = Trace(tokens=end)
     drafter.reset_row(0)
     t = 0
+    n_prompt = len(prompt)
+    # the prefill keeps the prompt's states only for a drafter that reads layers (EAGLE-3), as the core's does
+    hidden, layers = states.span(0, n_prompt - 1) if states is not None and states.layers else (None, None)
     while t < end:
         drafter.acceptance.fade()
         g = max(0, min(cap, budget - t - 1))
         draft_s = 0.0
+        source = ""
         nodes = 0
         accepted = 0
         drafter.acceptance.mark(g)
         if g > 0:
             t0 = time.perf_counter()
-            draft = drafter.propose_rows({0: DraftContext(list(prompt) + list(answer[:t]), g, sampling, None)})[0]
+            ctx = DraftContext(list(prompt) + list(answer[:t]), g, sampling, None, hidden=hidden, layers=layers)
+            draft = drafter.propose_rows({0: ctx})[0]
             draft_s = time.perf_counter() - t0
             nodes = len(draft.tokens)
+            source = draft.source or ""
             if nodes > g:
                 raise RuntimeError(f"the drafter proposed {nodes} tokens but at most {g} were allowed")
             if nodes:
@@ -167,6 +206,9 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
         tr.nodes.append(nodes)
         tr.accepted.append(accepted)
         tr.draft_s.append(draft_s)
+        tr.sources.append(source)
+        if states is not None:  # the pass's states of the pending token and the accepted ones
+            hidden, layers = states.span(n_prompt - 1 + t, n_prompt + t + accepted)
         t += accepted + 1
     return tr
 
@@ -195,26 +237,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for label, d in drafters.items():
         d.prepare_rows(target, 1, target.max_seq_len)
         d.reset_row(0)
-        if d.wants_hidden:
-            raise ConfigError(f"variant {label!r} reads the target's hidden states, which a replay does not have; "
-                              "replay drafters that read only the tokens (suffix, lookup, auto without trained heads "
-                              "beside the target: point --target at the model file alone)")
         if not getattr(d, "sizes_itself", False) and not isinstance(d.gamma, int):
             raise ConfigError(f"variant {label!r}: its draft length comes from the γ policy's live timings; "
                               "replay it at a fixed length with --gamma N")
     answers = record(target, prompts, args.record)
     eos = set(target.eos_token_ids)
     categories = list(dict.fromkeys(p.workload.category for p in prompts))
+    by_layers: dict[tuple[int, ...], list[Optional[States]]] = {}  # one teacher-forced pass per layer set
     traces: dict[str, list[Trace]] = {}
     for label, d in drafters.items():
+        st: list[Optional[States]] = [None] * len(prompts)
+        if d.wants_hidden:
+            wanted = tuple(sorted(int(i) for i in getattr(d, "hidden_layers", ())))
+            if wanted not in by_layers:
+                by_layers[wanted] = [teacher_forced(target, p.ids, a, wanted) for p, a in zip(prompts, answers)]
+            st = by_layers[wanted]
         # untimed, as the bench's warm-up: first-use work (a datastore's index, kernels) out of the steps' c
-        replay_prompt(d, prompts[0].ids, answers[0], min(8, len(answers[0])), prompts[0].max_new_tokens, 8)
+        replay_prompt(d, prompts[0].ids, answers[0], min(8, len(answers[0])), prompts[0].max_new_tokens, 8, st[0])
         forget = getattr(d, "forget", None)
         if callable(forget):
             forget()
         cap = d.gamma if isinstance(d.gamma, int) else MAX_GAMMA
-        traces[label] = [replay_prompt(d, p.ids, a, answer_end(a, eos, args.stop_at_eos), p.max_new_tokens, cap)
-                         for p, a in zip(prompts, answers)]
+        traces[label] = [replay_prompt(d, p.ids, a, answer_end(a, eos, args.stop_at_eos), p.max_new_tokens, cap, h)
+                         for p, a, h in zip(prompts, answers, st)]
     source = "--v-table" if args.v_table else "measured for this target"
     table = ", ".join(f"{costs.v_at(n):.2f}" for n in range(1, 9))
     print(f"v(1..8) {table} ({source}); one-token pass {t1 * 1e3:.2f} ms")
@@ -223,7 +268,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps({
             "target": _identity(target), "variants": list(drafters), "prompts": [p.workload.id for p in prompts],
             "stop_at_eos": args.stop_at_eos, "v": list(costs.v), "t1_s": t1, "rows": rows,
-            "steps": {label: [{"nodes": tr.nodes, "accepted": tr.accepted,
+            "steps": {label: [{"nodes": tr.nodes, "accepted": tr.accepted, "source": tr.sources,
                                "draft_s": [round(x, 7) for x in tr.draft_s]} for tr in trs]
                       for label, trs in traces.items()}}, indent=1) + "\n")
     return 0
