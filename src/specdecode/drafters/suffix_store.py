@@ -110,10 +110,10 @@ class StoreIndex:
             for t in pattern[n - k:]:
                 key = (key << 16) | int(t)
             keys, ends = self._keys[k]
-            probe = np.uint64(key)
-            lo, hi = int(np.searchsorted(keys, probe, "left")), int(np.searchsorted(keys, probe, "right"))
-            recent = reversed(ends[max(lo, hi - self.max_occurrences):hi].tolist())
-            best, hits = longest_hits(pattern, k, ((int(self._doc[i]), int(self._end_in_doc[i])) for i in recent),
+            # one search for the key's run [lo, hi): key + 1 cannot overflow (ids < 2^16, at most 4 of them)
+            lo, hi = keys.searchsorted(np.array([key, key + 1], dtype=np.uint64)).tolist()
+            at = ends[max(lo, hi - self.max_occurrences):hi][::-1]  # most recent first
+            best, hits = longest_hits(pattern, k, zip(self._doc[at].tolist(), self._end_in_doc[at].tolist()),
                                       self.docs, limit)
             if hits:
                 return best, hits
