@@ -119,7 +119,7 @@ def parse_variant(text: str) -> Variant:
 class Setup:
     target: Any  # Model
     drafters: dict[str, Any]  # label -> BatchDrafter (None: plain decoding, under PLAIN)
-    prompts: list[Any]  # RealPrompt
+    prompts: list[Any]  # PreparedPrompt (ids, workload, max_new_tokens)
 
 
 def setup(args: argparse.Namespace) -> Setup:
