@@ -143,20 +143,25 @@ def test_a_losing_cheap_member_proposes_every_step_and_its_first_good_draft_is_t
     assert out[0].source == out[1].source == "lookup" and out[0].tokens == [5]
 
 
+def _timed(auto: AutoDrafter, member: Fake, cost: float) -> None:
+    """Auto's timer made a counter on which only ``member``'s proposals take time: ``cost`` a row."""
+    clock = [0.0]
+    auto._clock = lambda: clock[0]
+    propose = member.propose_rows
+
+    def timed(contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        clock[0] += cost * len(contexts)
+        return propose(contexts)
+
+    member.propose_rows = timed  # type: ignore[method-assign]
+
+
 def test_losing_dear_member_is_probed_at_doubling_intervals_and_adopted_when_good(tiny_dirs: dict[str, Path]) -> None:
     model = Fake([7, 7, 7, 7], costs=Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16))))
     heads = Fake([4, 4, 4])  # a self-sizing member costing half a target pass: judged by its realised rate
     auto = _auto(tiny_dirs, {"model": model, "heads": heads})
     _fixed_base(auto)
-    clock = [0.0]
-    auto._clock = lambda: clock[0]  # auto's timer: only the heads' proposals take time on it
-    propose = heads.propose_rows
-
-    def timed(contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
-        clock[0] += 0.5 * len(contexts)
-        return propose(contexts)
-
-    heads.propose_rows = timed  # type: ignore[method-assign]
+    _timed(auto, heads, 0.5)
     m = auto.members[1]
     m.samples.extend([0.5] * 9)
     m.c, m.rate, m.steps = 0.5, 1.2, 5  # it drafted before and did poorly
@@ -183,15 +188,7 @@ def test_a_dear_member_that_declines_loses_its_rate_and_is_no_longer_asked(tiny_
     (on SmolLM2's AVX2 path EAGLE, ranked by its drafting steps only, was asked every step and declined most)."""
     heads = Fake([])  # declines every call
     auto = _auto(tiny_dirs, {"heads": heads})
-    clock = [0.0]
-    auto._clock = lambda: clock[0]  # auto's timer: each proposal takes 0.3 of a pass on it
-    propose = heads.propose_rows
-
-    def timed(contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
-        clock[0] += 0.3 * len(contexts)
-        return propose(contexts)
-
-    heads.propose_rows = timed  # type: ignore[method-assign]
+    _timed(auto, heads, 0.3)
     m = auto.members[0]
     m.samples.extend([0.3] * 9)
     m.c, m.rate, m.steps = 0.3, 2.0, 5  # it drafted well on earlier text
