@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode.bench.replay import answer_end, replay_prompt, target_choices, teacher_forced
+from specdecode.bench.replay import Trace, answer_end, replay_prompt, report, target_choices, teacher_forced
 from specdecode.cli import main
 from specdecode.config import GenerationConfig
 from specdecode.costmodel import MAX_GAMMA, Costs
@@ -42,6 +42,19 @@ def test_answer_end_stops_after_the_first_end_of_turn() -> None:
     assert answer_end([1, 2, 9, 3, 9], {9}, True) == 3
     assert answer_end([1, 2, 9, 3, 9], {9}, False) == 5
     assert answer_end([1, 2, 3], {9}, True) == 3
+
+
+def test_report_prices_each_step_at_its_drafting_time_plus_v(capsys: pytest.CaptureFixture[str]) -> None:
+    costs = Costs(c=0.0, v=(1.0, 1.2, 1.5))
+    t1 = 0.01  # a one-token pass: 10 ms
+    # 6 tokens in 3 steps: a 2-node draft fully accepted (1 ms drafting), a rejected node (1 ms), a plain step
+    tr = Trace(tokens=6, steps=3, nodes=[2, 1, 0], accepted=[2, 0, 0], draft_s=[0.001, 0.001, 0.0])
+    (row, overall) = report({"x": [tr]}, ["c"], ["c"], costs, t1)
+    assert overall["category"] == "overall" and row["category"] == "c"
+    assert row["predicted"] == pytest.approx(6 / ((0.1 + 1.5) + (0.1 + 1.2) + 1.0))
+    assert row["tau"] == pytest.approx(2.0) and row["nodes"] == pytest.approx(1.0)
+    assert row["c"] == pytest.approx(0.1)  # per proposal made, over the one-token pass
+    assert "x" in capsys.readouterr().out
 
 
 def test_replay_makes_the_runs_steps(tiny_dirs: dict[str, Path]) -> None:
