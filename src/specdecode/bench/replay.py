@@ -270,7 +270,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             "stop_at_eos": args.stop_at_eos, "v": list(costs.v), "t1_s": t1, "rows": rows,
             "steps": {label: [{"nodes": tr.nodes, "accepted": tr.accepted, "source": tr.sources,
                                "draft_s": [round(x, 7) for x in tr.draft_s]} for tr in trs]
-                      for label, trs in traces.items()}}, indent=1) + "\n")
+                      for label, trs in traces.items()}}, separators=(",", ":")) + "\n")  # compact: every step
     return 0
 
 
