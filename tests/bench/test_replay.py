@@ -52,6 +52,8 @@ def test_report_prices_each_step_at_its_drafting_time_plus_v(capsys: pytest.Capt
     (row, overall) = report({"x": [tr]}, ["c"], ["c"], costs, t1)
     assert overall["category"] == "overall" and row["category"] == "c"
     assert row["predicted"] == pytest.approx(6 / ((0.1 + 1.5) + (0.1 + 1.2) + 1.0))
+    # cut: the rejected node's step priced as a one-token pass (its drafting time stays)
+    assert row["cut"] == pytest.approx(6 / ((0.1 + 1.5) + (0.1 + 1.0) + 1.0))
     assert row["tau"] == pytest.approx(2.0) and row["nodes"] == pytest.approx(1.0)
     assert row["c"] == pytest.approx(0.1)  # per proposal made, over the one-token pass
     assert "x" in capsys.readouterr().out

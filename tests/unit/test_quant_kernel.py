@@ -13,9 +13,8 @@ import torch
 from specdecode.config import ConfigError, ModelLoadConfig
 from specdecode.kernels import quant as Q
 
-PATHS = ("scalar", "avx2", "vnni512")
 ext = Q.load_quant_extension()
-ISAS = PATHS[: PATHS.index(ext.best_isa()) + 1]  # this CPU's paths; the others are absent here
+ISAS = tuple(ext.supported_isas())  # this CPU's paths, scalar first; the others are absent here
 
 
 def _case(k: int, n: int = 37, m: int = 9, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -101,6 +100,22 @@ def test_env_forces_the_avx2_path() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SPECDECODE_KERNEL_ISA": "avx2"})
     assert out.stdout.strip().splitlines()[-1] == "avx2", out.stderr
+
+
+def test_set_isa_takes_each_path_this_cpu_has_and_refuses_the_others() -> None:
+    before = Q.quant_isa()
+    try:
+        for isa in ("scalar", "avx2", "avxvnni", "vnni512"):
+            if isa in ISAS:
+                Q.set_quant_isa(isa)
+                assert Q.quant_isa() == isa
+            else:
+                with pytest.raises(RuntimeError, match="does not support"):
+                    Q.set_quant_isa(isa)
+        with pytest.raises(RuntimeError, match="unknown ISA .* avxvnni"):
+            Q.set_quant_isa("neon")
+    finally:
+        Q.set_quant_isa(before)
 
 
 def test_linear_dispatches_dense_and_packed() -> None:

@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 import torch
 
 FORMATS = ("bf16", "int8", "int4")
-QUANT_PATHS = ("scalar", "avx2", "vnni512")  # the quantized kernel's paths (kernels/quant.py)
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -39,7 +38,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     c.add_argument("--formats", default=",".join(FORMATS), help="weight formats (default: %(default)s)")
     c.add_argument("--isas", default=None,
                    help="kernel paths to compare, comma-separated, for each format where the CPU has them: "
-                        "bf16: avx2, avx512, avx512bf16; int8/int4: avx2, vnni512; 'auto' = the best "
+                        "bf16: avx2, avx512, avx512bf16; int8/int4: avx2, avxvnni, vnni512; 'auto' = the best "
                         "(default: every SIMD path this CPU has)")
     c.add_argument("--threads", default="1", help="torch thread counts, comma-separated (default: %(default)s)")
     c.add_argument("--max-tokens", type=int, default=16, help="widest pass timed, in new tokens (default: 16)")
@@ -62,8 +61,7 @@ def _paths(fmt: str, wanted: Optional[list[str]]) -> list[str]:
     else:
         from ..kernels.quant import load_quant_extension
 
-        best = load_quant_extension().best_isa()
-        have = [i for i in QUANT_PATHS[: QUANT_PATHS.index(best) + 1] if i != "scalar"] or ["auto"]
+        have = [i for i in load_quant_extension().supported_isas() if i != "scalar"] or ["auto"]
     if wanted is None:
         return have
     return [i for i in wanted if i in have or i == "auto"]

@@ -279,20 +279,25 @@ def report(traces: dict[str, list[Trace]], cats_of: Sequence[str], categories: l
     """Print and return one row per (category, variant), 'overall' last."""
     rows = []
     width = max(len(v) for v in traces) + 2
-    print(f"{'category':11s} {'variant':{width}s} {'pred':>6s}  {'tau':>5s}  {'nodes':>5s}  {'c':>6s}  decode steps")
+    print(f"{'category':11s} {'variant':{width}s} {'pred':>6s}  {'cut':>6s}  {'tau':>5s}  {'nodes':>5s}  {'c':>6s}  "
+          "decode steps")
     for cat in categories + ["overall"]:
         for label, trs in traces.items():
             sel = [tr for tr, c in zip(trs, cats_of) if cat in ("overall", c)]
             tokens, steps = sum(tr.tokens for tr in sel), sum(tr.steps for tr in sel)
             cost = sum(step_cost(costs, t1, n, s) for tr in sel for n, s in zip(tr.nodes, tr.draft_s))
+            # the same steps had each draft held only its accepted nodes: what the rejected ones cost
+            cut = sum(step_cost(costs, t1, a, s) for tr in sel for a, s in zip(tr.accepted, tr.draft_s))
             drafting = [(n, s) for tr in sel for n, s in zip(tr.nodes, tr.draft_s) if s > 0]
             row = {"category": cat, "variant": label, "predicted": tokens / cost if cost else 0.0,
+                   "cut": tokens / cut if cut else 0.0,
                    "tau": tokens / steps if steps else 0.0, "tokens": tokens, "steps": steps,
                    "nodes": sum(tr_n for tr in sel for tr_n in tr.nodes) / steps if steps else 0.0,
                    "c": (sum(s for _, s in drafting) / len(drafting) / t1) if drafting and t1 > 0 else 0.0}
             rows.append(row)
-            print(f"{cat:11s} {label:{width}s} {row['predicted']:5.3f}x  {row['tau']:5.2f}  {row['nodes']:5.2f}  "
-                  f"{row['c']:6.3f}  {steps}")
-    print("pred: tokens / Σ (c + v(nodes)) over the decode steps (prefill left out); tau: tokens per target pass; "
-          "nodes: draft nodes verified a step; c: the drafter's time a proposal over a one-token pass")
+            print(f"{cat:11s} {label:{width}s} {row['predicted']:5.3f}x  {row['cut']:5.3f}x  {row['tau']:5.2f}  "
+                  f"{row['nodes']:5.2f}  {row['c']:6.3f}  {steps}")
+    print("pred: tokens / Σ (c + v(nodes)) over the decode steps (prefill left out); cut: the same had each draft "
+          "held only the nodes the target accepted (what the rejected ones cost); tau: tokens per target "
+          "pass; nodes: draft nodes verified a step; c: the drafter's time a proposal over a one-token pass")
     return rows

@@ -15,7 +15,8 @@ multiply-adds per cycle of the fp32 path (verifying several tokens costs little
 more than one). fp32 weights are unaffected (computed as by ``fast_linear``).
 
 ``SPECDECODE_KERNEL_ISA`` = scalar | avx2 | avx512 | avx512bf16 (read once when
-the extension loads; default: the best the CPU has) forces a code path, for
+the extension loads; default: the best the CPU has; ``avxvnni``, the quantized
+kernel's AVX-VNNI path, means avx2 here) forces a code path, for
 comparisons and tests; ``set_kernel_isa`` changes it at runtime (for the whole
 process: it picks the extension's instructions, not a model's arithmetic). Paths
 agree to fp32 rounding, not bit for bit; ``supported_isas`` lists this CPU's.

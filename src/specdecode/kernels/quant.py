@@ -15,10 +15,11 @@ in arithmetic, so our figures compare with theirs at the same bits per weight (8
   only proposals the target accepts, so the cheaper format wins.
 
 Activations are quantized to int8 per row and block of 32 inside the call; products are integer
-dot products (AVX-512 VNNI ``vpdpbusd`` or AVX2 ``maddubs``/``madd``, chosen at runtime; the
-scalar path elsewhere). Rows are batch-invariant, so speculative verification is exact relative
-to the quantized model. ``SPECDECODE_KERNEL_ISA=avx2`` (read when the extension loads) or
-``set_quant_isa`` forces a path; ``quant_isa`` says which runs.
+dot products (AVX-512 VNNI ``vpdpbusd``, AVX-VNNI's 256-bit ``vpdpbusd`` on AVX2 CPUs that have it,
+or AVX2 ``maddubs``/``madd``, chosen at runtime; the scalar path elsewhere). Rows are batch-invariant,
+so speculative verification is exact relative to the quantized model. ``SPECDECODE_KERNEL_ISA=avx2``
+or ``=avxvnni`` (read when the extension loads) or ``set_quant_isa`` forces a path; ``quant_isa`` says
+which runs.
 
 A model with quantized matrices keeps its embedding table dense (a lookup, not a product) and
 multiplies by a quantized copy of the output matrix; ``quantized_kernels`` wraps the model's
@@ -219,12 +220,13 @@ def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def quant_isa() -> str:
-    """The path the kernel takes now: "vnni512", "avx2" or "scalar"."""
+    """The path the kernel takes now: "vnni512", "avxvnni", "avx2" or "scalar"."""
     return load_quant_extension().isa()
 
 
 def set_quant_isa(isa: str = "auto") -> str:
-    """Force a path ("auto", "scalar", "avx2", "vnni512"); returns the previous one. RuntimeError if absent."""
+    """Force a path ("auto", "scalar", "avx2", "avxvnni", "vnni512"); returns the previous one. RuntimeError if
+    this CPU lacks it."""
     return load_quant_extension().set_isa(isa)
 
 

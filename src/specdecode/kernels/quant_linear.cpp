@@ -27,7 +27,7 @@
 // block costs per token row one int->float, one multiply and one FMA for 16 columns (512 weights)
 // and no horizontal sums; the integer work per token row is one vpdpbusd per 64 weights.
 //
-// Paths, chosen at runtime (SPECDECODE_KERNEL_ISA read at load: scalar | avx2 | avx512* -> the
+// Paths, chosen at runtime (SPECDECODE_KERNEL_ISA read at load: scalar | avx2 | avxvnni | avx512* -> the
 // best of these the CPU has; set_isa() later; quant_linear(isa=) per call):
 //   scalar   portable C++
 //   avx2     AVX2, 8 columns per ymm: int8 |w| * sign(x, w) with maddubs + madd (maddubs wants one
@@ -38,7 +38,9 @@
 //            bytes) with the block sum starting at -128 * sum(x) (int8, weights q ^ 0x80 = q + 128)
 //            or -8 * sum(x) (int4 nibbles), so it is the exact signed dot; it reads 4 groups side by
 //            side (groups_vnni: more DRAM streams in flight)
-// AVX-VNNI without AVX-512 (Alder Lake) takes the avx2 path.
+//   avxvnni  AVX2 + AVX-VNNI (Alder Lake and later client cores, no AVX-512 needed): the avx2 layout
+//            with 256-bit vpdpbusd as vnni512 uses it (one instruction per 4 inputs and token row)
+// On a CPU with both VNNI kinds vnni512 is the default; SPECDECODE_KERNEL_ISA=avxvnni forces the other.
 //
 // Batch invariance (every path): y[m, n] depends only on x[m, :], W[n, :], b[n]: activation
 // quantization is per row, each (row, column) lane runs the same operations whatever register
@@ -79,13 +81,15 @@
 namespace {
 
 enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1 };
-enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_VNNI512 = 2 };
+// not an order: a CPU may have AVX-512 VNNI without AVX-VNNI (Zen 4) or the reverse (Alder Lake); see supported()
+enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_VNNI512 = 2, ISA_AVXVNNI = 3 };
 constexpr int64_t G = 16;  // weight rows (output columns) interleaved per group: one zmm lane each
 
 const char* isa_name(int isa) {
   switch (isa) {
     case ISA_AVX2: return "avx2";
     case ISA_VNNI512: return "vnni512";
+    case ISA_AVXVNNI: return "avxvnni";
     default: return "scalar";
   }
 }
@@ -277,7 +281,7 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
       quantize_row_512(off, x + m * K, K, q, d, corr);
       continue;
     }
-    if (isa == ISA_AVX2) {
+    if (isa == ISA_AVX2 || isa == ISA_AVXVNNI) {
       quantize_row_avx2(off, x + m * K, K, q, d, corr);
       continue;
     }
@@ -605,6 +609,160 @@ __attribute__((target("avx2,fma,f16c"))) void groups_avx2_q8_rows(const Layout& 
   }
 }
 
+// ------------------------------------------------------------------ AVX-VNNI (256-bit vpdpbusd, VEX)
+// The AVX2 layout and register budget (8 columns a ymm, 16 registers) with AVX-VNNI's vpdpbusd, which
+// Intel's client cores have since Alder Lake without AVX-512: per 4 inputs and token row one instruction
+// (u8 weights times a broadcast of the row's 4 signed activation bytes, summed into int32) where AVX2
+// needs maddubs + add (int4; + madd a block) or sign + sign + maddubs + madd + add (int8). As in
+// groups_vnni_mb, int8 weights are made unsigned (q ^ 0x80) and int4 nibbles are unsigned already, and a
+// block's sum starts at the row's correction (-128 or -8 times its activation sum): the exact integer
+// dot the other paths compute, then their float tail in the same order, so the bits are theirs.
+#define QL_VNNI256 "avxvnni,avx2,fma,f16c"
+
+// A whole group (both halves: 16 columns in two ymm) for MB token rows: each broadcast of a row's 4
+// activation bytes feeds both halves' vpdpbusd, so a multiply-add costs half a broadcast load (with one
+// half at a time, AVX2's walk, the broadcasts bound the pass: measured v(8) 2.53 against AVX2's 2.75 on
+// SmolLM2 int4, where vpdpbusd halves the arithmetic).
+template <int MB>
+__attribute__((target(QL_VNNI256))) void group_rows_vnni256(const Layout& L, const QX& qx, int64_t m0,
+                                                           const uint8_t* grp, float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
+  const int64_t kPrefetch = G * L.rb;  // the next group's same bytes, into L2 (half_avx2's note)
+  for (int64_t o = G * L.qb; o < G * L.qb + 2 * G * nb; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(grp + kPrefetch + o), _MM_HINT_T1);
+  const __m256i c128 = _mm256_set1_epi8(static_cast<char>(0x80)), low4 = _mm256_set1_epi8(0x0f);
+  __m256 acc[MB][2];
+  for (int j = 0; j < MB; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i isum[MB][2];
+    for (int j = 0; j < MB; ++j) isum[j][0] = isum[j][1] = _mm256_set1_epi32(qx.corr[(m0 + j) * nb + b]);
+    if (L.fmt == FMT_Q8) {
+      const uint8_t* wb = grp + b * 512;
+      for (int s = 0; s < 8; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T1);
+        const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64)), c128);
+        const __m256i w1 =
+            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32)), c128);
+        for (int j = 0; j < MB; ++j) {
+          int32_t x4;
+          std::memcpy(&x4, qx.q.data() + (m0 + j) * Kp + b * 32 + 4 * s, 4);
+          const __m256i xv = _mm256_set1_epi32(x4);
+          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], w0, xv);
+          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], w1, xv);
+        }
+      }
+    } else {
+      const uint8_t* wb = grp + b * 256;
+      for (int s = 0; s < 4; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T1);
+        const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+        const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
+        const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
+        const __m256i lo1 = _mm256_and_si256(r1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low4);
+        for (int j = 0; j < MB; ++j) {
+          const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+          int32_t xl, xh;
+          std::memcpy(&xl, xb + 4 * s, 4);
+          std::memcpy(&xh, xb + 16 + 4 * s, 4);
+          const __m256i xlv = _mm256_set1_epi32(xl), xhv = _mm256_set1_epi32(xh);
+          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], lo0, xlv);
+          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], lo1, xlv);
+          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], hi0, xhv);
+          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], hi1, xhv);
+        }
+      }
+    }
+    const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G)));
+    const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G + 8)));
+    for (int j = 0; j < MB; ++j) {
+      const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]);
+      acc[j][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][0]), _mm256_mul_ps(dw0, dx), acc[j][0]);
+      acc[j][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][1]), _mm256_mul_ps(dw1, dx), acc[j][1]);
+    }
+  }
+  for (int j = 0; j < MB; ++j) {
+    _mm256_storeu_ps(out + j * G, acc[j][0]);
+    _mm256_storeu_ps(out + j * G + 8, acc[j][1]);
+  }
+}
+
+// One token row against kStreamsAvx2 groups side by side (groups_avx2_m1's streams, group_rows_vnni256<1>'s
+// arithmetic).
+__attribute__((target(QL_VNNI256))) void groups_vnni256_m1(const Layout& L, const QX& qx, const uint8_t* w,
+                                                          const float* bias, float* y, int64_t g0) {
+  const int64_t nb = qx.nb;
+  const __m256i c128 = _mm256_set1_epi8(static_cast<char>(0x80)), low4 = _mm256_set1_epi8(0x0f);
+  __m256 acc[kStreamsAvx2][2];
+  for (int i = 0; i < kStreamsAvx2; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* xb = qx.q.data() + b * 32;
+    const __m256 dx = _mm256_set1_ps(qx.d[b]);
+    const __m256i corr = _mm256_set1_epi32(qx.corr[b]);
+    for (int i = 0; i < kStreamsAvx2; ++i) {
+      const uint8_t* grp = L.group(w, g0 + i);
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
+      const uint8_t* wb0 = grp + b * (L.fmt == FMT_Q8 ? 512 : 256);
+      for (int s = 0; s < (L.fmt == FMT_Q8 ? 8 : 4); ++s)
+        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* wb = wb0 + h * 32;
+        __m256i isum = corr;
+        if (L.fmt == FMT_Q8) {
+          for (int s = 0; s < 8; ++s) {
+            const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64)), c128);
+            int32_t x4;
+            std::memcpy(&x4, xb + 4 * s, 4);
+            isum = _mm256_dpbusd_avx_epi32(isum, wv, _mm256_set1_epi32(x4));
+          }
+        } else {
+          for (int s = 0; s < 4; ++s) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            isum = _mm256_dpbusd_avx_epi32(isum, _mm256_and_si256(raw, low4), _mm256_set1_epi32(xl));
+            isum = _mm256_dpbusd_avx_epi32(isum, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                           _mm256_set1_epi32(xh));
+          }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G + h * 8)));
+        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[i][h]);
+      }
+    }
+  }
+  for (int i = 0; i < kStreamsAvx2; ++i) {
+    alignas(32) float out[G];
+    _mm256_store_ps(out, acc[i][0]);
+    _mm256_store_ps(out + 8, acc[i][1]);
+    for (int c = 0; c < G; ++c) {
+      const int64_t n = (g0 + i) * G + c;
+      y[n] = out[c] + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+// One group, all token rows, in register blocks of up to 4 (group_avx2's walk).
+__attribute__((target(QL_VNNI256))) void group_vnni256(const Layout& L, const QX& qx, const uint8_t* w,
+                                                      const float* bias, float* y, int64_t g) {
+  const uint8_t* grp = L.group(w, g);
+  alignas(32) float out[4 * G];
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+    switch (mb) {
+      case 1: group_rows_vnni256<1>(L, qx, m0, grp, out); break;
+      case 2: group_rows_vnni256<2>(L, qx, m0, grp, out); break;
+      case 3: group_rows_vnni256<3>(L, qx, m0, grp, out); break;
+      default: group_rows_vnni256<4>(L, qx, m0, grp, out); break;
+    }
+    for (int64_t j = 0; j < mb; ++j)
+      for (int c = 0; c < G; ++c) {
+        const int64_t n = g * G + c;
+        y[(m0 + j) * L.N + n] = out[j * G + c] + (bias ? bias[n] : 0.f);
+      }
+  }
+}
+
 // ------------------------------------------------------------------ AVX-512 VNNI
 
 // NS consecutive groups (16 weight rows each, one zmm lane per row) for MB token rows: per 4 inputs,
@@ -723,7 +881,7 @@ __attribute__((target(QL_512))) void groups_vnni(const Layout& L, const QX& qx, 
 
 // ------------------------------------------------------------------ runtime choice
 struct Cpu {
-  bool avx2 = false, vnni512 = false;
+  bool avx2 = false, vnni512 = false, avxvnni = false;
 };
 
 Cpu detect() {
@@ -737,28 +895,46 @@ Cpu detect() {
   c.vnni512 = c.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
               __builtin_cpu_supports("avx512vnni");
+  c.avxvnni = c.avx2 && __builtin_cpu_supports("avxvnni");
 #endif
   return c;
 }
 
 const Cpu kCpu = detect();
-const int kBest = kCpu.vnni512 ? ISA_VNNI512 : kCpu.avx2 ? ISA_AVX2 : ISA_SCALAR;
+const int kBest = kCpu.vnni512 ? ISA_VNNI512 : kCpu.avxvnni ? ISA_AVXVNNI : kCpu.avx2 ? ISA_AVX2 : ISA_SCALAR;
 
-// "scalar" | "avx2" | "vnni512" (or any "avx512..." name: the best AVX-512 path here) -> level;
+bool supported(int isa) {
+  switch (isa) {
+    case ISA_SCALAR: return true;
+    case ISA_AVX2: return kCpu.avx2;
+    case ISA_AVXVNNI: return kCpu.avxvnni;
+    case ISA_VNNI512: return kCpu.vnni512;
+    default: return false;
+  }
+}
+
+// the next path down where a CPU lacks one: vnni512 -> avxvnni -> avx2 -> scalar
+int step_down(int isa) { return isa == ISA_VNNI512 ? ISA_AVXVNNI : isa == ISA_AVXVNNI ? ISA_AVX2 : ISA_SCALAR; }
+
+// "scalar" | "avx2" | "avxvnni" | "vnni512" (or any "avx512..." name: the best AVX-512 path here) -> path;
 // "auto" / "" -> -1; else -2.
 int parse_isa(std::string s) {
   for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (s.empty() || s == "auto") return -1;
   if (s == "scalar") return ISA_SCALAR;
   if (s == "avx2") return ISA_AVX2;
+  if (s == "avxvnni" || s == "avx-vnni" || s == "vnni256") return ISA_AVXVNNI;
   if (s == "vnni512" || s.rfind("avx512", 0) == 0) return ISA_VNNI512;
   return -2;
 }
 
+// SPECDECODE_KERNEL_ISA, or the best path here; a path this CPU lacks steps down to one it has
 int isa_from_env() {
   const char* v = std::getenv("SPECDECODE_KERNEL_ISA");
-  const int req = v ? parse_isa(v) : -1;
-  return req < 0 ? kBest : std::min(req, kBest);
+  int req = v ? parse_isa(v) : -1;
+  if (req < 0) return kBest;
+  while (!supported(req)) req = step_down(req);
+  return req;
 }
 
 std::atomic<int> g_isa{isa_from_env()};
@@ -766,9 +942,9 @@ std::atomic<uintptr_t> g_dense{0};  // the small-M kernel's linear(x, w, bias, b
 
 std::string set_isa(const std::string& name) {
   int req = parse_isa(name);
-  TORCH_CHECK(req != -2, "quant set_isa: unknown ISA '", name, "' (auto, scalar, avx2, vnni512)");
+  TORCH_CHECK(req != -2, "quant set_isa: unknown ISA '", name, "' (auto, scalar, avx2, avxvnni, vnni512)");
   if (req == -1) req = kBest;
-  TORCH_CHECK(req <= kBest, "quant set_isa: this CPU does not support ", isa_name(req), " (best: ",
+  TORCH_CHECK(supported(req), "quant set_isa: this CPU does not support ", isa_name(req), " (best: ",
               isa_name(kBest), ")");
   return isa_name(g_isa.exchange(req));
 }
@@ -801,9 +977,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   int isa = g_isa.load(std::memory_order_relaxed);
   if (isa_arg.has_value()) {
     const int req = parse_isa(*isa_arg);
-    TORCH_CHECK(req != -2, "quant_linear: unknown isa '", *isa_arg, "' (auto, scalar, avx2, vnni512)");
+    TORCH_CHECK(req != -2, "quant_linear: unknown isa '", *isa_arg, "' (auto, scalar, avx2, avxvnni, vnni512)");
     isa = req == -1 ? kBest : req;
-    TORCH_CHECK(isa <= kBest, "quant_linear: this CPU does not support ", isa_name(isa));
+    TORCH_CHECK(supported(isa), "quant_linear: this CPU does not support ", isa_name(isa));
   }
   at::Tensor y = at::empty({M, N}, x.options());
   if (M * N == 0) return y;
@@ -847,6 +1023,15 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
       }
       if (isa == ISA_AVX2) {
         group_avx2(L, qx, wp, bp, yp, u);
+        continue;
+      }
+      if (isa == ISA_AVXVNNI && M == 1 && u + kStreamsAvx2 <= std::min(u1, L.ng)) {
+        groups_vnni256_m1(L, qx, wp, bp, yp, u);
+        u += kStreamsAvx2 - 1;
+        continue;
+      }
+      if (isa == ISA_AVXVNNI) {
+        group_vnni256(L, qx, wp, bp, yp, u);
         continue;
       }
 #endif
@@ -906,12 +1091,12 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 blocks, int8 activations; VNNI-512 / AVX2 / scalar)";
+  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 blocks, int8 activations; VNNI-512 / AVX-VNNI / AVX2 / scalar)";
   m.def("linear", &linear, "F.linear drop-in: packed int8/int4 weights -> the kernel, dense -> the small-M kernel",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("bf16_dot") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("quant_linear", &quant_linear, "the kernel on fp32 x [M, K] and a packed weight; isa: None, auto, scalar, "
-        "avx2, vnni512", pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
+        "avx2, avxvnni, vnni512", pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("isa") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("reference", &reference, "fp64 product of the dequantized int8 activations and weights (tests)",
         pybind11::arg("input"), pybind11::arg("weight"));
@@ -919,6 +1104,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "bytes per packed row for K inputs", pybind11::arg("k"), pybind11::arg("int4"));
   m.def("has_avx2", []() { return kCpu.avx2; }, "whether this CPU has AVX2/FMA/F16C");
   m.def("has_vnni512", []() { return kCpu.vnni512; }, "whether this CPU has AVX-512 VNNI (vpdpbusd)");
+  m.def("has_avxvnni", []() { return kCpu.avxvnni; }, "whether this CPU has AVX-VNNI (256-bit vpdpbusd, VEX)");
+  m.def("supported_isas", []() {
+    std::vector<std::string> out;
+    for (int isa : {ISA_SCALAR, ISA_AVX2, ISA_AVXVNNI, ISA_VNNI512})
+      if (supported(isa)) out.emplace_back(isa_name(isa));
+    return out;
+  }, "the paths this CPU has, slowest first");
   m.def("best_isa", []() { return std::string(isa_name(kBest)); }, "the best path this CPU supports");
   m.def("isa", []() { return std::string(isa_name(g_isa.load())); }, "the path linear() uses now");
   m.def("set_isa", &set_isa, "use another path ('auto' = the best); returns the previous one", pybind11::arg("isa"));

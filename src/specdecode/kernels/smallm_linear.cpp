@@ -562,6 +562,8 @@ int parse_isa(std::string s) {
   if (s.empty() || s == "auto") return -1;
   if (s == "scalar") return ISA_SCALAR;
   if (s == "avx2") return ISA_AVX2;
+  // the quantized kernel's AVX-VNNI path names a CPU with AVX2 and no AVX-512 (Alder Lake): AVX2 here
+  if (s == "avxvnni" || s == "avx-vnni" || s == "vnni256") return ISA_AVX2;
   if (s == "avx512") return ISA_AVX512;
   if (s == "avx512bf16" || s == "avx512_bf16") return ISA_AVX512BF16;
   return -2;
