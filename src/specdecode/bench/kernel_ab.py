@@ -34,7 +34,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.add_argument("--repo", default=None, help="the git checkout to read it from (default: the one holding this "
                                                 "package, else the current directory)")
     p.add_argument("--formats", default="int8,int4", help="(default: %(default)s)")
-    p.add_argument("--isa", default="auto", help="auto, scalar, avx2, avxvnni or vnni512 (both builds take the same path)")
+    p.add_argument("--isa", default="auto",
+                   help="auto, scalar, avx2, avxvnni or vnni512 (both builds take the same path)")
     p.add_argument("--rows", default="1,5", help="token rows per call (1: a decode step; 5: verifying 4 drafts)")
     p.add_argument("--layers", type=int, default=24, help="(default: %(default)s)")
     p.add_argument("--reps", type=int, default=7, help="timed rounds (default: %(default)s)")
