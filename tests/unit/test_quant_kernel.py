@@ -102,6 +102,17 @@ def test_env_forces_the_avx2_path() -> None:
     assert out.stdout.strip().splitlines()[-1] == "avx2", out.stderr
 
 
+@pytest.mark.slow
+def test_env_asks_for_avx_vnni_and_steps_down_where_it_is_absent() -> None:
+    if "avx2" not in ISAS:
+        pytest.skip("no AVX2 here")
+    code = "from specdecode.kernels.quant import quant_isa; print(quant_isa())"
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SPECDECODE_KERNEL_ISA": "avxvnni"})
+    assert out.stdout.strip().splitlines()[-1] == ("avxvnni" if "avxvnni" in ISAS else "avx2"), out.stderr
+    assert "SPECDECODE_KERNEL_ISA" not in out.stderr  # the dense kernel's avx2 is what was asked: no warning
+
+
 def test_set_isa_takes_each_path_this_cpu_has_and_refuses_the_others() -> None:
     before = Q.quant_isa()
     try:

@@ -103,7 +103,8 @@ def load_extension() -> Optional[ModuleType]:
             _load_error = "this CPU has no AVX2/FMA"
             return None
         requested = os.environ.get(ISA_ENV_VAR, "").strip().lower().replace("_", "")
-        if requested and requested != "auto" and requested != ext.isa():  # unknown or not on this CPU
+        quant_only = requested in ("avxvnni", "avx-vnni", "vnni256") and ext.isa() == "avx2"  # the int8/int4 path
+        if requested and requested != "auto" and requested != ext.isa() and not quant_only:  # unknown or absent
             logger.warning("%s=%s: using %s (this CPU supports up to %s)", ISA_ENV_VAR, requested, ext.isa(),
                            ext.best_isa())
         _ext = ext
