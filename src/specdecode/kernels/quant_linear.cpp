@@ -619,75 +619,89 @@ __attribute__((target("avx2,fma,f16c"))) void groups_avx2_q8_rows(const Layout& 
 // dot the other paths compute, then their float tail in the same order, so the bits are theirs.
 #define QL_VNNI256 "avxvnni,avx2,fma,f16c"
 
-// A whole group (both halves: 16 columns in two ymm) for MB token rows: each broadcast of a row's 4
-// activation bytes feeds both halves' vpdpbusd, so a multiply-add costs half a broadcast load (with one
-// half at a time, AVX2's walk, the broadcasts bound the pass: measured v(8) 2.53 against AVX2's 2.75 on
-// SmolLM2 int4, where vpdpbusd halves the arithmetic).
-template <int MB>
-__attribute__((target(QL_VNNI256))) void group_rows_vnni256(const Layout& L, const QX& qx, int64_t m0,
-                                                           const uint8_t* grp, float* out) {
+// NS groups side by side (groups_vnni_mb's streams), each whole (both halves: 16 columns in two ymm), for
+// MB token rows: each broadcast of a row's 4 activation bytes feeds both halves' vpdpbusd, so a
+// multiply-add costs half a broadcast load (with one half at a time, AVX2's walk, the broadcasts bound the
+// pass: measured v(8) 2.53 against AVX2's 2.75 on SmolLM2 int4, where vpdpbusd halves the arithmetic).
+template <int MB, int NS>
+__attribute__((target(QL_VNNI256))) void groups_rows_vnni256(const Layout& L, const QX& qx, int64_t m0,
+                                                            const uint8_t* w, int64_t g0, float* out) {
   const int64_t Kp = qx.Kp, nb = qx.nb;
-  const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
-  const int64_t kPrefetch = G * L.rb;  // the next group's same bytes, into L2 (half_avx2's note)
-  for (int64_t o = G * L.qb; o < G * L.qb + 2 * G * nb; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(grp + kPrefetch + o), _MM_HINT_T1);
   const __m256i c128 = _mm256_set1_epi8(static_cast<char>(0x80)), low4 = _mm256_set1_epi8(0x0f);
-  __m256 acc[MB][2];
-  for (int j = 0; j < MB; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+  __m256 acc[NS][MB][2];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i isum[MB][2];
-    for (int j = 0; j < MB; ++j) isum[j][0] = isum[j][1] = _mm256_set1_epi32(qx.corr[(m0 + j) * nb + b]);
-    if (L.fmt == FMT_Q8) {
-      const uint8_t* wb = grp + b * 512;
-      for (int s = 0; s < 8; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T1);
-        const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64)), c128);
-        const __m256i w1 =
-            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32)), c128);
-        for (int j = 0; j < MB; ++j) {
-          int32_t x4;
-          std::memcpy(&x4, qx.q.data() + (m0 + j) * Kp + b * 32 + 4 * s, 4);
-          const __m256i xv = _mm256_set1_epi32(x4);
-          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], w0, xv);
-          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], w1, xv);
+    for (int i = 0; i < NS; ++i) {
+      const uint8_t* grp = L.group(w, g0 + i);
+      const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
+      __m256i isum[MB][2];
+      for (int j = 0; j < MB; ++j) isum[j][0] = isum[j][1] = _mm256_set1_epi32(qx.corr[(m0 + j) * nb + b]);
+      if (L.fmt == FMT_Q8) {
+        const uint8_t* wb = grp + b * 512;
+        for (int s = 0; s < 8; ++s) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          const __m256i w0 =
+              _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64)), c128);
+          const __m256i w1 =
+              _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32)), c128);
+          for (int j = 0; j < MB; ++j) {
+            int32_t x4;
+            std::memcpy(&x4, qx.q.data() + (m0 + j) * Kp + b * 32 + 4 * s, 4);
+            const __m256i xv = _mm256_set1_epi32(x4);
+            isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], w0, xv);
+            isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], w1, xv);
+          }
+        }
+      } else {
+        const uint8_t* wb = grp + b * 256;
+        for (int s = 0; s < 4; ++s) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+          const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
+          const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
+          const __m256i lo1 = _mm256_and_si256(r1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low4);
+          for (int j = 0; j < MB; ++j) {
+            const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            const __m256i xlv = _mm256_set1_epi32(xl), xhv = _mm256_set1_epi32(xh);
+            isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], lo0, xlv);
+            isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], lo1, xlv);
+            isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], hi0, xhv);
+            isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], hi1, xhv);
+          }
         }
       }
-    } else {
-      const uint8_t* wb = grp + b * 256;
-      for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kPrefetch), _MM_HINT_T1);
-        const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
-        const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
-        const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
-        const __m256i lo1 = _mm256_and_si256(r1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low4);
-        for (int j = 0; j < MB; ++j) {
-          const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
-          int32_t xl, xh;
-          std::memcpy(&xl, xb + 4 * s, 4);
-          std::memcpy(&xh, xb + 16 + 4 * s, 4);
-          const __m256i xlv = _mm256_set1_epi32(xl), xhv = _mm256_set1_epi32(xh);
-          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], lo0, xlv);
-          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], lo1, xlv);
-          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], hi0, xhv);
-          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], hi1, xhv);
-        }
+      const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G)));
+      const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G + 8)));
+      for (int j = 0; j < MB; ++j) {
+        const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]);
+        acc[i][j][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][0]), _mm256_mul_ps(dw0, dx), acc[i][j][0]);
+        acc[i][j][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][1]), _mm256_mul_ps(dw1, dx), acc[i][j][1]);
       }
-    }
-    const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G)));
-    const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G + 8)));
-    for (int j = 0; j < MB; ++j) {
-      const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]);
-      acc[j][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][0]), _mm256_mul_ps(dw0, dx), acc[j][0]);
-      acc[j][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][1]), _mm256_mul_ps(dw1, dx), acc[j][1]);
     }
   }
-  for (int j = 0; j < MB; ++j) {
-    _mm256_storeu_ps(out + j * G, acc[j][0]);
-    _mm256_storeu_ps(out + j * G + 8, acc[j][1]);
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm256_storeu_ps(out + (i * 4 + j) * G, acc[i][j][0]);
+      _mm256_storeu_ps(out + (i * 4 + j) * G + 8, acc[i][j][1]);
+    }
+}
+
+template <int NS>
+__attribute__((target(QL_VNNI256))) void groups_rows_vnni256_mb(const Layout& L, const QX& qx, int64_t m0, int64_t mb,
+                                                               const uint8_t* w, int64_t g0, float* out) {
+  switch (mb) {
+    case 1: groups_rows_vnni256<1, NS>(L, qx, m0, w, g0, out); break;
+    case 2: groups_rows_vnni256<2, NS>(L, qx, m0, w, g0, out); break;
+    case 3: groups_rows_vnni256<3, NS>(L, qx, m0, w, g0, out); break;
+    default: groups_rows_vnni256<4, NS>(L, qx, m0, w, g0, out); break;
   }
 }
 
-// One token row against kStreamsAvx2 groups side by side (groups_avx2_m1's streams, group_rows_vnni256<1>'s
+// One token row against kStreamsAvx2 groups side by side (groups_avx2_m1's streams, groups_rows_vnni256<1, 1>'s
 // arithmetic).
 __attribute__((target(QL_VNNI256))) void groups_vnni256_m1(const Layout& L, const QX& qx, const uint8_t* w,
                                                           const float* bias, float* y, int64_t g0) {
@@ -742,24 +756,22 @@ __attribute__((target(QL_VNNI256))) void groups_vnni256_m1(const Layout& L, cons
   }
 }
 
-// One group, all token rows, in register blocks of up to 4 (group_avx2's walk).
-__attribute__((target(QL_VNNI256))) void group_vnni256(const Layout& L, const QX& qx, const uint8_t* w,
-                                                      const float* bias, float* y, int64_t g) {
-  const uint8_t* grp = L.group(w, g);
-  alignas(32) float out[4 * G];
+// ns (kStreamsAvx2 or 1) full groups from g0, all token rows, in register blocks of up to 4
+__attribute__((target(QL_VNNI256))) void groups_vnni256(const Layout& L, const QX& qx, const uint8_t* w,
+                                                       const float* bias, float* y, int64_t g0, int ns) {
+  alignas(32) float out[kStreamsAvx2 * 4 * G];
   for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
     const int64_t mb = std::min<int64_t>(4, qx.M - m0);
-    switch (mb) {
-      case 1: group_rows_vnni256<1>(L, qx, m0, grp, out); break;
-      case 2: group_rows_vnni256<2>(L, qx, m0, grp, out); break;
-      case 3: group_rows_vnni256<3>(L, qx, m0, grp, out); break;
-      default: group_rows_vnni256<4>(L, qx, m0, grp, out); break;
-    }
-    for (int64_t j = 0; j < mb; ++j)
-      for (int c = 0; c < G; ++c) {
-        const int64_t n = g * G + c;
-        y[(m0 + j) * L.N + n] = out[j * G + c] + (bias ? bias[n] : 0.f);
-      }
+    if (ns == kStreamsAvx2)
+      groups_rows_vnni256_mb<kStreamsAvx2>(L, qx, m0, mb, w, g0, out);
+    else
+      groups_rows_vnni256_mb<1>(L, qx, m0, mb, w, g0, out);
+    for (int i = 0; i < ns; ++i)
+      for (int64_t j = 0; j < mb; ++j)
+        for (int c = 0; c < G; ++c) {
+          const int64_t n = (g0 + i) * G + c;
+          y[(m0 + j) * L.N + n] = out[(i * 4 + j) * G + c] + (bias ? bias[n] : 0.f);
+        }
   }
 }
 
@@ -1030,8 +1042,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
         u += kStreamsAvx2 - 1;
         continue;
       }
-      if (isa == ISA_AVXVNNI) {
-        group_vnni256(L, qx, wp, bp, yp, u);
+      if (isa == ISA_AVXVNNI) {  // several weight streams at once where kStreamsAvx2 groups remain
+        const int ns = u + kStreamsAvx2 <= std::min(u1, L.ng) ? kStreamsAvx2 : 1;
+        groups_vnni256(L, qx, wp, bp, yp, u, ns);
+        u += ns - 1;
         continue;
       }
 #endif
