@@ -348,6 +348,18 @@ void group_scalar(const Layout& L, const QX& qx, const uint8_t* w, const float* 
   }
 }
 
+// y's rows m0 .. m0 + mb of groups g0 .. g0 + ns: the float sums in out (group i, row j from
+// out[(i * row_stride + j) * G]) plus the bias. Every SIMD path ends with it.
+inline void write_groups(const Layout& L, const float* out, int64_t row_stride, int ns, int64_t m0, int64_t mb,
+                         int64_t g0, const float* bias, float* y) {
+  for (int i = 0; i < ns; ++i)
+    for (int64_t j = 0; j < mb; ++j)
+      for (int c = 0; c < G; ++c) {
+        const int64_t n = (g0 + i) * G + c;
+        y[(m0 + j) * L.N + n] = out[(i * row_stride + j) * G + c] + (bias ? bias[n] : 0.f);
+      }
+}
+
 #if QL_X86
 // ------------------------------------------------------------------ AVX2
 // Half a group (8 weight rows, one ymm lane each) for MB token rows. int8: |w| times sign(x, w)
@@ -471,15 +483,12 @@ __attribute__((target("avx2,fma,f16c"))) void groups_avx2_m1(const Layout& L, co
       }
     }
   }
+  alignas(32) float out[kStreamsAvx2 * G];
   for (int i = 0; i < kStreamsAvx2; ++i) {
-    alignas(32) float out[G];
-    _mm256_store_ps(out, acc[i][0]);
-    _mm256_store_ps(out + 8, acc[i][1]);
-    for (int c = 0; c < G; ++c) {
-      const int64_t n = (g0 + i) * G + c;
-      y[n] = out[c] + (bias ? bias[n] : 0.f);
-    }
+    _mm256_store_ps(out + i * G, acc[i][0]);
+    _mm256_store_ps(out + i * G + 8, acc[i][1]);
   }
+  write_groups(L, out, 1, kStreamsAvx2, 0, 1, g0, bias, y);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const QX& qx, const uint8_t* w,
@@ -496,11 +505,7 @@ __attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const 
         default: half_avx2<4>(L, qx, m0, grp, h, out); break;
       }
     }
-    for (int64_t j = 0; j < mb; ++j)
-      for (int c = 0; c < G; ++c) {
-        const int64_t n = g * G + c;
-        y[(m0 + j) * L.N + n] = out[j * G + c] + (bias ? bias[n] : 0.f);
-      }
+    write_groups(L, out, 4, 1, m0, mb, g, bias, y);
   }
 }
 
@@ -600,12 +605,7 @@ __attribute__((target("avx2,fma,f16c"))) void groups_avx2_q8_rows(const Layout& 
         default: rows_q8_avx2<8>(L, qx, mc + j0, w, g0, ns, pf, a); break;
       }
     }
-    for (int i = 0; i < ns; ++i)
-      for (int j = 0; j < rows; ++j)
-        for (int c = 0; c < G; ++c) {
-          const int64_t n = (g0 + i) * G + c;
-          y[(mc + j) * L.N + n] = acc[i][j][c] + (bias ? bias[n] : 0.f);
-        }
+    write_groups(L, &acc[0][0][0], kRowsAvx2, ns, mc, rows, g0, bias, y);
   }
 }
 
@@ -745,15 +745,12 @@ __attribute__((target(QL_VNNI256))) void groups_vnni256_m1(const Layout& L, cons
       }
     }
   }
+  alignas(32) float out[kStreamsAvx2 * G];
   for (int i = 0; i < kStreamsAvx2; ++i) {
-    alignas(32) float out[G];
-    _mm256_store_ps(out, acc[i][0]);
-    _mm256_store_ps(out + 8, acc[i][1]);
-    for (int c = 0; c < G; ++c) {
-      const int64_t n = (g0 + i) * G + c;
-      y[n] = out[c] + (bias ? bias[n] : 0.f);
-    }
+    _mm256_store_ps(out + i * G, acc[i][0]);
+    _mm256_store_ps(out + i * G + 8, acc[i][1]);
   }
+  write_groups(L, out, 1, kStreamsAvx2, 0, 1, g0, bias, y);
 }
 
 // ns (kStreamsAvx2 or 1) full groups from g0, all token rows, in register blocks of up to 4
@@ -766,12 +763,7 @@ __attribute__((target(QL_VNNI256))) void groups_vnni256(const Layout& L, const Q
       groups_rows_vnni256_mb<kStreamsAvx2>(L, qx, m0, mb, w, g0, out);
     else
       groups_rows_vnni256_mb<1>(L, qx, m0, mb, w, g0, out);
-    for (int i = 0; i < ns; ++i)
-      for (int64_t j = 0; j < mb; ++j)
-        for (int c = 0; c < G; ++c) {
-          const int64_t n = (g0 + i) * G + c;
-          y[(m0 + j) * L.N + n] = out[(i * 4 + j) * G + c] + (bias ? bias[n] : 0.f);
-        }
+    write_groups(L, out, 4, ns, m0, mb, g0, bias, y);
   }
 }
 
@@ -881,12 +873,7 @@ __attribute__((target(QL_512))) void groups_vnni(const Layout& L, const QX& qx, 
       groups_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
     else
       groups_vnni_rows<1>(L, qx, m0, mb, w, g0, out);
-    for (int i = 0; i < ns; ++i)
-      for (int64_t j = 0; j < mb; ++j)
-        for (int c = 0; c < G; ++c) {
-          const int64_t n = (g0 + i) * G + c;
-          y[(m0 + j) * L.N + n] = out[(i * 8 + j) * G + c] + (bias ? bias[n] : 0.f);
-        }
+    write_groups(L, out, 8, ns, m0, mb, g0, bias, y);
   }
 }
 #endif  // QL_X86
