@@ -18,6 +18,29 @@ torch.set_num_threads(1)  # tiny models gain nothing from threads; avoids oversu
 # (SPECDECODE_FAST_LINEAR=0: eager path), so the exactness tests cover the code users run.
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default="cpu",
+                     help="where the conformance suite runs its models: cpu (default) or cuda, which "
+                          "scripts/gpu_check.py passes on a GPU machine (tests skip where it is absent)")
+    parser.addoption("--dtype", default="auto",
+                     help="the conformance suite's compute dtype: auto (fp32 on the CPU, bf16 on CUDA), fp32, bf16")
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> str:
+    """The ``--device`` the conformance suite loads its targets and drafts on."""
+    name = str(request.config.getoption("--device"))
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip(f"--device {name}: no CUDA device here")
+    return name
+
+
+@pytest.fixture(scope="session")
+def dtype(request: pytest.FixtureRequest) -> str:
+    """The ``--dtype`` the conformance suite computes in."""
+    return str(request.config.getoption("--dtype"))
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Targets per architecture plus draft models that share the llama target's tokenizer."""

@@ -52,12 +52,16 @@ def own_cost_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model, dict[str, Needs]]:
-    """A tiny 3-layer target with a tokenizer, a draft sharing it, and every drafter's needs."""
+def setup(tmp_path_factory: pytest.TempPathFactory, device: str,
+          dtype: str) -> tuple[sd.Model, sd.Model, dict[str, Needs]]:
+    """A tiny 3-layer target with a tokenizer, a draft sharing it, and every drafter's needs, on ``--device``
+    in ``--dtype`` (the artifacts are made from the CPU copy, as training writes them)."""
     root = tmp_path_factory.mktemp("conformance")
-    target = sd.load_model(build_model(root / "t", "llama", seed=0, layers=3))
-    draft = sd.load_model(build_model(root / "d", "llama", seed=4, layers=1, hidden=32))
-    return target, draft, {name: kit(target, root / name) for name, kit in TABLE.items()}
+    t = build_model(root / "t", "llama", seed=0, layers=3)
+    target = sd.load_model(t, device=device, dtype=dtype)
+    draft = sd.load_model(build_model(root / "d", "llama", seed=4, layers=1, hidden=32), device=device, dtype=dtype)
+    maker = target if device == "cpu" else sd.load_model(t)
+    return target, draft, {name: kit(maker, root / name) for name, kit in TABLE.items()}
 
 
 def _drafter(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str, mp: pytest.MonkeyPatch) -> object:
@@ -194,7 +198,7 @@ V, N, LAW_PROMPT = 8, 2500, [1, 2, 3, 1, 2]
 def exact_law(model: sd.Model, cfg: SamplingConfig) -> dict[tuple[int, ...], float]:
     """All V^3 continuations of LAW_PROMPT, each the product of its filtered conditionals (one pass)."""
     seqs = list(itertools.product(range(V), repeat=3))
-    ids = torch.tensor([LAW_PROMPT + list(s) for s in seqs])
+    ids = torch.tensor([LAW_PROMPT + list(s) for s in seqs], device=model.device)
     with torch.inference_mode():
         logits = model.module(ids).float()
     n = len(LAW_PROMPT)
@@ -206,16 +210,18 @@ def exact_law(model: sd.Model, cfg: SamplingConfig) -> dict[tuple[int, ...], flo
 
 
 @pytest.fixture(scope="module")
-def law_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[sd.Model, sd.Model, Optional[sd.Model], Path]:
+def law_setup(tmp_path_factory: pytest.TempPathFactory, device: str, dtype: str
+              ) -> tuple[sd.Model, sd.Model, Optional[sd.Model], Path]:
     from exactness.test_crosstok_law import _write_tokenizer
 
     root = tmp_path_factory.mktemp("law")
     t = build_model(root / "t", "llama", vocab_size=V, tokenizer=False, layers=3, seed=31)
     _write_tokenizer(t, [], special=False)  # one character a..h per token: a draft may re-tokenize its text
-    target = sd.load_model(t)
-    other = sd.load_model(build_model(root / "o", "llama", vocab_size=V, tokenizer=False, layers=3, seed=12))
+    target = sd.load_model(t, device=device, dtype=dtype)
+    other = sd.load_model(build_model(root / "o", "llama", vocab_size=V, tokenizer=False, layers=3, seed=12),
+                          device=device, dtype=dtype)
     draft = sd.load_model(build_model(root / "d", "llama", vocab_size=V, tokenizer=False, hidden=16, layers=1,
-                                      seed=13))
+                                      seed=13), device=device, dtype=dtype)
     return target, other, draft, root
 
 
@@ -224,9 +230,9 @@ def test_output_law(law_setup: tuple[sd.Model, sd.Model, sd.Model, Path], name: 
                     monkeypatch: pytest.MonkeyPatch) -> None:
     target, other, draft, root = law_setup
     patch_costs(monkeypatch, [name])
-    needs = TABLE[name](target, root / name)
+    needs = TABLE[name](target if target.device.type == "cpu" else sd.load_model(target.path), root / name)
     if needs.law_draft is not None:
-        draft = sd.load_model(needs.law_draft(root / name / "draft"))
+        draft = sd.load_model(needs.law_draft(root / name / "draft"), device=target.device.type, dtype=target.dtype)
     drafter = build_drafter(name, needs.options_for(draft))
     cfg = SamplingConfig(temperature=1.0)
     samples, accepted = [], 0
