@@ -235,7 +235,7 @@ def rejection_sample_tree(
     children: dict[int, list[int]] = {}
     for k, par in enumerate(parents):
         children.setdefault(int(par), []).append(k)
-    u = torch.rand(n, generator=generator).tolist() if n else []
+    u = torch.rand(n, generator=generator, device=target_probs.device).tolist() if n else []
     path: list[int] = []
     node = -1
     while True:

@@ -64,9 +64,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory, device: str,
     return target, draft, {name: kit(maker, root / name) for name, kit in TABLE.items()}
 
 
+def runs_here(target: sd.Model, needs: Needs, name: str) -> None:
+    """A CPU-only drafter with a target elsewhere (``--device cuda``): its own error, then the test is skipped."""
+    if needs.cpu_only and target.device.type != "cpu":
+        with pytest.raises(ConfigError, match="CPU only"):
+            build_drafter(name, needs.options_for(None))
+        pytest.skip(f"{name} runs on the CPU only (its error on {target.device} was checked)")
+
+
 def _drafter(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str, mp: pytest.MonkeyPatch) -> object:
     """The drafter built by the registry from the table's needs (with its cost patches, if any, held)."""
     target, draft, needs = setup
+    runs_here(target, needs[name], name)
     patch_costs(mp, [name])
     return build_drafter(name, needs[name].options_for(draft))
 
@@ -145,7 +154,9 @@ def _stream(server: RunningServer, prompt: str, drafter: str) -> str:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_streaming_server_request(server: RunningServer, name: str) -> None:
+def test_streaming_server_request(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], server: RunningServer,
+                                  name: str) -> None:
+    runs_here(setup[0], setup[2][name], name)
     assert name in server.state.scheduler.drafters or name == PLAIN
     assert _stream(server, PROMPTS[0], name) == _stream(server, PROMPTS[0], PLAIN)
 
@@ -158,6 +169,7 @@ def test_bench_methods(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name:
 
     patch_costs(monkeypatch, [name])
     target, draft, needs = setup
+    runs_here(target, needs[name], name)
     n = needs[name]
     spec = get_spec(name)
     ctx = BenchContext(target, draft, str(target.path), str(draft.path), options=n.options,
@@ -231,6 +243,7 @@ def test_output_law(law_setup: tuple[sd.Model, sd.Model, sd.Model, Path], name: 
     target, other, draft, root = law_setup
     patch_costs(monkeypatch, [name])
     needs = TABLE[name](target if target.device.type == "cpu" else sd.load_model(target.path), root / name)
+    runs_here(target, needs, name)
     if needs.law_draft is not None:
         draft = sd.load_model(needs.law_draft(root / name / "draft"), device=target.device.type, dtype=target.dtype)
     drafter = build_drafter(name, needs.options_for(draft))
