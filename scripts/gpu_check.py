@@ -107,7 +107,7 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
     t0 = time.perf_counter()
     target = specdecode.load_model(path, device=device, dtype=dtype)
     draft = specdecode.load_model(draft_path, device=device, dtype=dtype) if draft_path else None
-    report: dict[str, Any] = {"target": path, "draft": draft_path, "dtype": dtype,
+    report: dict[str, Any] = {"target": path, "draft": draft_path, "dtype": dtype, "fixed_rows": target.fixed_rows,
                               "load_s": round(time.perf_counter() - t0, 1)}
     prompts = prompts_for(target, tokens, per_category)
     report["prompts"] = [p[0] for p in prompts]

@@ -52,6 +52,9 @@ class AttentionMeta:
     capture: Optional[tuple[int, ...]] = None  # record the final hidden and these layers' residual streams
     hidden: Optional[torch.Tensor] = None  # set by the model when capture is not None
     layer_states: Optional[dict[int, torch.Tensor]] = None  # likewise
+    # a fixed-shape pass (``Model.fixed_rows``): the module runs ``fixed`` rows, the T real ones first and
+    # padding after; attention reads the cache's whole capacity, and only the real rows are written
+    fixed: Optional[int] = None
 
     @cached_property
     def slots(self) -> torch.Tensor:
@@ -73,7 +76,14 @@ class AttentionMeta:
 
     @cached_property
     def positions(self) -> torch.Tensor:
-        """[B, T] int64 positions of the new tokens (RoPE / learned position index)."""
+        """[B, T] int64 positions of the new tokens (RoPE / learned position index); [B, fixed] in a
+        fixed-shape pass, the padding rows at position 0."""
+        real = self._real_positions()
+        if self.fixed is None:
+            return real
+        return torch.cat([real, real.new_zeros(real.shape[0], self.fixed - self.n_new)], 1)
+
+    def _real_positions(self) -> torch.Tensor:
         if self.explicit_positions is not None:
             return self.explicit_positions
         if self.tree is None:
@@ -85,7 +95,10 @@ class AttentionMeta:
 
     @cached_property
     def mask(self) -> Optional[torch.Tensor]:
-        """[B, 1, T, kv_len] bool, True = attend; None when a single query attends to everything before it."""
+        """[B, 1, T, kv_len] bool, True = attend; None when a single query attends to everything before it.
+        In a fixed-shape pass [B, 1, fixed, capacity]: the real rows as always, the padding rows on key 0."""
+        if self.fixed is not None:
+            return self._fixed_mask()
         end = self.kv_len
         ancestors = self.ancestors
         if ancestors is not None:  # a tree
@@ -97,6 +110,19 @@ class AttentionMeta:
         if self.n_new == 1 and self.contiguous:
             return None
         return self.arange[:end].view(1, 1, 1, end) <= self.slots.view(len(self.starts), 1, self.n_new, 1)
+
+    def _fixed_mask(self) -> torch.Tensor:
+        assert self.fixed is not None
+        b, t, cap = len(self.starts), self.n_new, self.arange.numel()
+        keys = self.arange.view(1, 1, cap)
+        ancestors = self.ancestors
+        if ancestors is None:
+            real = keys <= self.slots.view(b, t, 1)
+        else:
+            offs = torch.tensor(self.starts, device=self.arange.device).view(b, 1, 1)
+            real = (keys < offs).expand(b, t, cap).clone()
+            real.scatter_(2, self.slots.unsqueeze(1).expand(b, t, t), ancestors)
+        return torch.cat([real, (keys == 0).expand(b, self.fixed - t, cap)], 1).unsqueeze(1)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -316,6 +342,9 @@ class KVCache:
         kc, vc = self._k_layers[layer], self._v_layers[layer]
         if meta.rows != slice(0, self.batch_size):
             kc, vc = kc[meta.rows], vc[meta.rows]
+        end = meta.kv_len
+        if meta.fixed is not None:  # write the real rows; attend over the whole capacity (a fixed shape)
+            k, v, end = k[:, :, : meta.n_new], v[:, :, : meta.n_new], self.max_len
         if meta.contiguous:
             s = meta.starts[0]
             kc[:, :, s : s + meta.n_new] = k
@@ -324,7 +353,7 @@ class KVCache:
             b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.slots)
             kc[b_idx, :, meta.slots] = k.transpose(1, 2).to(kc.dtype)  # index_put does not convert
             vc[b_idx, :, meta.slots] = v.transpose(1, 2).to(vc.dtype)
-        kc, vc = kc[:, :, : meta.kv_len], vc[:, :, : meta.kv_len]
+        kc, vc = kc[:, :, :end], vc[:, :, :end]
         if kc.dtype != k.dtype:
             return kc.to(k.dtype), vc.to(v.dtype)
         return kc, vc

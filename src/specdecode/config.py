@@ -119,6 +119,7 @@ DEFAULT_MATMUL = "bf16"
 MATMUL_MODES = ("bf16", "fp32")
 DEFAULT_KV_DTYPE = "auto"
 KV_DTYPE_NAMES = ("auto", "fp32", "fp16", "bf16")
+DEFAULT_FIXED_ROWS = "auto"
 
 
 @dataclass(frozen=True)
@@ -148,10 +149,16 @@ class ModelLoadConfig:
         "computes in fp32; fp16 halves the cache's memory and the bytes a long-context decode step reads. "
         "Speculative and plain decoding share the cache, so their greedy outputs stay identical; fp32 keeps "
         "logits equal to transformers' fp32 run"))
+    fixed_rows: str = field(default=DEFAULT_FIXED_ROWS, metadata=_help(
+        "batch-invariant decoding: every pass of up to N new tokens runs padded to N rows and attends over the "
+        "whole cache, so verifying k tokens rounds each one as k one-token passes would and greedy output stays "
+        "identical to plain decoding. auto = 64 where the kernels are not batch-invariant themselves (CUDA; "
+        "bf16/fp16 activations on the CPU), off on the CPU's fp32 path, whose kernels are; a number N; or off"))
 
     def __post_init__(self) -> None:
         check_matmul(self.matmul)
         check_kv_dtype(self.kv_dtype)
+        check_fixed_rows(self.fixed_rows)
         if self.dtype not in _DTYPE_NAMES:
             raise ConfigError(f"dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
         check_weight_dtype(self.weight_dtype)
@@ -170,6 +177,15 @@ def check_kv_dtype(kv_dtype: object) -> None:
     """Raise ``ConfigError`` unless ``kv_dtype`` names a KV-cache storage (shared by the CLI and ``load_model``)."""
     if kv_dtype not in KV_DTYPE_NAMES:
         raise ConfigError(f"kv_dtype must be one of {', '.join(KV_DTYPE_NAMES)}; got {kv_dtype!r}")
+
+
+def check_fixed_rows(fixed_rows: object) -> None:
+    """Raise ``ConfigError`` unless ``fixed_rows`` is auto, off or a positive row count."""
+    if fixed_rows in ("auto", "off", None) or (isinstance(fixed_rows, int) and fixed_rows > 0):
+        return
+    if isinstance(fixed_rows, str) and fixed_rows.isdigit() and int(fixed_rows) > 0:
+        return
+    raise ConfigError(f"fixed_rows must be auto, off or a positive number of rows; got {fixed_rows!r}")
 
 
 def check_matmul(matmul: str) -> None:

@@ -180,7 +180,8 @@ class LlamaModel(nn.Module):
         decoder blocks of this model's head shape run after ``layers`` (before the final norm), each
         on cache layer ``block.layer`` (>= n_layers) with this model's RoPE: an exit adapter."""
         ext = self.kernels.fused
-        if ext is not None and cache is not None and meta is not None and tokens.device.type == "cpu":
+        if ext is not None and cache is not None and meta is not None and meta.fixed is None \
+                and tokens.device.type == "cpu":
             plan = self._fused_plan()
             # fp32 activations; the KV cache fp32, fp16 or bf16 (the kernel widens it on load)
             if plan.norm.dtype == torch.float32 and cache.dtype in FUSED_KV_DTYPES:

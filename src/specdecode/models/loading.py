@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from torch import nn
 
-from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_KV_DTYPE, DEFAULT_MATMUL,
-                      DEFAULT_WEIGHT_DTYPE, ConfigError, check_kv_dtype, check_matmul, check_weight_dtype)
+from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_FIXED_ROWS, DEFAULT_KV_DTYPE,
+                      DEFAULT_MATMUL, DEFAULT_WEIGHT_DTYPE, ConfigError, check_fixed_rows, check_kv_dtype, check_matmul,
+                      check_weight_dtype)
 from ..kernels import Kernels, install_kernels, select_kernels
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from .config import ModelConfig
@@ -228,7 +229,8 @@ def resolve_weight_dtype(weight_dtype: str | torch.dtype | None, dtype: torch.dt
 
 def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype: str | torch.dtype = DEFAULT_DTYPE,
                weight_dtype: str | torch.dtype | None = DEFAULT_WEIGHT_DTYPE, *, fast: bool = DEFAULT_FAST,
-               matmul: str = DEFAULT_MATMUL, kv_dtype: str | torch.dtype = DEFAULT_KV_DTYPE) -> Model:
+               matmul: str = DEFAULT_MATMUL, kv_dtype: str | torch.dtype = DEFAULT_KV_DTYPE,
+               fixed_rows: str | int | None = DEFAULT_FIXED_ROWS) -> Model:
     """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime.
 
     ``dtype`` is the compute dtype (activations); ``weight_dtype`` the
@@ -247,8 +249,11 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     ``kv_dtype`` is the storage dtype of this model's KV caches (``new_cache``): "auto" (see
     ``resolve_kv_dtype``), "fp32", "fp16" or "bf16". Plain and speculative decoding share the
     cache, so greedy speculative output equals plain output whatever it is.
+
+    ``fixed_rows`` makes decode passes batch-invariant where the kernels are not (``resolve_fixed_rows``).
     """
     check_matmul(matmul)
+    check_fixed_rows(fixed_rows)
     if not isinstance(kv_dtype, torch.dtype):
         check_kv_dtype(kv_dtype)
     if weight_dtype is not None and not isinstance(weight_dtype, torch.dtype):
@@ -259,6 +264,7 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
 
         model = load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul)
         model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
+        model.fixed_rows = resolve_fixed_rows(fixed_rows, model)
         return model
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
@@ -272,7 +278,31 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
 
     model.chat_template, model.bos_token, model.eos_token = read_chat_template(root)
     model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
+    model.fixed_rows = resolve_fixed_rows(fixed_rows, model)
     return model
+
+
+FIXED_ROWS_AUTO = 64  # the widest verification pass a drafter sends (the fused CPU path's tree limit too)
+
+
+def resolve_fixed_rows(fixed_rows: str | int | None, model: Model) -> Optional[int]:
+    """How many rows every decode pass of ``model`` is padded to (None: passes run as they come).
+
+    Why: a kernel may round a row differently depending on how many rows its pass has (cuBLAS and the
+    CPU's BLAS pick a different tiling, split or reduction for 1 row than for 5), and then a pass that
+    verifies k tokens can flip a near-tie that k one-token passes would not: greedy speculative output
+    differs from plain decoding's. Run at one shape (padded rows, and attention over the cache's whole
+    capacity with a mask), every row gets the same arithmetic whatever else the pass holds. "auto" turns it
+    on where the kernels are not batch-invariant themselves: off the CPU (CUDA), and for bf16/fp16
+    activations on the CPU; the CPU's fp32 path (our own kernels, row by row) needs it not. Passes wider
+    than the row count (a prompt's prefill) run as they come: plain and speculative decoding share them."""
+    check_fixed_rows(fixed_rows)
+    if fixed_rows in ("off", None):
+        return None
+    if fixed_rows == "auto":
+        needed = model.device.type != "cpu" or model.dtype in (torch.bfloat16, torch.float16)
+        return FIXED_ROWS_AUTO if needed else None
+    return int(fixed_rows)
 
 
 def resolve_kv_dtype(kv_dtype: str | torch.dtype, model: Model) -> torch.dtype:

@@ -48,6 +48,10 @@ class Model:
         # storage dtype of the dense matrices (with quantized weights: the embedding table's)
         self.weight_dtype = next(p for p in module.parameters() if p.dim() == 2 and p.dtype.is_floating_point).dtype
         self.quant = quant
+        # decode passes of up to this many new tokens run padded to exactly this many rows, attending over the
+        # cache's whole capacity, so a row's numbers never depend on the pass's width: batch invariance for
+        # kernels that lack it (load_model's fixed_rows; see resolve_fixed_rows). None: passes as they come
+        self.fixed_rows: Optional[int] = None
         # the checkpoint's chat template (GGUF metadata, or tokenizer_config.json / chat_template.jinja),
         # None when it has none; bos/eos texts are what templates may print
         self.chat_template: Optional[str] = None
@@ -157,11 +161,21 @@ class Model:
         meta = cache.prepare(tokens.shape[1], rows, positions, tree_mask)
         if return_hidden or captured:
             meta.capture = captured
+        t = tokens.shape[1]
+        if self.fixed_rows is not None and t <= self.fixed_rows:  # one shape for every decode pass
+            meta.fixed = self.fixed_rows
+            tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], self.fixed_rows - t)], 1)
+            last_only, real_last = False, last_only
         if layers is None:
             logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
         else:
             logits = self.module(tokens, meta, cache, last_only=last_only, head=head, layers=layers)
         cache.commit(meta)
+        if meta.fixed is not None:  # back to the real rows
+            keep = slice(t - 1, t) if real_last else slice(0, t)
+            logits = logits[:, keep]
+            meta.hidden = meta.hidden[:, keep] if meta.hidden is not None else None
+            meta.layer_states = {i: h[:, keep] for i, h in (meta.layer_states or {}).items()}
         return ForwardOutput(logits.float(), meta.hidden if return_hidden else None, dict(meta.layer_states or {}))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

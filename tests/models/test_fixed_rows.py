@@ -1,0 +1,81 @@
+"""Batch-invariant decode passes (``load_model(fixed_rows=)``): a token's logits must not depend on how many
+tokens its pass held, or greedy speculative output would differ from plain decoding's at near-ties.
+(On CUDA this is what keeps verification exact: cuBLAS rounds a 5-row pass unlike a 1-row one;
+scripts/gpu_check.py checks it there. Here the CPU's bf16 eager path stands in: it is not invariant either.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdecode as sd
+from tiny import build_model
+from specdecode.config import ConfigError
+from specdecode.drafters import DrafterOptions
+from specdecode.drafters.registry import build_drafter
+from specdecode.models.loading import FIXED_ROWS_AUTO, resolve_fixed_rows
+
+PROMPT = "def total(xs):\n    s = 0\n    for x in xs:\n"
+
+
+def _one_by_one_and_together(model: sd.Model, tree: bool, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of 6 tokens after ``n`` random ones: fed one pass each, and fed in one pass (a chain, or
+    the same chain as a tree mask)."""
+    ids = torch.randint(0, 290, (1, n + 6), generator=torch.Generator().manual_seed(n))
+    a = model.new_cache()
+    model.forward(ids[:, :n], a)
+    one = torch.cat([model.forward(ids[:, n + i:n + i + 1], a) for i in range(6)], 1)
+    b = model.new_cache()
+    model.forward(ids[:, :n], b)
+    mask = torch.tril(torch.ones(6, 6, dtype=torch.bool)) if tree else None
+    return one, model.forward(ids[:, n:], b, tree_mask=mask)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_fixed_rows_make_passes_batch_invariant(tmp_path: Path, arch: str, tree: bool) -> None:
+    """On this project's CPUs the bf16 eager pass differs bit-wise without fixed rows at a 60-token context
+    (llama, hidden 128; gpt2): the attention kernel splits a long key range by the number of queries."""
+    model = sd.load_model(build_model(tmp_path / arch, arch, seed=0, hidden=128), dtype="bf16")
+    assert model.fixed_rows == FIXED_ROWS_AUTO  # auto: bf16 activations on the CPU run eager kernels
+    for n in (20, 60, 120, 200):
+        one, together = _one_by_one_and_together(model, tree, n)
+        assert torch.equal(one, together), n  # bit for bit, not close
+
+
+def test_fixed_rows_leave_the_numbers_of_a_pass(tiny_dirs: dict[str, Path]) -> None:
+    """Padding changes which kernel runs, not what a row means: fp32 logits agree with the plain pass."""
+    fixed = sd.load_model(tiny_dirs["llama"], fast=False, fixed_rows=16)
+    plain = sd.load_model(tiny_dirs["llama"], fast=False, fixed_rows="off")
+    assert fixed.fixed_rows == 16 and plain.fixed_rows is None
+    fc, pc = fixed.new_cache(), plain.new_cache()
+    ids = torch.tensor([fixed.encode(PROMPT)])
+    torch.testing.assert_close(fixed.forward(ids[:, :-3], fc), plain.forward(ids[:, :-3], pc))
+    torch.testing.assert_close(fixed.forward(ids[:, -3:], fc), plain.forward(ids[:, -3:], pc), rtol=1e-4, atol=1e-4)
+    assert fc.length() == pc.length() == ids.shape[1]
+
+
+def test_greedy_identity_with_fixed_rows(tiny_dirs: dict[str, Path]) -> None:
+    target = sd.load_model(tiny_dirs["llama"], dtype="bf16")
+    draft = sd.load_model(tiny_dirs["draft"], dtype="bf16")
+    drafter = build_drafter("model", DrafterOptions(draft=draft, gamma=4))
+    for prompt in ["def fib(n):\n", "class Point:\n    def __init__(self"]:
+        plain = sd.generate(target, prompt, max_new_tokens=40, ignore_eos=True)
+        out = sd.generate(target, prompt, drafter=drafter, max_new_tokens=40, ignore_eos=True)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.drafted > 0
+
+
+def test_resolve_fixed_rows(tiny_dirs: dict[str, Path]) -> None:
+    fp32 = sd.load_model(tiny_dirs["llama"])
+    assert fp32.fixed_rows is None  # the CPU's fp32 path: our kernels are batch-invariant row by row
+    assert resolve_fixed_rows("auto", fp32) is None
+    assert resolve_fixed_rows("8", fp32) == 8 and resolve_fixed_rows(8, fp32) == 8
+    assert resolve_fixed_rows("off", fp32) is None
+    for bad in ("0", "many", -1):
+        with pytest.raises(ConfigError, match="fixed_rows"):
+            resolve_fixed_rows(bad, fp32)
+    with pytest.raises(ConfigError, match="fixed_rows"):
+        sd.load_model(tiny_dirs["llama"], fixed_rows="wide")
