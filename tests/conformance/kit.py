@@ -38,7 +38,7 @@ class Needs:
     gamma: Gamma = 2
     law_draft: Optional[Callable[[Path], Path]] = None  # its own draft for the law test (else the suite's)
     min_accepted: Optional[int] = None  # accepted draft tokens the law test needs (None: its default, N // 50)
-    cpu_only: bool = False  # runs on the CPU only: on another --device the suite checks its error instead
+    cpu_fp32_only: bool = False  # runs on the CPU in fp32 only: elsewhere the suite checks its error instead
 
     def options_for(self, draft: Optional[sd.Model]) -> DrafterOptions:
         return DrafterOptions(draft=draft if self.draft else None, gamma=self.gamma, options=self.options,
@@ -122,7 +122,7 @@ TABLE: dict[str, Kit] = {
                                                                          num_heads=2, scale=0.3)}, gamma="auto"),
     "eagle": lambda t, tmp: Needs(artifacts={"eagle": make_eagle(tmp / "eagle", t, seed=3)}, gamma="auto"),
     "suffix": lambda t, tmp: Needs(gamma="auto", artifacts={"suffix": make_store(tmp / "store", t)}),
-    "quant": lambda t, tmp: Needs(cpu_only=True),  # the int8/int4 kernels are CPU kernels
+    "quant": lambda t, tmp: Needs(cpu_fp32_only=True),  # the int8/int4 kernels: CPU, fp32 activations
     # auto drafts only where its live timings say a member pays, so on a loaded machine it may decode plainly
     # throughout: tests/exactness/test_suffix_law.py::test_auto_sampled_law_matches_target fixes members that draft
     "auto": lambda t, tmp: Needs(draft=True, gamma="auto", min_accepted=0),

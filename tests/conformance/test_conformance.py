@@ -65,11 +65,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory, device: str,
 
 
 def runs_here(target: sd.Model, needs: Needs, name: str) -> None:
-    """A CPU-only drafter with a target elsewhere (``--device cuda``): its own error, then the test is skipped."""
-    if needs.cpu_only and target.device.type != "cpu":
-        with pytest.raises(ConfigError, match="CPU only"):
-            build_drafter(name, needs.options_for(None))
-        pytest.skip(f"{name} runs on the CPU only (its error on {target.device} was checked)")
+    """A drafter for the CPU's fp32 path with a target elsewhere (``--device cuda``, ``--dtype bf16``): its own
+    error, then the test is skipped."""
+    if needs.cpu_fp32_only and (target.device.type != "cpu" or target.dtype != torch.float32):
+        with pytest.raises(ConfigError, match="CPU only|fp32 activations"):
+            sd.generate(target, PROMPTS[0], drafter=build_drafter(name, needs.options_for(None)),  # type: ignore[arg-type]
+                        max_new_tokens=2, ignore_eos=True)
+        pytest.skip(f"{name} runs on the CPU in fp32 only (its error on {target.device}, {target.dtype} was checked)")
 
 
 def _drafter(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str, mp: pytest.MonkeyPatch) -> object:
