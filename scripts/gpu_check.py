@@ -7,11 +7,13 @@
    lies beside the target, against plain decoding, on the real workload's prompts with the chat template
    where the target has one. Plain decoding runs twice, so a run-to-run difference is told apart from a
    speculative one (``plain_repeatable``).
-2. **Plain against speculative tokens/s** on those prompts, same process, plain timed before and after.
+2. **Plain against speculative tokens/s** on those prompts, same process, plain timed before and after; on
+   CUDA with and without CUDA graphs (``--graphs``, ``models/graphs.py``).
 3. **CUDA tests**: the drafter conformance suite with its models on the device, in each of
    ``--test-dtypes`` (`pytest tests/conformance --device cuda --dtype D`, both tiers): every registered
    drafter's greedy identity, batched rows, a streaming server request, bench methods, errors, and the
-   chi-square output law (about four minutes a dtype on an H200 with 8 workers).
+   chi-square output law (about four minutes a dtype on an H200 with 8 workers); and the fixed-shape tests,
+   whose CUDA case checks captured passes against eager ones.
 4. **vLLM**: whether it imports there; only then could it load our EAGLE export.
 
 ``docs/gpu.md`` says how the real model and the wheels travel to a lent machine and what the last run found.
@@ -48,7 +50,8 @@ def log(msg: str) -> None:
 def cuda_tests(device: str, dtype: str, out: Path, workers: int) -> dict[str, Any]:
     """The conformance suite on ``device`` in ``dtype``; counts and the first failures from its JUnit report."""
     xml = out / f"tests-{dtype}.xml"
-    cmd = [sys.executable, "-m", "pytest", "tests/conformance", "--device", device, "--dtype", dtype, "-q",
+    cmd = [sys.executable, "-m", "pytest", "tests/conformance", "tests/models/test_fixed_rows.py", "--device", device,
+           "--dtype", dtype, "-q",
            "-p", "no:cacheprovider", f"--junitxml={xml}"] + (["-n", str(workers)] if workers > 1 else [])
     if importlib.util.find_spec("pytest_timeout"):
         cmd.append("--timeout=240")  # a hung test fails alone, not the whole check
@@ -97,7 +100,7 @@ def timed(target: Any, prompts: list[tuple[str, list[int], int]], drafter: Any,
     return outs, secs, sum(len(o) for o in outs), passes
 
 
-def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, tokens: int,
+def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, graphs: bool, tokens: int,
                  per_category: int) -> dict[str, Any]:
     """Every buildable drafter against plain decoding of ``path``: identity first, then tok/s."""
     import specdecode
@@ -105,10 +108,10 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
     from specdecode.drafters.registry import PLAIN, REGISTRY, build_drafter, missing, resolve_artifacts
 
     t0 = time.perf_counter()
-    target = specdecode.load_model(path, device=device, dtype=dtype)
-    draft = specdecode.load_model(draft_path, device=device, dtype=dtype) if draft_path else None
+    target = specdecode.load_model(path, device=device, dtype=dtype, cuda_graphs=graphs)
+    draft = specdecode.load_model(draft_path, device=device, dtype=dtype, cuda_graphs=graphs) if draft_path else None
     report: dict[str, Any] = {"target": path, "draft": draft_path, "dtype": dtype, "fixed_rows": target.fixed_rows,
-                              "load_s": round(time.perf_counter() - t0, 1)}
+                              "cuda_graphs": graphs, "load_s": round(time.perf_counter() - t0, 1)}
     prompts = prompts_for(target, tokens, per_category)
     report["prompts"] = [p[0] for p in prompts]
     timed(target, prompts[:1], None, device)  # warm-up
@@ -169,6 +172,8 @@ def main() -> int:
     ap.add_argument("--per-category", type=int, default=1, help="real-workload prompts per category")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="pytest-xdist workers")
     ap.add_argument("--skip-tests", action="store_true", help="no CUDA test run")
+    ap.add_argument("--graphs", default="both", choices=("both", "on", "off"),
+                    help="on CUDA, run each target with CUDA graphs, without, or both (default: both)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -176,19 +181,23 @@ def main() -> int:
     report: dict[str, Any] = {"device": args.device, "torch": torch.__version__,
                               "name": torch.cuda.get_device_name() if cuda else "cpu", "targets": []}
     dtypes = args.dtypes.split(",")
-    runs: list[tuple[str, Optional[str], str]] = []
+    graph_modes = {"both": [True, False], "on": [True], "off": [False]}[args.graphs] if cuda else [False]
+    runs: list[tuple[str, Optional[str], str, bool]] = []
     if (Path(args.target) / "model.safetensors").is_file():
-        runs += [(args.target, args.draft if Path(args.draft).is_dir() else None, d) for d in dtypes]
+        runs += [(args.target, args.draft if Path(args.draft).is_dir() else None, d, g) for d in dtypes
+                 for g in graph_modes]
     else:
         report["bundled_pair"] = f"skipped: no weights at {args.target}"
     if args.real:
-        runs += [(args.real, None, d) for d in dtypes]
-    for path, draft, dtype in runs:
-        log(f"target {path} ({dtype})")
+        runs += [(args.real, None, d, g) for d in dtypes for g in graph_modes]
+    for path, draft, dtype, graphs in runs:
+        log(f"target {path} ({dtype}, CUDA graphs {'on' if graphs else 'off'})")
         try:
-            report["targets"].append(check_target(path, draft, args.device, dtype, args.tokens, args.per_category))
+            report["targets"].append(check_target(path, draft, args.device, dtype, graphs, args.tokens,
+                                                  args.per_category))
         except Exception as e:
-            report["targets"].append({"target": path, "dtype": dtype, "error": f"{type(e).__name__}: {e}"[:400],
+            report["targets"].append({"target": path, "dtype": dtype, "cuda_graphs": graphs,
+                                      "error": f"{type(e).__name__}: {e}"[:400],
                                       "where": "".join(traceback.format_exception(e)[-3:])[-800:]})
         (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     if not args.skip_tests:
@@ -200,7 +209,8 @@ def main() -> int:
     report["vllm"] = vllm_status()
     rows = [r for t in report["targets"] for r in t.get("drafters", {}).values()]
     differs = any(not r.get("greedy_identical", True) for r in rows)
-    report["ok"] = not differs and all(t["returncode"] == 0 for t in report.get("tests", {}).values())
+    broken = any("error" in t for t in report["targets"])
+    report["ok"] = not differs and not broken and all(t["returncode"] == 0 for t in report.get("tests", {}).values())
     text = json.dumps(report, indent=1)
     print(text)
     (args.out / "gpu_check.json").write_text(text)

@@ -55,6 +55,9 @@ class AttentionMeta:
     # a fixed-shape pass (``Model.fixed_rows``): the module runs ``fixed`` rows, the T real ones first and
     # padding after; attention reads the cache's whole capacity, and only the real rows are written
     fixed: Optional[int] = None
+    # a replayed pass (``models/graphs.py``): all ``fixed`` rows written at these [B, fixed] slots, held in a
+    # tensor so that a CUDA graph reads them (positions and mask are then preset as tensors too)
+    write_slots: Optional[torch.Tensor] = None
 
     @cached_property
     def slots(self) -> torch.Tensor:
@@ -343,16 +346,23 @@ class KVCache:
         if meta.rows != slice(0, self.batch_size):
             kc, vc = kc[meta.rows], vc[meta.rows]
         end = meta.kv_len
-        if meta.fixed is not None:  # write the real rows; attend over the whole capacity (a fixed shape)
-            k, v, end = k[:, :, : meta.n_new], v[:, :, : meta.n_new], self.max_len
-        if meta.contiguous:
-            s = meta.starts[0]
-            kc[:, :, s : s + meta.n_new] = k
-            vc[:, :, s : s + meta.n_new] = v
+        if meta.fixed is not None:  # attend over the whole capacity (a fixed shape)
+            end = self.max_len
+        if meta.write_slots is not None:  # every row, padding too (beyond the live length: masked, rewritten later)
+            b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.write_slots)
+            kc[b_idx, :, meta.write_slots] = k.transpose(1, 2).to(kc.dtype)
+            vc[b_idx, :, meta.write_slots] = v.transpose(1, 2).to(vc.dtype)
         else:
-            b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.slots)
-            kc[b_idx, :, meta.slots] = k.transpose(1, 2).to(kc.dtype)  # index_put does not convert
-            vc[b_idx, :, meta.slots] = v.transpose(1, 2).to(vc.dtype)
+            if meta.fixed is not None:  # only the real rows
+                k, v = k[:, :, : meta.n_new], v[:, :, : meta.n_new]
+            if meta.contiguous:
+                s = meta.starts[0]
+                kc[:, :, s : s + meta.n_new] = k
+                vc[:, :, s : s + meta.n_new] = v
+            else:
+                b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.slots)
+                kc[b_idx, :, meta.slots] = k.transpose(1, 2).to(kc.dtype)  # index_put does not convert
+                vc[b_idx, :, meta.slots] = v.transpose(1, 2).to(vc.dtype)
         kc, vc = kc[:, :, :end], vc[:, :, :end]
         if kc.dtype != k.dtype:
             return kc.to(k.dtype), vc.to(v.dtype)

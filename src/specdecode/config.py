@@ -154,6 +154,9 @@ class ModelLoadConfig:
         "whole cache, so verifying k tokens rounds each one as k one-token passes would and greedy output stays "
         "identical to plain decoding. auto = 64 where the kernels are not batch-invariant themselves (CUDA; "
         "bf16/fp16 activations on the CPU), off on the CPU's fp32 path, whose kernels are; a number N; or off"))
+    cuda_graphs: bool = field(default=False, metadata=_help(
+        "replay each fixed-shape decode pass (--fixed-rows) as a CUDA graph: one launch instead of ~40 a layer. "
+        "CUDA only; experimental: not yet run on a GPU (scripts/gpu_check.py measures it)"))
 
     def __post_init__(self) -> None:
         check_matmul(self.matmul)

@@ -79,3 +79,46 @@ def test_resolve_fixed_rows(tiny_dirs: dict[str, Path]) -> None:
             resolve_fixed_rows(bad, fp32)
     with pytest.raises(ConfigError, match="fixed_rows"):
         sd.load_model(tiny_dirs["llama"], fixed_rows="wide")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_replayed_passes_equal_eager_fixed_passes(tmp_path: Path, device: str) -> None:
+    """models/graphs.py's body: every output of plain and drafted decoding equals the eager fixed-shape
+    passes' bit for bit, passes too near the cache's end included. On the CPU the body runs without a graph;
+    on CUDA (scripts/gpu_check.py) it is captured and replayed."""
+    from specdecode.models.graphs import PassGraphs
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    path = build_model(tmp_path / "t", "llama", seed=0, hidden=128)
+    eager = sd.load_model(path, device=device, dtype="bf16", fixed_rows=16)
+    replayed = sd.load_model(path, device=device, dtype="bf16", fixed_rows=16, cuda_graphs=device == "cuda")
+    if device == "cpu":
+        replayed.graphs = PassGraphs(capture=False)
+    from specdecode.drafters.suffix_store import save_store
+
+    g = torch.Generator().manual_seed(5)
+    store = save_store(tmp_path / "store", [torch.randint(0, 290, (40,), generator=g).tolist() for _ in range(20)],
+                       eager.vocab_size, {"source": "random (tests)"})
+    for name, opts in (("none", DrafterOptions()), ("ngram", DrafterOptions(gamma=4)),
+                       ("suffix", DrafterOptions(gamma="auto", artifacts={"suffix": str(store)}))):
+        for prompt in ("def fib(n):\n", "class Point:\n    def __init__(self"):
+            a = sd.generate(eager, prompt, drafter=build_drafter(name, opts), max_new_tokens=48, ignore_eos=True)
+            b = sd.generate(replayed, prompt, drafter=build_drafter(name, opts), max_new_tokens=48, ignore_eos=True)
+            assert a.token_ids == b.token_ids, (name, prompt)
+    assert replayed.graphs._passes  # the replayed body ran
+    # near the end of the cache the padding does not fit: the pass runs eagerly, with the same numbers
+    cache_a, cache_b = eager.new_cache(max_len=40), replayed.new_cache(max_len=40)
+    ids = torch.randint(0, 290, (1, 36), generator=torch.Generator().manual_seed(1)).to(device)
+    for c, m in ((cache_a, eager), (cache_b, replayed)):
+        m.forward(ids[:, :30], c)
+    assert torch.equal(eager.forward(ids[:, 30:], cache_a), replayed.forward(ids[:, 30:], cache_b))
+
+
+def test_cuda_graphs_need_cuda_and_fixed_rows(tiny_dirs: dict[str, Path]) -> None:
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="cuda_graphs needs a CUDA device"):
+            sd.load_model(tiny_dirs["llama"], cuda_graphs=True)
+        return
+    with pytest.raises(ConfigError, match="fixed-shape passes"):
+        sd.load_model(tiny_dirs["llama"], device="cuda", fixed_rows="off", cuda_graphs=True)

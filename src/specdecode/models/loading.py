@@ -230,7 +230,7 @@ def resolve_weight_dtype(weight_dtype: str | torch.dtype | None, dtype: torch.dt
 def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype: str | torch.dtype = DEFAULT_DTYPE,
                weight_dtype: str | torch.dtype | None = DEFAULT_WEIGHT_DTYPE, *, fast: bool = DEFAULT_FAST,
                matmul: str = DEFAULT_MATMUL, kv_dtype: str | torch.dtype = DEFAULT_KV_DTYPE,
-               fixed_rows: str | int | None = DEFAULT_FIXED_ROWS) -> Model:
+               fixed_rows: str | int | None = DEFAULT_FIXED_ROWS, cuda_graphs: bool = False) -> Model:
     """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime.
 
     ``dtype`` is the compute dtype (activations); ``weight_dtype`` the
@@ -250,7 +250,8 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     ``resolve_kv_dtype``), "fp32", "fp16" or "bf16". Plain and speculative decoding share the
     cache, so greedy speculative output equals plain output whatever it is.
 
-    ``fixed_rows`` makes decode passes batch-invariant where the kernels are not (``resolve_fixed_rows``).
+    ``fixed_rows`` makes decode passes batch-invariant where the kernels are not (``resolve_fixed_rows``);
+    ``cuda_graphs`` replays those passes as CUDA graphs (``models/graphs.py``; experimental).
     """
     check_matmul(matmul)
     check_fixed_rows(fixed_rows)
@@ -264,8 +265,7 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
 
         model = load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul)
         model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
-        model.fixed_rows = resolve_fixed_rows(fixed_rows, model)
-        return model
+        return with_pass_settings(model, fixed_rows, cuda_graphs)
     cfg_file = root / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{root} has no config.json; is it a Hugging Face model directory?")
@@ -278,7 +278,20 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
 
     model.chat_template, model.bos_token, model.eos_token = read_chat_template(root)
     model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
+    return with_pass_settings(model, fixed_rows, cuda_graphs)
+
+
+def with_pass_settings(model: Model, fixed_rows: str | int | None, cuda_graphs: bool) -> Model:
+    """``model`` with its decode passes' shape (``resolve_fixed_rows``) and, on request, their CUDA graphs."""
     model.fixed_rows = resolve_fixed_rows(fixed_rows, model)
+    if cuda_graphs:
+        if model.device.type != "cuda":
+            raise ConfigError(f"cuda_graphs needs a CUDA device (the model is on {model.device}); drop --cuda-graphs")
+        if model.fixed_rows is None:
+            raise ConfigError("cuda_graphs replays fixed-shape passes: use --fixed-rows auto or a number of rows")
+        from .graphs import PassGraphs
+
+        model.graphs = PassGraphs()
     return model
 
 

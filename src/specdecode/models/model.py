@@ -17,6 +17,7 @@ from ..kernels import Kernels, install_kernels
 from .config import ModelConfig
 
 if TYPE_CHECKING:
+    from .graphs import PassGraphs
     from .loading import QuantState
 
 
@@ -52,6 +53,8 @@ class Model:
         # cache's whole capacity, so a row's numbers never depend on the pass's width: batch invariance for
         # kernels that lack it (load_model's fixed_rows; see resolve_fixed_rows). None: passes as they come
         self.fixed_rows: Optional[int] = None
+        # those passes replayed as CUDA graphs (load_model's cuda_graphs); None: run eagerly
+        self.graphs: Optional["PassGraphs"] = None
         # the checkpoint's chat template (GGUF metadata, or tokenizer_config.json / chat_template.jinja),
         # None when it has none; bos/eos texts are what templates may print
         self.chat_template: Optional[str] = None
@@ -166,9 +169,12 @@ class Model:
             meta.fixed = self.fixed_rows
             tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], self.fixed_rows - t)], 1)
             last_only, real_last = False, last_only
-        if layers is None:
+        logits = None
+        if self.graphs is not None and meta.fixed is not None:
+            logits = self.graphs.run(self, tokens, meta, cache, head, layers)
+        if logits is None and layers is None:
             logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
-        else:
+        elif logits is None:
             logits = self.module(tokens, meta, cache, last_only=last_only, head=head, layers=layers)
         cache.commit(meta)
         if meta.fixed is not None:  # back to the real rows
