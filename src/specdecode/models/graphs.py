@@ -44,7 +44,7 @@ class _Pass:
 class PassGraphs:
     """The captured passes of one model (at most ``limit``, least recently used dropped)."""
 
-    def __init__(self, capture: bool = True, limit: int = 8) -> None:
+    def __init__(self, capture: bool = True, limit: int = 16) -> None:
         self.capture = capture
         self.limit = limit
         self._passes: OrderedDict[tuple, _Pass] = OrderedDict()
