@@ -122,3 +122,50 @@ def test_cuda_graphs_need_cuda_and_fixed_rows(tiny_dirs: dict[str, Path]) -> Non
         return
     with pytest.raises(ConfigError, match="fixed-shape passes"):
         sd.load_model(tiny_dirs["llama"], device="cuda", fixed_rows="off", cuda_graphs=True)
+
+
+def test_fixed_mask_matches_the_live_mask(tiny_dirs: dict[str, Path]) -> None:
+    """A fixed-shape pass's mask is the ordinary one over the live keys, nothing beyond them, and the padding
+    rows see key 0 alone; for a chain and for a tree, rows at different offsets."""
+    model = sd.load_model(tiny_dirs["llama"])
+    for tree in (None, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)):
+        cache = model.new_cache(batch_size=2, max_len=32)
+        cache.lengths = [5, 9]
+        live = cache.prepare(3, tree_mask=tree)
+        fixed = cache.prepare(3, tree_mask=tree)
+        fixed.fixed = 8
+        want = live.mask if live.mask is not None else torch.ones(2, 1, 3, live.kv_len, dtype=torch.bool)
+        got = fixed.mask
+        assert got is not None and got.shape == (2, 1, 8, 32)
+        assert torch.equal(got[:, :, :3, : live.kv_len], want)
+        assert not got[:, :, :3, live.kv_len:].any()
+        assert torch.equal(got[:, :, 3:], (torch.arange(32) == 0).expand(2, 1, 5, 32))
+        assert fixed.positions.shape == (2, 8) and torch.equal(fixed.positions[:, :3], live.positions)
+
+
+def test_batched_rows_with_fixed_rows_equal_plain_decoding(tiny_dirs: dict[str, Path]) -> None:
+    """The decode core's batched passes (rows at different offsets, joining and leaving) under fixed rows:
+    each row's greedy tokens equal its own plain decoding's (the server's path on CUDA)."""
+    from specdecode.config import GenerationConfig
+    from specdecode.core import DecodeCore, Request
+
+    target = sd.load_model(tiny_dirs["llama"], dtype="bf16")
+    draft = sd.load_model(tiny_dirs["draft"], dtype="bf16")
+    assert target.fixed_rows == FIXED_ROWS_AUTO
+    prompts, budgets = ["def fib(n):\n", "class Point:\n    def __init__(self", "import os\n"], [30, 12, 22]
+    ref = [sd.generate(target, p, max_new_tokens=n, ignore_eos=True).token_ids for p, n in zip(prompts, budgets)]
+    core = DecodeCore(target, {"model": build_drafter("model", DrafterOptions(draft=draft, gamma=3))}, max_rows=3)
+    out: dict[int, list[int]] = {}
+    rows: dict[int, int] = {}
+    pending, step = [0, 1, 2], 0
+    while pending or core.rows:
+        if pending and step % 2 == 0:
+            i = pending.pop(0)
+            req = Request(target.encode(prompts[i]), generation=GenerationConfig(max_new_tokens=budgets[i],
+                                                                                   ignore_eos=True), drafter="model")
+            rows[id(core.add(req))] = i
+        for row, ev in core.step():
+            if isinstance(ev, sd.FinishEvent):
+                out[rows[id(row)]] = ev.token_ids
+        step += 1
+    assert [out[i] for i in range(3)] == ref
