@@ -71,38 +71,48 @@ def cuda_tests(device: str, dtype: str, out: Path, workers: int) -> dict[str, An
     return result
 
 
-def prompts_for(target: Any, tokens: int, per_category: int) -> list[tuple[str, list[int], int]]:
-    """(id, ids, budget): the real workload rendered with the chat template, or code prompts without one."""
+Prompt = tuple[str, str, list[int], int]  # id, category, token ids, budget
+Runs = list[tuple[list[int], float, int]]  # per prompt: tokens, seconds, target passes
+
+
+def prompts_for(target: Any, tokens: int, per_category: int) -> list[Prompt]:
+    """The real workload rendered with the chat template, or code prompts for a target without one."""
     if getattr(target, "chat_template", None):
         from specdecode.bench.real import prepare_real_prompts
         from specdecode.bench.workloads import load_workloads, resolve_workload, select
 
         chosen = select(load_workloads(resolve_workload("real")), per_category, tokens)
         prepared, _ = prepare_real_prompts(chosen, target, None)
-        return [(p.workload.id, p.ids, p.max_new_tokens) for p in prepared]
-    return [(f"code-{i}", target.encode(p), tokens) for i, p in enumerate(CODE_PROMPTS)]
+        return [(p.workload.id, p.workload.category, p.ids, p.max_new_tokens) for p in prepared]
+    return [(f"code-{i}", "code", target.encode(p), tokens) for i, p in enumerate(CODE_PROMPTS)]
 
 
-def timed(target: Any, prompts: list[tuple[str, list[int], int]], drafter: Any,
-          device: str) -> tuple[list[list[int]], float, int, int]:
-    """Each prompt's greedy tokens, the seconds they took, the tokens and the target passes."""
+def timed(target: Any, prompts: list[Prompt], drafter: Any, device: str, stop_at_eos: bool) -> Runs:
     from specdecode import generate
 
-    outs, secs, passes = [], 0.0, 0
-    for _, ids, budget in prompts:
+    runs = []
+    for _, _, ids, budget in prompts:
         t0 = time.perf_counter()
-        r = generate(target, ids, drafter=drafter, max_new_tokens=budget, ignore_eos=True)
+        r = generate(target, ids, drafter=drafter, max_new_tokens=budget, ignore_eos=not stop_at_eos)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        secs += time.perf_counter() - t0
-        outs.append(r.token_ids)
-        passes += r.stats.target_passes
-    return outs, secs, sum(len(o) for o in outs), passes
+        runs.append((r.token_ids, time.perf_counter() - t0, r.stats.target_passes))
+    return runs
+
+
+def rates(prompts: list[Prompt], *runs: Runs) -> dict[str, float]:
+    """tok/s per category and overall, over one or more passes of the prompts."""
+    cats = [p[1] for p in prompts]
+    out = {}
+    for cat in list(dict.fromkeys(cats)) + ["overall"]:
+        picked = [r for rs in runs for c, r in zip(cats, rs) if cat in (c, "overall")]
+        out[cat] = round(sum(len(t) for t, _, _ in picked) / sum(s for _, s, _ in picked), 1)
+    return out
 
 
 def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, graphs: bool, tokens: int,
-                 per_category: int) -> dict[str, Any]:
-    """Every buildable drafter against plain decoding of ``path``: identity first, then tok/s."""
+                 per_category: int, stop_at_eos: bool) -> dict[str, Any]:
+    """Every buildable drafter against plain decoding of ``path``: identity first, then tok/s (per category)."""
     import specdecode
     from specdecode.drafters import DrafterOptions
     from specdecode.drafters.registry import PLAIN, REGISTRY, build_drafter, missing, resolve_artifacts
@@ -111,11 +121,12 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
     target = specdecode.load_model(path, device=device, dtype=dtype, cuda_graphs=graphs)
     draft = specdecode.load_model(draft_path, device=device, dtype=dtype, cuda_graphs=graphs) if draft_path else None
     report: dict[str, Any] = {"target": path, "draft": draft_path, "dtype": dtype, "fixed_rows": target.fixed_rows,
-                              "cuda_graphs": graphs, "load_s": round(time.perf_counter() - t0, 1)}
+                              "cuda_graphs": graphs, "stop_at_eos": stop_at_eos,
+                              "load_s": round(time.perf_counter() - t0, 1)}
     prompts = prompts_for(target, tokens, per_category)
     report["prompts"] = [p[0] for p in prompts]
-    timed(target, prompts[:1], None, device)  # warm-up
-    plain, plain_s, n_plain, _ = timed(target, prompts, None, device)
+    timed(target, prompts[:1], None, device, stop_at_eos)  # warm-up (and, with graphs, the captures)
+    plain = timed(target, prompts, None, device, stop_at_eos)
     rows: dict[str, Any] = {}
     artifacts = resolve_artifacts({}, None, path)
     for name, spec in REGISTRY.items():
@@ -130,22 +141,22 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
         log(f"{Path(path).name} {dtype}: {name}")
         try:
             drafter = build_drafter(name, opts)
-            timed(target, [(prompts[0][0], prompts[0][1], 16)], drafter, device)  # warm-up (measures its costs)
-            outs, secs, n, passes = timed(target, prompts, drafter, device)
-            same = [a == b for a, b in zip(outs, plain)]
-            rows[name] = {"greedy_identical": all(same), "differing_prompts": [p[0] for p, s in zip(prompts, same)
-                                                                               if not s],
-                          "tok_s": round(n / secs, 1), "tau": round(n / max(passes, 1), 2)}
+            timed(target, [prompts[0][:3] + (16,)], drafter, device, stop_at_eos)  # warm-up (measures its costs)
+            runs = timed(target, prompts, drafter, device, stop_at_eos)
+            differing = [p[0] for p, r, q in zip(prompts, runs, plain) if r[0] != q[0]]
+            rows[name] = {"greedy_identical": not differing, "differing_prompts": differing,
+                          "tok_s": rates(prompts, runs),
+                          "tau": round(sum(len(t) for t, _, _ in runs) / max(sum(n for _, _, n in runs), 1), 2)}
         except Exception as e:  # recorded, and the check goes on with the next drafter
             rows[name] = {"error": f"{type(e).__name__}: {e}"[:400],
                           "where": "".join(traceback.format_exception(e)[-3:])[-800:]}
-    again, plain_s2, n_plain2, _ = timed(target, prompts, None, device)
-    base = (n_plain + n_plain2) / (plain_s + plain_s2)
-    report["plain_tok_s"] = round(base, 1)
-    report["plain_repeatable"] = again == plain  # False: the device's plain decoding varies run to run
+    again = timed(target, prompts, None, device, stop_at_eos)
+    base = rates(prompts, plain, again)
+    report["plain_tok_s"] = base
+    report["plain_repeatable"] = [r[0] for r in again] == [r[0] for r in plain]  # False: plain varies run to run
     for r in rows.values():
         if "tok_s" in r:
-            r["speedup"] = round(r["tok_s"] / base, 3)
+            r["speedup"] = {c: round(v / base[c], 3) for c, v in r["tok_s"].items()}
     report["drafters"] = rows
     return report
 
@@ -170,6 +181,8 @@ def main() -> int:
     ap.add_argument("--test-dtypes", default="bf16", help="compute dtypes for the conformance suite")
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--per-category", type=int, default=1, help="real-workload prompts per category")
+    ap.add_argument("--stop-at-eos", action="store_true", help="stop each answer at its end (the bench's real "
+                                                                "workload default); else every budget is used")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="pytest-xdist workers")
     ap.add_argument("--skip-tests", action="store_true", help="no CUDA test run")
     ap.add_argument("--graphs", default="both", choices=("both", "on", "off"),
@@ -194,7 +207,7 @@ def main() -> int:
         log(f"target {path} ({dtype}, CUDA graphs {'on' if graphs else 'off'})")
         try:
             report["targets"].append(check_target(path, draft, args.device, dtype, graphs, args.tokens,
-                                                  args.per_category))
+                                                  args.per_category, args.stop_at_eos))
         except Exception as e:
             report["targets"].append({"target": path, "dtype": dtype, "cuda_graphs": graphs,
                                       "error": f"{type(e).__name__}: {e}"[:400],
