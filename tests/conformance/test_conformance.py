@@ -25,14 +25,15 @@ import pytest
 import torch
 
 import specdecode as sd
-from specdecode.config import ConfigError, GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, Request
+from specdecode.config import ConfigError, SamplingConfig
+from specdecode.core import DecodeCore
 from specdecode.drafters import DrafterOptions
 from specdecode.drafters.registry import PLAIN, REGISTRY, build_drafter, get_spec
 from specdecode.sampling import probs_from_logits
 from specdecode.server.config import ServerConfig
 from specdecode.server.state import make_state
 from tiny import build_model
+from core_rows import run_rows
 
 from exactness.chi2 import gof_pvalue
 from server_helpers import RunningServer, start_server
@@ -110,21 +111,7 @@ def test_batch_rows_and_move_row(setup: tuple[sd.Model, sd.Model, dict[str, Need
     ref = [sd.generate(target, p, max_new_tokens=n, ignore_eos=True).token_ids for p, n in zip(PROMPTS, budgets)]
     drafter = _drafter(setup, name, monkeypatch)
     core = DecodeCore(target, {name: drafter} if drafter is not None else {}, max_rows=3)  # type: ignore[dict-item]
-    out: dict[int, list[int]] = {}
-    rows: dict[int, int] = {}
-    pending, step = [0, 1, 2], 0
-    while pending or core.rows:
-        if pending and step % 2 == 0:
-            i = pending.pop(0)
-            req = Request(target.encode(PROMPTS[i]), generation=GenerationConfig(max_new_tokens=budgets[i],
-                                                                                   ignore_eos=True),
-                          drafter=name if drafter is not None else None)
-            rows[id(core.add(req))] = i
-        for row, ev in core.step():
-            if isinstance(ev, sd.FinishEvent):
-                out[rows[id(row)]] = ev.token_ids
-        step += 1
-    assert [out[i] for i in range(3)] == ref, name
+    assert run_rows(core, target, PROMPTS, budgets, name if drafter is not None else None) == ref, name
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import specdecode as sd
+from core_rows import run_rows
 from tiny import build_model
 from specdecode.config import ConfigError
 from specdecode.drafters import DrafterOptions
@@ -146,8 +147,7 @@ def test_fixed_mask_matches_the_live_mask(tiny_dirs: dict[str, Path]) -> None:
 def test_batched_rows_with_fixed_rows_equal_plain_decoding(tiny_dirs: dict[str, Path]) -> None:
     """The decode core's batched passes (rows at different offsets, joining and leaving) under fixed rows:
     each row's greedy tokens equal its own plain decoding's (the server's path on CUDA)."""
-    from specdecode.config import GenerationConfig
-    from specdecode.core import DecodeCore, Request
+    from specdecode.core import DecodeCore
 
     target = sd.load_model(tiny_dirs["llama"], dtype="bf16")
     draft = sd.load_model(tiny_dirs["draft"], dtype="bf16")
@@ -155,17 +155,4 @@ def test_batched_rows_with_fixed_rows_equal_plain_decoding(tiny_dirs: dict[str, 
     prompts, budgets = ["def fib(n):\n", "class Point:\n    def __init__(self", "import os\n"], [30, 12, 22]
     ref = [sd.generate(target, p, max_new_tokens=n, ignore_eos=True).token_ids for p, n in zip(prompts, budgets)]
     core = DecodeCore(target, {"model": build_drafter("model", DrafterOptions(draft=draft, gamma=3))}, max_rows=3)
-    out: dict[int, list[int]] = {}
-    rows: dict[int, int] = {}
-    pending, step = [0, 1, 2], 0
-    while pending or core.rows:
-        if pending and step % 2 == 0:
-            i = pending.pop(0)
-            req = Request(target.encode(prompts[i]), generation=GenerationConfig(max_new_tokens=budgets[i],
-                                                                                   ignore_eos=True), drafter="model")
-            rows[id(core.add(req))] = i
-        for row, ev in core.step():
-            if isinstance(ev, sd.FinishEvent):
-                out[rows[id(row)]] = ev.token_ids
-        step += 1
-    assert [out[i] for i in range(3)] == ref
+    assert run_rows(core, target, prompts, budgets, "model") == ref
