@@ -270,6 +270,8 @@ class DecodeCore:
         else:  # plain decoding: nothing to plan or propose
             drafts = [_NO_DRAFT] * batch
             self._clock = time.perf_counter
+        if not self.target.exact_trees:  # its kernels would round a tree's rows unlike plain decoding's
+            drafts = [d.first_path() if r.sampling.greedy else d for r, d in zip(rows, drafts)]
         masks: list[Optional[torch.Tensor]] = [None] * batch  # structured output: allowed tokens per position
         for i, r in enumerate(rows):
             if r.constraint is not None:

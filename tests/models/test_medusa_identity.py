@@ -49,3 +49,37 @@ def test_medusa_on_the_eager_path_equals_plain(tiny_dirs: dict[str, Path], tmp_p
         plain = generate(target, prompt, max_new_tokens=30, ignore_eos=True)
         spec = generate(target, prompt, drafter, max_new_tokens=30, ignore_eos=True)
         assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+
+
+def test_a_target_without_exact_trees_verifies_their_first_paths(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """Where a tree's rows would not be rounded as plain decoding's (CUDA, ``Model.exact_trees``), the core
+    sends the tree's first path as a chain: no tree mask reaches the target, and the tokens stay plain's."""
+    target = load_model(tiny_dirs["llama"])
+    target.exact_trees = False
+    heads = make_heads(tmp_path / "heads", target.config.dim, target.vocab_size)
+    drafter = MedusaDrafter.load(heads, choices=TREE)
+    masks = []
+    run = target.run
+
+    def recording(*args: object, **kw: object) -> object:
+        masks.append(kw.get("tree_mask"))
+        return run(*args, **kw)  # type: ignore[arg-type]
+
+    target.run = recording  # type: ignore[method-assign]
+    for prompt in PROMPTS:
+        plain = generate(target, prompt, max_new_tokens=30, ignore_eos=True)
+        spec = generate(target, prompt, drafter, max_new_tokens=30, ignore_eos=True)
+        assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+    assert masks and all(m is None for m in masks)
+
+
+def test_first_path_follows_each_nodes_first_child() -> None:
+    import torch
+
+    from specdecode.drafters.base import Draft
+
+    tree = Draft([10, 11, 12, 13, 14, 15], torch.eye(6), [-1, -1, 1, 0, 3, 3], source="x")
+    chain = tree.first_path()
+    assert chain.tokens == [10, 13, 14] and chain.parents is None and chain.source == "x"
+    assert chain.probs is not None and torch.equal(chain.probs, torch.eye(6)[[0, 3, 4]])
+    assert Draft([1, 2]).first_path().tokens == [1, 2] and Draft().first_path().tokens == []

@@ -122,6 +122,20 @@ class Draft:
     def is_tree(self) -> bool:
         return self.parents is not None
 
+    def first_path(self) -> "Draft":
+        """The chain from the root through each node's first child (a tree lists its likeliest child
+        first): what a target whose kernels round a tree's rows unlike a chain's verifies instead
+        (``Model.exact_trees``)."""
+        if self.parents is None:
+            return self
+        picked, at = [], -1
+        for i, parent in enumerate(self.parents):  # parents come before children: one scan finds the path
+            if parent == at:
+                picked.append(i)
+                at = i
+        probs = self.probs[picked] if self.probs is not None else None
+        return Draft([self.tokens[i] for i in picked], probs, None, self.source)
+
 
 class Acceptance:
     """A drafter's running acceptance evidence: the α the γ policy plans with.

@@ -282,8 +282,15 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
 
 
 def with_pass_settings(model: Model, fixed_rows: str | int | None, cuda_graphs: bool) -> Model:
-    """``model`` with its decode passes' shape (``resolve_fixed_rows``) and, on request, their CUDA graphs."""
+    """``model`` with its decode passes' shape (``resolve_fixed_rows``) and, on request, their CUDA graphs.
+
+    Trees are exact on the CPU only (``Model.exact_trees``). A tree node's ancestors sit in the cache at
+    their node indices, not at their depths as in plain decoding. On the CPU's kernels that moves masked
+    zeros and changes no sum. CUDA's attention sums keys in blocks, so the same keys at other slots round
+    differently: on an H200 greedy Medusa and EAGLE trees diverged from plain decoding where every chain
+    drafter was identical (docs/gpu.md)."""
     model.fixed_rows = resolve_fixed_rows(fixed_rows, model)
+    model.exact_trees = model.device.type == "cpu"
     if cuda_graphs:
         if model.device.type != "cuda":
             raise ConfigError(f"cuda_graphs needs a CUDA device (the model is on {model.device}); drop --cuda-graphs")
