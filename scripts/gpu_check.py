@@ -15,6 +15,9 @@
    chi-square output law (about four minutes a dtype on an H200 with 8 workers); and the fixed-shape tests,
    whose CUDA case checks captured passes against eager ones.
 4. **vLLM**: whether it imports there; only then could it load our EAGLE export.
+5. ``--profile``: where plain decoding's time goes, per target (torch.profiler over one prompt, after the
+   warm-up): ``profile-<dtype>-graphs-<on|off>.txt``, operators by their own host time, and the report's
+   host/device totals. Why: CUDA graphs were no faster in session 27, and nothing said why.
 
 ``docs/gpu.md`` says how the real model and the wheels travel to a lent machine and what the last run found.
 
@@ -110,8 +113,26 @@ def rates(prompts: list[Prompt], *runs: Runs) -> dict[str, float]:
     return out
 
 
+def profile_plain(target: Any, prompt: Prompt, device: str, stop_at_eos: bool, out: Path) -> dict[str, Any]:
+    """Plain decoding of one prompt under torch.profiler: the operator table goes to ``out``; returns the
+    wall time and the host and device totals, so a step's split between Python, launches and kernels shows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        (tokens, _, _), = timed(target, [prompt], None, device, stop_at_eos)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    out.write_text(events.table(sort_by="self_cpu_time_total", row_limit=40))
+    device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events)
+    return {"prompt": prompt[0], "tokens": len(tokens), "wall_s": round(wall, 3),
+            "host_ops_s": round(sum(e.self_cpu_time_total for e in events) / 1e6, 3),
+            "device_kernels_s": round(device_us / 1e6, 3), "table": out.name}
+
+
 def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, graphs: bool, tokens: int,
-                 per_category: int, stop_at_eos: bool) -> dict[str, Any]:
+                 per_category: int, stop_at_eos: bool, profile_dir: Optional[Path] = None) -> dict[str, Any]:
     """Every buildable drafter against plain decoding of ``path``: identity first, then tok/s (per category)."""
     import specdecode
     from specdecode.drafters import DrafterOptions
@@ -127,6 +148,9 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
     report["prompts"] = [p[0] for p in prompts]
     timed(target, prompts[:1], None, device, stop_at_eos)  # warm-up (and, with graphs, the captures)
     plain = timed(target, prompts, None, device, stop_at_eos)
+    if profile_dir is not None:
+        report["profile"] = profile_plain(target, prompts[0], device, stop_at_eos,
+                                          profile_dir / f"profile-{dtype}-graphs-{'on' if graphs else 'off'}.txt")
     rows: dict[str, Any] = {}
     artifacts = resolve_artifacts({}, None, path)
     for name, spec in REGISTRY.items():
@@ -187,6 +211,8 @@ def main() -> int:
     ap.add_argument("--skip-tests", action="store_true", help="no CUDA test run")
     ap.add_argument("--graphs", default="both", choices=("both", "on", "off"),
                     help="on CUDA, run each target with CUDA graphs, without, or both (default: both)")
+    ap.add_argument("--profile", action="store_true", help="profile one prompt of plain decoding per target "
+                                                           "(profile-*.txt in --out)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +233,8 @@ def main() -> int:
         log(f"target {path} ({dtype}, CUDA graphs {'on' if graphs else 'off'})")
         try:
             report["targets"].append(check_target(path, draft, args.device, dtype, graphs, args.tokens,
-                                                  args.per_category, args.stop_at_eos))
+                                                  args.per_category, args.stop_at_eos,
+                                                  args.out if args.profile else None))
         except Exception as e:
             report["targets"].append({"target": path, "dtype": dtype, "cuda_graphs": graphs,
                                       "error": f"{type(e).__name__}: {e}"[:400],
