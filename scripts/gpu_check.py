@@ -139,7 +139,9 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
     from specdecode.drafters.registry import PLAIN, REGISTRY, build_drafter, missing, resolve_artifacts
 
     t0 = time.perf_counter()
-    target = specdecode.load_model(path, device=device, dtype=dtype, cuda_graphs=graphs)
+    # the CPU's quantized kernels need fp32 activations: there a bf16/fp16 check reads dense weights of its dtype
+    weights = dtype if device == "cpu" and dtype not in ("fp32", "auto") else "auto"
+    target = specdecode.load_model(path, device=device, dtype=dtype, weight_dtype=weights, cuda_graphs=graphs)
     draft = specdecode.load_model(draft_path, device=device, dtype=dtype, cuda_graphs=graphs) if draft_path else None
     report: dict[str, Any] = {"target": path, "draft": draft_path, "dtype": dtype, "fixed_rows": target.fixed_rows,
                               "cuda_graphs": graphs, "stop_at_eos": stop_at_eos,

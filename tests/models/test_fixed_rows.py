@@ -41,6 +41,7 @@ def test_fixed_rows_make_passes_batch_invariant(tmp_path: Path, arch: str, tree:
     (llama, hidden 128; gpt2): the attention kernel splits a long key range by the number of queries."""
     model = sd.load_model(build_model(tmp_path / arch, arch, seed=0, hidden=128), dtype="bf16")
     assert model.fixed_rows == FIXED_ROWS_AUTO  # auto: bf16 activations on the CPU run eager kernels
+    assert not model.exact_trees  # whose attention sums keys in blocks: trees are verified as chains
     for n in (20, 60, 120, 200):
         one, together = _one_by_one_and_together(model, tree, n)
         assert torch.equal(one, together), n  # bit for bit, not close
@@ -72,6 +73,7 @@ def test_greedy_identity_with_fixed_rows(tiny_dirs: dict[str, Path]) -> None:
 def test_resolve_fixed_rows(tiny_dirs: dict[str, Path]) -> None:
     fp32 = sd.load_model(tiny_dirs["llama"])
     assert fp32.fixed_rows is None  # the CPU's fp32 path: our kernels are batch-invariant row by row
+    assert fp32.exact_trees  # and sum a row's keys in order, wherever a tree puts them
     assert resolve_fixed_rows("auto", fp32) is None
     assert resolve_fixed_rows("8", fp32) == 8 and resolve_fixed_rows(8, fp32) == 8
     assert resolve_fixed_rows("off", fp32) is None

@@ -284,13 +284,14 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
 def with_pass_settings(model: Model, fixed_rows: str | int | None, cuda_graphs: bool) -> Model:
     """``model`` with its decode passes' shape (``resolve_fixed_rows``) and, on request, their CUDA graphs.
 
-    Trees are exact on the CPU only (``Model.exact_trees``). A tree node's ancestors sit in the cache at
-    their node indices, not at their depths as in plain decoding. On the CPU's kernels that moves masked
-    zeros and changes no sum. CUDA's attention sums keys in blocks, so the same keys at other slots round
-    differently: on an H200 greedy Medusa and EAGLE trees diverged from plain decoding where every chain
-    drafter was identical (docs/gpu.md)."""
+    Trees are exact only on the CPU's fp32 kernels (``Model.exact_trees``). A tree node's ancestors sit in the
+    cache at their node indices, not at their depths as in plain decoding. Our fp32 kernels sum a row's keys
+    one by one, so that moves masked zeros and changes no sum. CUDA's attention, and torch's bf16 attention
+    on the CPU, sum keys in blocks, so the same keys at other slots round differently: greedy Medusa trees
+    diverged from plain decoding there (an H200, and this project's CPU in bf16) where every chain drafter was
+    identical (docs/gpu.md)."""
     model.fixed_rows = resolve_fixed_rows(fixed_rows, model)
-    model.exact_trees = model.device.type == "cpu"
+    model.exact_trees = row_by_row_kernels(model)
     if cuda_graphs:
         if model.device.type != "cuda":
             raise ConfigError(f"cuda_graphs needs a CUDA device (the model is on {model.device}); drop --cuda-graphs")
@@ -320,9 +321,14 @@ def resolve_fixed_rows(fixed_rows: str | int | None, model: Model) -> Optional[i
     if fixed_rows in ("off", None):
         return None
     if fixed_rows == "auto":
-        needed = model.device.type != "cpu" or model.dtype in (torch.bfloat16, torch.float16)
-        return FIXED_ROWS_AUTO if needed else None
+        return None if row_by_row_kernels(model) else FIXED_ROWS_AUTO
     return int(fixed_rows)
+
+
+def row_by_row_kernels(model: Model) -> bool:
+    """Whether ``model`` runs on the CPU's fp32 kernels, which compute each row alone and sum its keys in
+    order: batch-invariant, and blind to where a tree puts its nodes (``resolve_fixed_rows``, exact trees)."""
+    return model.device.type == "cpu" and model.dtype not in (torch.bfloat16, torch.float16)
 
 
 def resolve_kv_dtype(kv_dtype: str | torch.dtype, model: Model) -> torch.dtype:

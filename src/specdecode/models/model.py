@@ -53,8 +53,8 @@ class Model:
         # cache's whole capacity, so a row's numbers never depend on the pass's width: batch invariance for
         # kernels that lack it (load_model's fixed_rows; see resolve_fixed_rows). None: passes as they come
         self.fixed_rows: Optional[int] = None
-        # whether a tree's rows get the arithmetic of the chain through them (load_model; see with_pass_settings).
-        # False: the decode core verifies a greedy row's tree as its first path, a chain
+        # whether a tree's rows get the arithmetic of the chain through them: the CPU's fp32 kernels only
+        # (load_model; see with_pass_settings). False: the core verifies a greedy row's tree as its first path
         self.exact_trees = True
         # those passes replayed as CUDA graphs (load_model's cuda_graphs); None: run eagerly
         self.graphs: Optional["PassGraphs"] = None
