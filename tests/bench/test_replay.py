@@ -12,7 +12,7 @@ import pytest
 import specdecode as sd
 from specdecode.bench.replay import Trace, answer_end, replay_prompt, report, target_choices, teacher_forced
 from specdecode.cli import main
-from specdecode.config import GenerationConfig
+from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.costmodel import MAX_GAMMA, Costs
 from specdecode.drafters.base import Draft
 from specdecode.drafters.suffix import SuffixDrafter
@@ -78,23 +78,27 @@ def test_replay_makes_the_runs_steps(tiny_dirs: dict[str, Path]) -> None:
     assert drafted_any > 0  # the prompts repeat themselves: suffix drafting must have proposed
 
 
-def _same_steps(target, live, replayed, budget: int = 24) -> int:  # type: ignore[no-untyped-def]
+def _same_steps(target, live, replayed, budget: int = 24,  # type: ignore[no-untyped-def]
+                sampling: SamplingConfig | None = None) -> tuple[int, int]:
     """Run each prompt with ``live`` and replay it with ``replayed`` (states from one teacher-forced pass);
-    the steps must agree. Returns the draft nodes replayed."""
+    the steps must agree. ``sampling`` (seeded): the run samples by the coupled rule, the replay gets its
+    noise. Returns the draft nodes replayed and the draft tokens accepted."""
     replayed.prepare_rows(target, 1, 256)
     layers = sorted(getattr(replayed, "hidden_layers", ()))
-    nodes = 0
+    nodes = accepted = 0
     for text in PROMPTS:
         ids = target.encode(text)
         gen = GenerationConfig(max_new_tokens=budget, ignore_eos=True)
-        run = [ev for ev in sd.stream(target, ids, live, generation=gen) if _is_pass(ev)]
+        run = [ev for ev in sd.stream(target, ids, live, generation=gen, sampling=sampling) if _is_pass(ev)]
         answer = [t for ev in run for t in ev.token_ids]
         cap = replayed.gamma if isinstance(replayed.gamma, int) else MAX_GAMMA
-        tr = replay_prompt(replayed, ids, answer, len(answer), budget, cap, teacher_forced(target, ids, answer, layers))
+        tr = replay_prompt(replayed, ids, answer, len(answer), budget, cap, teacher_forced(target, ids, answer, layers),
+                           sampling, target.vocab_size)
         assert tr.nodes == [len(ev.proposed or []) for ev in run]
         assert tr.accepted == [sum(ev.from_draft) for ev in run]
         nodes += sum(tr.nodes)
-    return nodes
+        accepted += sum(tr.accepted)
+    return nodes, accepted
 
 
 def test_replay_makes_an_eagle_runs_steps(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
@@ -106,7 +110,7 @@ def test_replay_makes_an_eagle_runs_steps(tiny_dirs: dict[str, Path], tmp_path: 
     target = sd.load_model(tiny_dirs["llama"])
     eagle = make_eagle(tmp_path / "e", target)
     live, replayed = (EagleDrafter.load(eagle, costs=EAGLE_FLAT, gamma=6) for _ in range(2))
-    assert _same_steps(target, live, replayed) > 0
+    assert _same_steps(target, live, replayed)[0] > 0
 
 
 def test_replay_makes_a_medusa_runs_steps(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
@@ -118,7 +122,33 @@ def test_replay_makes_a_medusa_runs_steps(tiny_dirs: dict[str, Path], tmp_path: 
     target = sd.load_model(tiny_dirs["llama"])
     heads = make_heads(tmp_path / "m", target.config.dim, target.vocab_size)
     live, replayed = (MedusaDrafter.load(heads, costs=MEDUSA_FLAT) for _ in range(2))
-    assert _same_steps(target, live, replayed) > 0
+    assert _same_steps(target, live, replayed)[0] > 0
+
+
+SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9, seed=3)
+
+
+def test_sampled_replay_makes_a_seeded_suffix_runs_steps(tiny_dirs: dict[str, Path]) -> None:
+    """A seeded sampled run keeps a draft token exactly when it is the target's own draw, so the
+    recording verifies each suffix draft as the run did."""
+    target = sd.load_model(tiny_dirs["llama"])
+    nodes, accepted = _same_steps(target, SuffixDrafter(costs=FIXED), SuffixDrafter(costs=FIXED), 32, SAMPLED)
+    assert nodes > 0 and accepted > 0
+
+
+def test_sampled_replay_hands_a_sampling_drafter_the_runs_noise(tiny_dirs: dict[str, Path]) -> None:
+    """A drafter that samples draws with the row's coupled noise: the replay must hand it the run's. The
+    target drafting for itself draws the target's own tokens with it, so every draft token is kept;
+    without the noise its draws, and so the accepted counts, would differ."""
+    target = sd.load_model(tiny_dirs["llama"])
+    live, replayed = (sd.DraftModelDrafter(sd.load_model(tiny_dirs["llama"]), gamma=4) for _ in range(2))
+    nodes, accepted = _same_steps(target, live, replayed, 24, SAMPLED)
+    assert nodes > 0 and accepted == nodes
+
+
+def test_sampled_replay_needs_the_seed_and_vocabulary() -> None:
+    with pytest.raises(ValueError, match="seed"):
+        replay_prompt(SuffixDrafter(costs=FIXED), [1, 2], [3], 1, 1, 4, None, SamplingConfig(temperature=0.7))
 
 
 def test_replay_cli_prints_and_writes_rows(tiny_dirs: dict[str, Path], tmp_path: Path,
@@ -140,6 +170,13 @@ def test_replay_cli_prints_and_writes_rows(tiny_dirs: dict[str, Path], tmp_path:
         assert r["tau"] == pytest.approx(r["tokens"] / r["steps"])
     assert main(args + ["--v-table", "1.1,1.2,1.3,1.4"]) == 0  # the recording is reused, not redone
     assert "recorded" not in capsys.readouterr().out
+    # sampled answers are recorded beside the greedy ones, with seed 0 when none is given
+    assert main(args + ["--temperature", "0.7", "--top-p", "0.9"]) == 0
+    out_text = capsys.readouterr().out
+    assert "recorded p0" in out_text and "seed 0 (coupled)" in out_text
+    assert json.loads(out.read_text())["sampling"] == {"temperature": 0.7, "top_k": None, "top_p": 0.9,
+                                                       "min_p": None, "seed": 0}
+    assert len(json.loads(rec.read_text())["answers"]) == 4
 
 
 def test_replay_cli_runs_a_hidden_state_drafter(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:

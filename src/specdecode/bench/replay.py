@@ -1,4 +1,4 @@
-"""`specdecode bench replay`: drafters replayed on the target's recorded greedy answers, without timing noise.
+"""`specdecode bench replay`: drafters replayed on the target's recorded answers, without timing noise.
 
 A timed run of 20 prompts moves by 3–4% from run to run on a shared machine, more than most drafter
 changes are worth. Greedy decoding is deterministic, so each step's outcome can be computed without the
@@ -22,6 +22,12 @@ drafter that plans with its own measured drafting time (suffix's c, auto's per-m
 differently at the margin from one replay or run to the next; with fixed costs the replay is the run,
 step for step.
 
+Sampled answers replay as exactly (``--temperature`` > 0, with ``--seed``; 0 when none is given): a
+seeded request samples by the Gumbel-max coupling (``sampling.CoupledNoise``), whose tokens are plain
+decoding's whatever was drafted, and which keeps a draft token exactly when it equals the target's own
+draw there. So the recording is every drafter's answer, and verifying against it by the greedy rule is
+the coupled rule; a drafter that samples draws with the same noise as in a run.
+
     specdecode bench replay suffix auto --target smollm2-135m-instruct.gguf --workload real --per-category 4 \\
         --max-new-tokens 256 --stop-at-eos --record runs/replay-record.json
 """
@@ -41,6 +47,7 @@ from .variants import PLAIN, add_variant_args, setup
 if TYPE_CHECKING:
     import torch
 
+    from ..config import SamplingConfig
     from ..costmodel import Costs
     from ..drafters.base import BatchDrafter, Draft
     from ..models import Model
@@ -59,10 +66,14 @@ class Trace:
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    p = sub.add_parser("replay", help="drafters replayed on the target's recorded greedy answers: exact τ and a "
-                                      "predicted speedup from the cost table, without timing noise",
+    from ..config import SamplingConfig, add_dataclass_args
+
+    p = sub.add_parser("replay", help="drafters replayed on the target's recorded answers (greedy, or sampled with "
+                                      "a seed): exact τ and a predicted speedup from the cost table, without "
+                                      "timing noise",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_variant_args(p)
+    add_dataclass_args(p, SamplingConfig)
     p.add_argument("--record", metavar="FILE",
                    help="the recorded answers: read when it holds this target's answers to these prompts, else "
                         "written (default: recorded afresh, not kept)")
@@ -80,15 +91,37 @@ def _identity(target: "Model") -> str:
     return f"{target.path}|{target.weight_dtype}|{target.kv_dtype}|{quant_isa()}"
 
 
-def _key(ids: Sequence[int], budget: int) -> str:
-    return hashlib.sha1(json.dumps([list(ids), budget]).encode()).hexdigest()
+def _key(ids: Sequence[int], budget: int, sampling: "SamplingConfig") -> str:
+    how: list[Any] = [list(ids), budget]
+    if not sampling.greedy:  # greedy keys stay as they were, so older recordings are still read
+        how.append([sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed])
+    return hashlib.sha1(json.dumps(how).encode()).hexdigest()
 
 
-def record(target: "Model", prompts: Sequence[Any], path: Optional[str]) -> list[list[int]]:
-    """Each prompt's greedy answer over its whole budget (EOS ignored: a draft may run past the end of
-    turn, and a run verifies it against what the target would write there), from ``path`` when it has
-    them for this target, else decoded now (and written to ``path``)."""
+def replay_sampling(args: argparse.Namespace) -> "SamplingConfig":
+    """The command's sampling settings; a sampled replay needs a seed (the coupled rule), 0 by default."""
+    from dataclasses import replace
+
+    from ..config import SamplingConfig, from_args
+
+    sampling = from_args(SamplingConfig, args)
+    if not sampling.greedy and sampling.seed is None:
+        sampling = replace(sampling, seed=0)
+    return sampling
+
+
+def record(target: "Model", prompts: Sequence[Any], path: Optional[str],
+           sampling: Optional["SamplingConfig"] = None) -> list[list[int]]:
+    """Each prompt's answer over its whole budget (EOS ignored: a draft may run past the end of turn,
+    and a run verifies it against what the target would write there), greedy or by ``sampling`` (seeded:
+    the coupled rule's draws), from ``path`` when it has them for this target, else decoded now (and
+    written to ``path``)."""
+    from ..config import SamplingConfig
     from ..engine import generate
+
+    sampling = sampling or SamplingConfig()
+    if not sampling.greedy and sampling.seed is None:
+        raise ValueError("a sampled recording needs a seed: only the coupled rule's answers are every drafter's")
 
     ident = _identity(target)
     stored: dict[str, list[int]] = {}
@@ -98,9 +131,11 @@ def record(target: "Model", prompts: Sequence[Any], path: Optional[str]) -> list
             stored = data["answers"]
     out, fresh = [], 0
     for p in prompts:
-        key = _key(p.ids, p.max_new_tokens)
+        key = _key(p.ids, p.max_new_tokens, sampling)
         if key not in stored:
-            r = generate(target, p.ids, max_new_tokens=p.max_new_tokens, ignore_eos=True)
+            r = generate(target, p.ids, max_new_tokens=p.max_new_tokens, ignore_eos=True,
+                         temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                         min_p=sampling.min_p, seed=sampling.seed)
             stored[key] = list(r.token_ids)
             fresh += 1
             print(f"recorded {p.workload.id}: {len(r.token_ids)} tokens", flush=True)
@@ -162,16 +197,26 @@ def teacher_forced(target: "Model", prompt: Sequence[int], answer: Sequence[int]
 
 
 def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequence[int], end: int,
-                  budget: int, cap: int, states: Optional[States] = None) -> Trace:
+                  budget: int, cap: int, states: Optional[States] = None,
+                  sampling: Optional["SamplingConfig"] = None, vocab: int = 0) -> Trace:
     """The decode core's single-row loop with the target's passes replaced by the recording: the same
     draft-length cap, the same calls on the drafter (``acceptance.fade``/``mark``/``update``,
     ``propose_rows``, ``on_verified_row``), the same greedy rule, and for a hidden-state drafter the states
-    the core would hand it (``states``: the prefill's, then each step's pending and accepted tokens')."""
+    the core would hand it (``states``: the prefill's, then each step's pending and accepted tokens').
+    A seeded sampled ``sampling`` (the recording's) hands the drafter the row's coupled noise over a
+    ``vocab``-token vocabulary, as the core does; the greedy rule against the recording is then the
+    coupled rule."""
     from ..config import SamplingConfig
     from ..drafters.base import DraftContext
+    from ..sampling import CoupledNoise
     from ..verify import greedy_verify, greedy_verify_tree
 
-    sampling = SamplingConfig()
+    sampling = sampling or SamplingConfig()
+    noise = None
+    if not sampling.greedy:
+        if sampling.seed is None or vocab < 1:
+            raise ValueError("a sampled replay needs the recording's seed and the target's vocabulary size")
+        noise = CoupledNoise(sampling.seed, vocab)
     tr = Trace(tokens=end)
     drafter.reset_row(0)
     t = 0
@@ -188,7 +233,8 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
         drafter.acceptance.mark(g)
         if g > 0:
             t0 = time.perf_counter()
-            ctx = DraftContext(list(prompt) + list(answer[:t]), g, sampling, None, hidden=hidden, layers=layers)
+            ctx = DraftContext(list(prompt) + list(answer[:t]), g, sampling, None, hidden=hidden, layers=layers,
+                               noise=noise)
             draft = drafter.propose_rows({0: ctx})[0]
             draft_s = time.perf_counter() - t0
             nodes = len(draft.tokens)
@@ -240,7 +286,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not getattr(d, "sizes_itself", False) and not isinstance(d.gamma, int):
             raise ConfigError(f"variant {label!r}: its draft length comes from the γ policy's live timings; "
                               "replay it at a fixed length with --gamma N")
-    answers = record(target, prompts, args.record)
+    sampling = replay_sampling(args)
+    answers = record(target, prompts, args.record, sampling)
     eos = set(target.eos_token_ids)
     categories = list(dict.fromkeys(p.workload.category for p in prompts))
     by_layers: dict[tuple[int, ...], list[Optional[States]]] = {}  # one teacher-forced pass per layer set
@@ -253,20 +300,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 by_layers[wanted] = [teacher_forced(target, p.ids, a, wanted) for p, a in zip(prompts, answers)]
             st = by_layers[wanted]
         # untimed, as the bench's warm-up: first-use work (a datastore's index, kernels) out of the steps' c
-        replay_prompt(d, prompts[0].ids, answers[0], min(8, len(answers[0])), prompts[0].max_new_tokens, 8, st[0])
+        replay_prompt(d, prompts[0].ids, answers[0], min(8, len(answers[0])), prompts[0].max_new_tokens, 8, st[0],
+                      sampling, target.vocab_size)
         forget = getattr(d, "forget", None)
         if callable(forget):
             forget()
         cap = d.gamma if isinstance(d.gamma, int) else MAX_GAMMA
-        traces[label] = [replay_prompt(d, p.ids, a, answer_end(a, eos, args.stop_at_eos), p.max_new_tokens, cap, h)
+        traces[label] = [replay_prompt(d, p.ids, a, answer_end(a, eos, args.stop_at_eos), p.max_new_tokens, cap, h,
+                                       sampling, target.vocab_size)
                          for p, a, h in zip(prompts, answers, st)]
     source = "--v-table" if args.v_table else "measured for this target"
     table = ", ".join(f"{costs.v_at(n):.2f}" for n in range(1, 9))
-    print(f"v(1..8) {table} ({source}); one-token pass {t1 * 1e3:.2f} ms")
+    how = "greedy" if sampling.greedy else (f"sampled: T {sampling.temperature:g}, top-k {sampling.top_k}, top-p "
+                                            f"{sampling.top_p}, min-p {sampling.min_p}, seed {sampling.seed} (coupled)")
+    print(f"v(1..8) {table} ({source}); one-token pass {t1 * 1e3:.2f} ms; answers {how}")
     rows = report(traces, [p.workload.category for p in prompts], categories, costs, t1)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "target": _identity(target), "variants": list(drafters), "prompts": [p.workload.id for p in prompts],
+            "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                         "min_p": sampling.min_p, "seed": sampling.seed},
             "stop_at_eos": args.stop_at_eos, "v": list(costs.v), "t1_s": t1, "rows": rows,
             "steps": {label: [{"nodes": tr.nodes, "accepted": tr.accepted, "source": tr.sources,
                                "draft_s": [round(x, 7) for x in tr.draft_s]} for tr in trs]
