@@ -125,6 +125,23 @@ def test_replay_makes_a_medusa_runs_steps(tiny_dirs: dict[str, Path], tmp_path: 
     assert _same_steps(target, live, replayed)[0] > 0
 
 
+@pytest.mark.parametrize("name", ["quant", "layerskip"])
+def test_replay_makes_a_shared_cache_drafters_steps(tiny_dirs: dict[str, Path], name: str) -> None:
+    """The int4 copy and layer skip draft on the target's own KV cache: the replay hands them the
+    teacher-forced pass's cache, set to each step's verified tokens, and puts back what they write past
+    them. Their drafts (and so the steps) are then the run's, greedy and sampled."""
+    from specdecode.drafters.layerskip import LayerSkipDrafter
+    from specdecode.drafters.quant import QuantDrafter
+
+    def make() -> object:
+        return QuantDrafter(gamma=4) if name == "quant" else LayerSkipDrafter(skip_layers=(1,), gamma=4)
+
+    target = sd.load_model(tiny_dirs["llama"])
+    for sampling in (None, SamplingConfig(temperature=0.7, top_p=0.9, seed=3)):
+        nodes, accepted = _same_steps(target, make(), make(), 24, sampling)
+        assert nodes > 0 and accepted > 0
+
+
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9, seed=3)
 
 

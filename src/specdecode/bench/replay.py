@@ -16,6 +16,9 @@ Drafters that read the target's hidden states (EAGLE, Medusa) get them from one 
 the prompt and the recorded answer: along the accepted path a run's states are the same numbers (the
 kernels give a token's states bit for bit whatever else shares its pass), so what such a drafter is
 handed after each step (the pending token's and the accepted tokens' states) is a slice of that pass.
+The same pass fills a KV cache that stands in for the target's: drafters that draft on it (the int4
+copy, layer skip) see the entries of every verified token, as in a run, and what they write past them
+is put back after each proposal, as the next target pass would overwrite it.
 Every drafter is replayable at a fixed ``--gamma``, and a self-sizing one (suffix, auto, the trees) at
 γ 'auto'; a γ 'auto' drafter that the γ policy sizes is not (the policy weighs live pass timings). A
 drafter that plans with its own measured drafting time (suffix's c, auto's per-member c) can choose
@@ -47,6 +50,7 @@ from .variants import PLAIN, add_variant_args, setup
 if TYPE_CHECKING:
     import torch
 
+    from ..cache import KVCache
     from ..config import SamplingConfig
     from ..costmodel import Costs
     from ..drafters.base import BatchDrafter, Draft
@@ -178,22 +182,48 @@ class States:
 
     hidden: "torch.Tensor"
     layers: dict[int, "torch.Tensor"]
+    cache: Optional["KVCache"] = None  # the pass's K/V of every token, with room for a draft past the end
 
     def span(self, a: int, b: int) -> tuple["torch.Tensor", dict[int, "torch.Tensor"]]:
         return self.hidden[a:b], {k: v[a:b] for k, v in self.layers.items()}
 
 
-def teacher_forced(target: "Model", prompt: Sequence[int], answer: Sequence[int], layers: Sequence[int]) -> States:
-    """One pass over prompt + answer (but its last token), keeping the states instead of the logits."""
+def teacher_forced(target: "Model", prompt: Sequence[int], answer: Sequence[int], layers: Sequence[int],
+                   room: int = 0) -> States:
+    """One pass over prompt + answer (but its last token), keeping the states and the KV cache (``room``
+    slots more, for drafts past the answer's end) instead of the logits."""
     import torch
 
     ids = list(prompt) + list(answer)
-    cache = target.new_cache(1, len(ids))
+    cache = target.new_cache(1, len(ids) + room)
     x = torch.tensor([ids[:-1]], dtype=torch.long, device=target.device)
     out = target.run(x, cache, rows=slice(0, 1), return_hidden=True, hidden_layers=tuple(layers),
                      head=target.output_matrix()[:1])  # one output row stands in: no logits are wanted
     assert out.hidden is not None
-    return States(out.hidden[0], {k: v[0] for k, v in out.layers.items()})
+    return States(out.hidden[0], {k: v[0] for k, v in out.layers.items()}, cache)
+
+
+def _kv(cache: "KVCache") -> list["torch.Tensor"]:
+    """Every layer's K and V tensors."""
+    return [c for i in range(len(cache.k_layers())) for c in (cache.k_layer(i), cache.v_layer(i))]
+
+
+def _drafting_on(cache: Optional["KVCache"], length: int, slots: int) -> Optional[list["torch.Tensor"]]:
+    """Set the stand-in target cache to ``length`` verified tokens and save the ``slots`` entries after
+    them, which a drafter on it may write (``_restore`` puts them back)."""
+    if cache is None:
+        return None
+    cache.lengths[0] = length  # the pass wrote them all: any length up to it is theirs
+    end = min(cache.max_len, length + slots)
+    return [c[0, :, length:end].clone() for c in _kv(cache)]
+
+
+def _restore(cache: Optional["KVCache"], length: int, saved: Optional[list["torch.Tensor"]]) -> None:
+    if cache is None or saved is None:
+        return
+    for c, e in zip(_kv(cache), saved):
+        c[0, :, length : length + e.shape[1]] = e
+    cache.lengths[0] = length
 
 
 def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequence[int], end: int,
@@ -202,7 +232,8 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
     """The decode core's single-row loop with the target's passes replaced by the recording: the same
     draft-length cap, the same calls on the drafter (``acceptance.fade``/``mark``/``update``,
     ``propose_rows``, ``on_verified_row``), the same greedy rule, and for a hidden-state drafter the states
-    the core would hand it (``states``: the prefill's, then each step's pending and accepted tokens').
+    the core would hand it (``states``: the prefill's, then each step's pending and accepted tokens'), and
+    ``states.cache`` as the target's KV cache.
     A seeded sampled ``sampling`` (the recording's) hands the drafter the row's coupled noise over a
     ``vocab``-token vocabulary, as the core does; the greedy rule against the recording is then the
     coupled rule."""
@@ -222,7 +253,9 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
     t = 0
     n_prompt = len(prompt)
     # the prefill keeps the prompt's states only for a drafter that reads layers (EAGLE-3), as the core's does
-    hidden, layers = states.span(0, n_prompt - 1) if states is not None and states.layers else (None, None)
+    hands = states is not None and drafter.wants_hidden
+    hidden, layers = states.span(0, n_prompt - 1) if hands and states.layers else (None, None)  # type: ignore[union-attr]
+    cache = states.cache if states is not None else None
     while t < end:
         drafter.acceptance.fade()
         g = max(0, min(cap, budget - t - 1))
@@ -232,11 +265,16 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
         accepted = 0
         drafter.acceptance.mark(g)
         if g > 0:
+            length = n_prompt + t - 1  # every token but the pending one
+            saved = _drafting_on(cache, length, 2 * g + 2)  # untimed: a run's next pass overwrites them
             t0 = time.perf_counter()
             ctx = DraftContext(list(prompt) + list(answer[:t]), g, sampling, None, hidden=hidden, layers=layers,
-                               noise=noise)
-            draft = drafter.propose_rows({0: ctx})[0]
-            draft_s = time.perf_counter() - t0
+                               noise=noise, target_cache=cache)
+            try:
+                draft = drafter.propose_rows({0: ctx})[0]
+            finally:
+                draft_s = time.perf_counter() - t0
+                _restore(cache, length, saved)
             nodes = len(draft.tokens)
             source = draft.source or ""
             if nodes > g:
@@ -253,7 +291,8 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
         tr.accepted.append(accepted)
         tr.draft_s.append(draft_s)
         tr.sources.append(source)
-        if states is not None:  # the pass's states of the pending token and the accepted ones
+        if hands:  # the pass's states of the pending token and the accepted ones
+            assert states is not None
             hidden, layers = states.span(n_prompt - 1 + t, n_prompt + t + accepted)
         t += accepted + 1
     return tr
@@ -290,15 +329,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     answers = record(target, prompts, args.record, sampling)
     eos = set(target.eos_token_ids)
     categories = list(dict.fromkeys(p.workload.category for p in prompts))
-    by_layers: dict[tuple[int, ...], list[Optional[States]]] = {}  # one teacher-forced pass per layer set
+    by_layers: dict[tuple[int, ...], list[States]] = {}  # one teacher-forced pass per layer set: states, cache
     traces: dict[str, list[Trace]] = {}
     for label, d in drafters.items():
-        st: list[Optional[States]] = [None] * len(prompts)
-        if d.wants_hidden:
-            wanted = tuple(sorted(int(i) for i in getattr(d, "hidden_layers", ())))
-            if wanted not in by_layers:
-                by_layers[wanted] = [teacher_forced(target, p.ids, a, wanted) for p, a in zip(prompts, answers)]
-            st = by_layers[wanted]
+        wanted = tuple(sorted(int(i) for i in getattr(d, "hidden_layers", ()))) if d.wants_hidden else ()
+        if wanted not in by_layers:
+            by_layers[wanted] = [teacher_forced(target, p.ids, a, wanted, MAX_GAMMA + 2)
+                                 for p, a in zip(prompts, answers)]
+        st = by_layers[wanted]
         # untimed, as the bench's warm-up: first-use work (a datastore's index, kernels) out of the steps' c
         replay_prompt(d, prompts[0].ids, answers[0], min(8, len(answers[0])), prompts[0].max_new_tokens, 8, st[0],
                       sampling, target.vocab_size)
