@@ -245,7 +245,7 @@ def test_rows_independent_of_m(ext, wdtype):
 
 # ---------------------------------------------------------------- code paths (ISAs) and bf16-dot mode
 
-ISAS = ["scalar", "avx2", "avx512", "avx512bf16"]
+ISAS = ["scalar", "avx2", "avx512", "avx512bf16", "amx"]
 _ISA_LEVEL = {name: i for i, name in enumerate(ISAS)}
 
 
@@ -259,7 +259,8 @@ def test_cpu_feature_flags(ext):
     assert best in ISAS
     assert ext.has_avx2() == (_ISA_LEVEL[best] >= _ISA_LEVEL["avx2"])
     assert ext.has_avx512() == (_ISA_LEVEL[best] >= _ISA_LEVEL["avx512"])
-    assert ext.has_avx512_bf16() == (best == "avx512bf16")
+    assert ext.has_avx512_bf16() == (_ISA_LEVEL[best] >= _ISA_LEVEL["avx512bf16"])
+    assert ext.has_amx() == (best == "amx")
 
 
 def test_set_isa_round_trip(ext):
@@ -294,8 +295,9 @@ def test_env_var_forces_isa(ext, tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "scalar"
 
 
-# odd K (not a multiple of 8/16/32: vector tails), N not a multiple of the register blocks or tiles
-ISA_SHAPES = [(7, 5), (33, 13), (257, 100), (64, 24), (512, 37), (95, 49)]
+# odd K (not a multiple of 8/16/32: vector tails), N not a multiple of the register blocks or tiles; K a
+# multiple of 32 with N a multiple of 16 or not (the AMX path's tiles and its tail rows)
+ISA_SHAPES = [(7, 5), (33, 13), (257, 100), (64, 24), (512, 37), (95, 49), (64, 37), (96, 48), (576, 50)]
 ISA_MS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 23, 33, 64]
 
 
@@ -335,7 +337,11 @@ def test_bf16_dot_matches_rounded_reference(ext, isa):
 
 def test_bf16_dot_rounding_edge_cases(ext):
     """Ties to even, a NaN and infinities in x go through as x.bfloat16() rounds them."""
-    k = 40
+    for k in (40, 64):  # 64: the AMX path's tiles where it runs
+        _rounding_edge_cases(ext, k)
+
+
+def _rounding_edge_cases(ext, k: int) -> None:  # type: ignore[no-untyped-def]
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(13))
     # 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (-> 1); 1 + 3 * 2^-8 ties to 1 + 2^-6
     x[0, :4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38])
@@ -353,20 +359,21 @@ def test_bf16_dot_rounding_edge_cases(ext):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("mode", ["fp32w", "bf16w", "bf16dot"])
+@pytest.mark.parametrize("mode", ["fp32w", "bf16w", "bf16dot", "bf16dot-k512"])
 def test_isa_rows_independent_of_m(ext, isa, mode):
-    """Bit-identical rows whatever M (including M that split into several register blocks) and position."""
+    """Bit-identical rows whatever M (including M that split into several register blocks or AMX tiles)
+    and position. K 512 (a multiple of 32) is where the AMX path runs its tiles."""
     _require(ext, isa)
     g = torch.Generator().manual_seed(14)
-    k, n, rows = 515, 203, 20
+    k, n, rows = (512 if mode.endswith("k512") else 515), 203, 64
     w = torch.randn(n, k, generator=g)
     if mode != "fp32w":
         w = w.bfloat16()
     b = torch.randn(n, generator=g)
     x = torch.randn(rows, k, generator=g)
-    dot = mode == "bf16dot"
+    dot = mode.startswith("bf16dot")
     singles = torch.cat([ext.smallm_linear(x[i:i + 1], w, b, bf16_dot=dot, isa=isa) for i in range(rows)])
-    for m in [2, 3, 5, 7, 8, 9, 12, 13, 16, 17, 20]:
+    for m in [2, 3, 5, 7, 8, 9, 12, 13, 16, 17, 20, 33, 49, 64]:
         assert torch.equal(ext.smallm_linear(x[:m], w, b, bf16_dot=dot, isa=isa), singles[:m]), m
         assert torch.equal(ext.smallm_linear(x[rows - m:], w, b, bf16_dot=dot, isa=isa), singles[rows - m:]), m
 

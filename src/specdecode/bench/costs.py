@@ -38,7 +38,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     c.add_argument("--formats", default=",".join(FORMATS), help="weight formats (default: %(default)s)")
     c.add_argument("--isas", default=None,
                    help="kernel paths to compare, comma-separated, for each format where the CPU has them: "
-                        "bf16: avx2, avx512, avx512bf16; int8/int4: avx2, avxvnni, vnni512; 'auto' = the best "
+                        "bf16: avx2, avx512, avx512bf16, amx; int8/int4: avx2, avxvnni, vnni512; 'auto' = the best "
                         "(default: every SIMD path this CPU has)")
     c.add_argument("--threads", default="1", help="torch thread counts, comma-separated (default: %(default)s)")
     c.add_argument("--max-tokens", type=int, default=16, help="widest pass timed, in new tokens (default: 16)")

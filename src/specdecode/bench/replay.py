@@ -89,10 +89,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 
 def _identity(target: "Model") -> str:
-    """What the recorded answers depend on: the model file, its weight format and the kernel path."""
+    """What the recorded answers depend on: the model file, its weight format and the kernel paths."""
+    from ..kernels import kernel_isa
     from ..kernels.quant import quant_isa
 
-    return f"{target.path}|{target.weight_dtype}|{target.kv_dtype}|{quant_isa()}"
+    return f"{target.path}|{target.weight_dtype}|{target.kv_dtype}|{quant_isa()}|{kernel_isa()}"
 
 
 def _key(ids: Sequence[int], budget: int, sampling: "SamplingConfig") -> str:

@@ -11,10 +11,13 @@ Each output row is bit-identical whatever the number of rows in the call.
 weight, x is rounded to bf16 (nearest even) and the exact products are summed in
 fp32, i.e. ``F.linear(x.bfloat16().float(), weight.float(), bias)`` up to fp32
 summation order; on CPUs with AVX512_BF16 that is ``vdpbf16ps``, about twice the
-multiply-adds per cycle of the fp32 path (verifying several tokens costs little
-more than one). fp32 weights are unaffected (computed as by ``fast_linear``).
+multiply-adds per cycle of the fp32 path where it issues at the FMA rate, and on
+CPUs with AMX-BF16 (Sapphire Rapids on, where Linux grants the tile state) one
+tile instruction multiplies 16 weight rows by up to 16 token rows, so a pass over
+16 tokens costs little more than one. fp32 weights are unaffected (computed as by
+``fast_linear``).
 
-``SPECDECODE_KERNEL_ISA`` = scalar | avx2 | avx512 | avx512bf16 (read once when
+``SPECDECODE_KERNEL_ISA`` = scalar | avx2 | avx512 | avx512bf16 | amx (read once when
 the extension loads; default: the best the CPU has; ``avxvnni``, the quantized
 kernel's AVX-VNNI path, means avx2 here) forces a code path, for
 comparisons and tests; ``set_kernel_isa`` changes it at runtime (for the whole
@@ -144,11 +147,11 @@ def fast_linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 
 def kernel_isa() -> Optional[str]:
-    """The code path the kernel uses now ("scalar", "avx2", "avx512", "avx512bf16"), None if unavailable."""
+    """The code path the kernel uses now ("scalar", "avx2", "avx512", "avx512bf16", "amx"), None if unavailable."""
     return _ext.isa() if fast_linear_available() else None  # type: ignore[union-attr]
 
 
-ISAS = ("scalar", "avx2", "avx512", "avx512bf16")  # the kernel's code paths, each needing more of the CPU
+ISAS = ("scalar", "avx2", "avx512", "avx512bf16", "amx")  # the kernel's code paths, each needing more of the CPU
 
 
 def supported_isas() -> tuple[str, ...]:
