@@ -90,3 +90,27 @@ def test_eos_and_stop_strings(tiny_dirs: dict[str, Path]) -> None:
                     stop=[stop])
     assert s.finish_reason == "stop"
     assert s.text == plain.text[: plain.text.index(stop)]
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512bf16", "amx"])
+def test_greedy_identity_bf16_weights_per_kernel_path(tiny_dirs: dict[str, Path], isa: str) -> None:
+    """bf16 weights on the bf16-dot kernel, on each code path this CPU has: the AMX path's tiles (K = 64
+    here, a multiple of 32) must give every row of a verification pass the bits a one-token pass gives it,
+    chains and trees alike."""
+    from specdecode import kernels
+
+    if not kernels.fast_linear_available() or isa not in kernels.supported_isas():
+        pytest.skip(f"this CPU has no {isa} path for the kernel")
+    previous = kernels.set_kernel_isa(isa)
+    try:
+        target = sd.load_model(tiny_dirs["llama"], weight_dtype="bf16")
+        assert target.kernels.mode == "bf16_dot"
+        plain = sd.generate(target, PROMPT, max_new_tokens=NEW, ignore_eos=True)
+        own = sd.generate(target, PROMPT, drafter=sd.DraftModelDrafter(target, 8), max_new_tokens=NEW, ignore_eos=True)
+        assert own.token_ids == plain.token_ids and own.stats.alpha == 1.0  # 9-row passes = one-row passes
+        for drafter in [sd.DraftModelDrafter(sd.load_model(tiny_dirs["draft"]), 5),
+                        sd.PromptLookupDrafter(num_draft_tokens=6), sd.SuffixDrafter()]:
+            r = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=NEW, ignore_eos=True)
+            assert r.token_ids == plain.token_ids, type(drafter).__name__
+    finally:
+        kernels.set_kernel_isa(previous)

@@ -70,6 +70,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define SMALLM_X86 1
@@ -577,7 +578,7 @@ SMALLM_AMX void amx_configure() {
 // B_j[p][m] = (x[16j + m][2p], x[16j + m][2p + 1]), zero past M.
 void amx_pack_x(const uint16_t* xb, int64_t Kp, int64_t M, int64_t K, uint32_t* packed) {
   const int64_t mb = (M + AMX_ROWS - 1) / AMX_ROWS, pairs = K / 2;
-  std::memset(packed, 0, sizeof(uint32_t) * mb * pairs * AMX_ROWS);
+  if (M % AMX_ROWS) std::memset(packed, 0, sizeof(uint32_t) * mb * pairs * AMX_ROWS);  // token rows past M: zero
   for (int64_t m = 0; m < M; ++m) {
     uint32_t* out = packed + (m / AMX_ROWS) * pairs * AMX_ROWS + (m % AMX_ROWS);
     const uint16_t* row = xb + m * Kp;
@@ -750,8 +751,9 @@ void run_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w, const 
     x_to_bf16(x, M, K, Kp, xb);
     if (isa >= ISA_AMX && K % AMX_K == 0) {  // decided by K alone, never by M: rows stay batch-invariant
       const int64_t mb = (M + AMX_ROWS - 1) / AMX_ROWS, n16 = N - N % AMX_ROWS;
-      at::Tensor packed_t = at::empty({mb * (K / 2) * AMX_ROWS}, at::TensorOptions().dtype(at::kInt));
-      uint32_t* packed = reinterpret_cast<uint32_t*>(packed_t.data_ptr<int32_t>());
+      thread_local std::vector<uint32_t> packed_buf;  // reused: no allocation per call
+      packed_buf.resize(std::max<size_t>(packed_buf.size(), size_t(mb * (K / 2) * AMX_ROWS)));
+      uint32_t* packed = packed_buf.data();
       amx_pack_x(xb, Kp, M, K, packed);
       const int64_t nblocks = n16 / AMX_ROWS;
       const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, AMX_ROWS * K * M));
