@@ -550,6 +550,13 @@ SMALLM_BF16 void rows_bf16dot(const uint16_t* xb, int64_t Kp, int64_t M, int64_t
 }
 
 // ------------------------------------------------------------------- AMX path
+// AMX intrinsics need GCC 11 or clang 12; an older compiler builds the rest and reports no AMX.
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define SMALLM_HAS_AMX 1
+#else
+#define SMALLM_HAS_AMX 0
+#endif
+#if SMALLM_HAS_AMX
 #define SMALLM_AMX \
   __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 
@@ -640,9 +647,11 @@ SMALLM_AMX void amx_rows(const uint32_t* packed, int64_t M, int64_t K, const uin
   _tile_release();
 }
 
+#endif  // SMALLM_HAS_AMX
+
 // Whether this process may use the AMX tile state: Linux grants it on request (arch_prctl).
 bool amx_permitted() {
-#if defined(__linux__) && defined(SYS_arch_prctl)
+#if SMALLM_HAS_AMX && defined(__linux__) && defined(SYS_arch_prctl)
   constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
 #else
@@ -749,6 +758,7 @@ void run_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w, const 
     at::Tensor xb_t = at::empty({M * Kp}, at::TensorOptions().dtype(at::kBFloat16));
     uint16_t* xb = reinterpret_cast<uint16_t*>(xb_t.data_ptr<at::BFloat16>());
     x_to_bf16(x, M, K, Kp, xb);
+#if SMALLM_HAS_AMX
     if (isa >= ISA_AMX && K % AMX_K == 0) {  // decided by K alone, never by M: rows stay batch-invariant
       const int64_t mb = (M + AMX_ROWS - 1) / AMX_ROWS, n16 = N - N % AMX_ROWS;
       thread_local std::vector<uint32_t> packed_buf;  // reused: no allocation per call
@@ -769,6 +779,7 @@ void run_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w, const 
       if (n16 < N) rows_bf16dot(xb, Kp, M, K, w, bias, y, N, n16, N);  // the last rows: the same path at any M
       return;
     }
+#endif
     const int64_t ntiles = (N + TILE_N512 - 1) / TILE_N512;
     // vdpbf16ps does twice the work of an fp32 FMA: twice the grain
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, TILE_N512 * K * M));
