@@ -15,7 +15,7 @@
 // x, y and the bias are fp32; accumulation is fp32.
 //
 // Instruction sets, chosen at runtime (best the CPU has, or SPECDECODE_KERNEL_ISA
-// = scalar | avx2 | avx512 | avx512bf16 | auto, read once when the module loads,
+// = scalar | avx2 | avx512 | avx512bf16 | amx | auto, read once when the module loads,
 // clamped to what the CPU supports; set_isa() changes it later, and
 // smallm_linear() takes a per-call isa):
 //   scalar      portable C++
