@@ -41,7 +41,13 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F16", arch: str = "llama",
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv)
-    w.add_rope_dimension_count(cfg["hidden_size"] // n_heads)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    if arch == "gemma3":  # llama.cpp's converter: the global RoPE base and the window; the rest is in its code
+        w.add_sliding_window(cfg["sliding_window"])
+        cfg["rope_theta"] = cfg["rope_parameters"]["full_attention"]["rope_theta"]
     w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     w.add_vocab_size(cfg["vocab_size"])
@@ -69,7 +75,11 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F16", arch: str = "llama",
     qt = gguf.GGMLQuantizationType[qtype]
     layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if arch == "gemma3":  # gguf-py's tensor_mapping for Gemma 2/3
+        layer.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"})
     for name, arr in sd.items():
         if name == "model.embed_tokens.weight":
             gname = "token_embd.weight"
@@ -80,6 +90,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F16", arch: str = "llama",
         else:
             parts = name.split(".")  # model.layers.i.<module...>.weight|bias
             gname = f"blk.{parts[2]}.{layer['.'.join(parts[3:-1])]}.{parts[-1]}"
+        if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp stores Gemma's 1 + w
+            arr = arr + 1
         if arch == "llama" and ("q_proj" in name or "k_proj" in name):
             arr = _permute(arr, n_heads if "q_proj" in name else n_kv)
         is_head = gname in ("token_embd.weight", "output.weight")

@@ -31,7 +31,9 @@ def build_tokenizer(out: Path, vocab_size: int = 300) -> int:
 
 def build_model(out: Path, arch: str = "llama", vocab_size: Optional[int] = None, seed: int = 0,
                 hidden: int = 64, layers: int = 2, tokenizer: bool = True, **overrides: object) -> Path:
-    """Save a random tiny checkpoint of ``arch`` (llama, qwen2, mistral, gpt2) to ``out``."""
+    """Save a random tiny checkpoint of ``arch`` (llama, qwen2, qwen3, gemma3, mistral, gpt2) to ``out``.
+
+    qwen3 and gemma3 get random norm weights too (their q/k norms and Gemma's 1 + w must be exercised)."""
     import transformers
 
     out.mkdir(parents=True, exist_ok=True)
@@ -45,20 +47,26 @@ def build_model(out: Path, arch: str = "llama", vocab_size: Optional[int] = None
         model = transformers.GPT2LMHeadModel(cfg)
     else:
         cls_cfg = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                   "qwen3": transformers.Qwen3Config, "gemma3": transformers.Gemma3TextConfig,
                    "mistral": transformers.MistralConfig}[arch]
         kw = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden + 16,
                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=256, eos_token_id=eos, bos_token_id=eos, tie_word_embeddings=False)
+        if arch in ("qwen3", "gemma3"):
+            kw["head_dim"] = hidden // 4
+        if arch == "gemma3":
+            kw.update(tie_word_embeddings=True, pad_token_id=eos, query_pre_attn_scalar=hidden // 4 + 8)
         kw.update(overrides)
         cfg = cls_cfg(**kw)
         model = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+                 "qwen3": transformers.Qwen3ForCausalLM, "gemma3": transformers.Gemma3ForCausalLM,
                  "mistral": transformers.MistralForCausalLM}[arch](cfg)
     with torch.no_grad():  # random init is tiny; widen it so logits differ and sampling is non-trivial
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0, 0.3)
-            elif "bias" in str(p.shape) or p.dim() == 1:
-                pass
+            elif arch in ("qwen3", "gemma3"):
+                p.add_(torch.randn_like(p) * 0.2)
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     return out

@@ -4,7 +4,7 @@ We read the file's header ourselves (a few lines; see ``_Cursor``) and let the `
 llama.cpp's own Python library, dequantize the block formats we have no kernel for. What we add is
 the mapping onto our runtime:
 
-- **Config** from the ``{arch}.*`` metadata (llama, mistral and qwen2; others are refused by name).
+- **Config** from the ``{arch}.*`` metadata (llama, mistral, qwen2, qwen3, gemma3; others are refused by name).
 - **Tensors.** F32/F16/BF16 are used as stored. Q8_0 and Q4_0 are llama.cpp's blocks of 32 with an
   fp16 scale, which is exactly our int8/int4 arithmetic, so with ``weight_dtype`` int8/int4 they are
   packed for our kernel as stored, without re-rounding (``kernels.quant.pack_blocks``). Every other
@@ -27,7 +27,8 @@ import torch
 
 from .config import UnsupportedModelError
 
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                      "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 # llama.cpp permutes q/k rows for these (its LlamaModel converter); qwen2 keeps transformers' layout
 _PERMUTED = {"llama", "mistral"}
 DENSE_TYPES = ("F32", "F16", "BF16")
@@ -37,6 +38,10 @@ _LAYER = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",  # Qwen 3, Gemma 3
+    # Gemma 3: ffn_norm is its norm before the MLP, under llama's name for that norm (transformers calls it
+    # pre_feedforward_layernorm); the attention output's norm is named apart (``convert_hf_state_dict``)
+    "post_attention_norm": "post_attention_norm", "post_ffw_norm": "post_feedforward_layernorm",
 }
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
@@ -259,7 +264,24 @@ def _hf_config(path: Path, arch: str, meta: dict[str, Any], names: set[str]) -> 
     window = meta.get(f"{arch}.attention.sliding_window")
     if window:
         cfg["sliding_window"] = int(window)
+    if arch == "gemma3":
+        cfg.update(_gemma3_config(meta, cfg))
     return cfg
+
+
+def _gemma3_config(meta: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a Gemma 3 GGUF leaves to llama.cpp's code, as its ``llama-model.cpp`` sets it: every 6th layer
+    global (unless the file states a pattern), the sliding layers' RoPE base 10k, and attention scaled by
+    head_dim ** -0.5 (hidden / heads for the 62-layer 27B model, whose query_pre_attn_scalar that is)."""
+    n, pattern = cfg["num_hidden_layers"], meta.get("gemma3.attention.sliding_window_pattern")
+    if isinstance(pattern, list):  # one flag per layer, true = sliding
+        types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        types = ["sliding_attention" if (i + 1) % int(pattern or 6) else "full_attention" for i in range(n)]
+    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if n == 62 else cfg["head_dim"]
+    return {"layer_types": types, "query_pre_attn_scalar": scalar, "hidden_activation": "gelu_pytorch_tanh",
+            "rope_theta": float(meta.get("gemma3.rope.freq_base") or 1e6),
+            "rope_local_base_freq": float(meta.get("gemma3.rope.freq_base_swa") or 10000.0)}
 
 
 def _hf_name(name: str, path: Path) -> str:
