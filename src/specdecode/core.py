@@ -137,7 +137,7 @@ class DecodeCore:
                 if self._hidden_layers:
                     # every position's states, but no logits worth computing (one output row stands in)
                     out = self.target.run(ids, self.cache, rows=slice(i, i + 1), return_hidden=True,
-                                          hidden_layers=self._hidden_layers, head=self.target.output_matrix()[:1])
+                                          hidden_layers=self._hidden_layers, head=self.target.stand_in_head())
                     assert out.hidden is not None
                     row.hidden, row.layers = out.hidden[0], {k: v[0] for k, v in out.layers.items()}
                 else:

@@ -66,7 +66,7 @@ def borrow(target: "Model", hidden_layers: Sequence[int] = ()) -> MeasureContext
             cache = target.new_cache(1, len(ids) + ROOM)
             # no logits worth computing (one output row stands in): the states are what is kept
             out = target.run(torch.tensor([seed], device=target.device), cache, return_hidden=True,
-                             hidden_layers=layers, head=target.output_matrix()[:1])
+                             hidden_layers=layers, head=target.stand_in_head())
             cache.repeat_to(len(ids))
         assert out.hidden is not None
         held = _HELD[target] = MeasureContext(ids, cache, _repeat(out.hidden[0], len(ids)),

@@ -199,7 +199,7 @@ def teacher_forced(target: "Model", prompt: Sequence[int], answer: Sequence[int]
     cache = target.new_cache(1, len(ids) + room)
     x = torch.tensor([ids[:-1]], dtype=torch.long, device=target.device)
     out = target.run(x, cache, rows=slice(0, 1), return_hidden=True, hidden_layers=tuple(layers),
-                     head=target.output_matrix()[:1])  # one output row stands in: no logits are wanted
+                     head=target.stand_in_head())  # one output row stands in: no logits are wanted
     assert out.hidden is not None
     return States(out.hidden[0], {k: v[0] for k, v in out.layers.items()}, cache)
 

@@ -19,12 +19,13 @@ MODULES = (
     "llamacpp_decode",  # plain decode speed, ours against llama.cpp's, on the same GGUF files
     "kernel_ab",  # the quantized kernel against its source at a git revision
     "ab",  # the same bench on this tree and on a git revision, alternating pair by pair
+    "ladder",  # random-weight GGUFs at real shapes, quantized by llama.cpp: memory, load, speed beside it
     "coldstart",  # a first `specdecode serve` with an empty cost cache: /health, first answer, first requests
 )
 
 
 def add_subcommands(bench: argparse.ArgumentParser) -> None:
     sub = bench.add_subparsers(dest="bench_command",
-                               metavar="{costs,variants,replay,load,kv-dtype,llamacpp-decode,kernel-ab,ab,coldstart}")
+                               metavar="{costs,variants,replay,load,kv-dtype,llamacpp-decode,kernel-ab,ab,ladder,coldstart}")
     for name in MODULES:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)

@@ -26,7 +26,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -102,8 +102,7 @@ class EagleConfig:
 
 def input_embedding(target: "Model") -> torch.Tensor:
     """The target's token embedding matrix [V, dim] (shared with the draft, as EAGLE does)."""
-    module = target.module
-    return cast(torch.Tensor, module.wte if target.config.family == "gpt2" else module.embed)
+    return target.embedding_matrix()
 
 
 def rope_table(hd: int, theta: float, length: int, device: torch.device) -> torch.Tensor:

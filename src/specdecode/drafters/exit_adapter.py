@@ -167,7 +167,7 @@ class ExitAdapterDrafter(LayerSkipDrafter):
             return full_vocab_logits(logits.float(), adapter.vocab_ids, target.vocab_size)
         lo, hi, _ = rows.indices(view.batch_size)
         starts = view.lengths[lo:hi]
-        out = target.run(ids, view, rows, head=target.output_matrix()[:1], hidden_layers=(layers[-1],), layers=layers)
+        out = target.run(ids, view, rows, head=target.stand_in_head(), hidden_layers=(layers[-1],), layers=layers)
         view.lengths[lo:hi] = starts  # the adapter layer writes the same slots, then the lengths advance again
         meta = view.prepare(ids.shape[1], rows)
         x = adapter(out.layers[layers[-1]], meta.positions, meta, view)

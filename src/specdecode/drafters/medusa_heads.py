@@ -59,15 +59,14 @@ class MedusaConfig:
 def target_fingerprint(target: "Model") -> str:
     """A short hash of the target's output matrix as this run holds it (int8/int4 storage changes it): kept for
     directories written before ``target_sketch``."""
-    w = target.output_matrix()
-    rows = w[: min(64, w.shape[0])].detach().float().cpu().contiguous()
+    rows = target.output_rows(torch.arange(min(64, target.vocab_size))).detach().float().cpu().contiguous()
     return hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
 
 
 def target_sketch(target: "Model") -> list[float]:
     """64 numbers that identify the target's output matrix in any weight format: its first 64 rows projected on
     one fixed random direction. int8/int4 rounding moves them by well under 1%; other weights are uncorrelated."""
-    w = target.output_matrix()[:64].detach().float().cpu()
+    w = target.output_rows(torch.arange(min(64, target.vocab_size))).detach().float().cpu()
     direction = torch.randn(w.shape[1], generator=torch.Generator().manual_seed(0))
     return [round(float(x), 6) for x in w @ direction]
 

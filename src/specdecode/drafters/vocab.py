@@ -103,7 +103,7 @@ def draft_vocab_for(model: "Model", spec: VocabSpec = "auto") -> Optional[DraftV
         raise ConfigError(f"{Path(model.path) / VOCAB_FILE} lists token ids {bad[:5]} outside the draft's "
                           f"vocabulary [0, {model.vocab_size}); it belongs to another model")
     ids = torch.tensor(sorted(ranked[:n]), dtype=torch.long, device=model.device)
-    head = model.output_matrix().index_select(0, ids).contiguous()
+    head = model.output_rows(ids).contiguous()
     return DraftVocab(ids, head, model.vocab_size)
 
 

@@ -44,9 +44,11 @@ __all__ = [
     "QUANT_FORMATS",
     "QuantUnavailableError",
     "dequantize",
+    "dequantize_rows",
     "is_packed",
     "load_quant_extension",
     "pack_blocks",
+    "pack_gguf",
     "pack_draft",
     "packed_dtype",
     "quant_isa",
@@ -178,6 +180,35 @@ def pack_blocks(q: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
     return out.view(packed_dtype(fmt))
 
 
+GGUF_BLOCK_BYTES = {"int8": 34, "int4": 18}  # Q8_0: fp16 d + 32 int8; Q4_0: fp16 d + 16 bytes of nibble pairs
+
+
+def pack_gguf(raw: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``pack_blocks`` of GGUF Q8_0 (int8) or Q4_0 (int4) rows as stored ([N, nb * 34 or 18] uint8), moving
+    bytes only: a Q4_0 byte j holds elements j and j + 16 of its block, the same pair our int4 byte holds,
+    so neither format is unpacked (a load of a 1 GB file spends memory bandwidth, not arithmetic, here)."""
+    n = raw.shape[0]
+    size = GGUF_BLOCK_BYTES[fmt]
+    blocks = raw.view(torch.uint8).reshape(n, -1, size)
+    nb = blocks.shape[1]
+    qb = nb * (size - 2)
+    rb = _row_bytes(fmt, nb * 32)
+    out = torch.zeros(n, rb, dtype=torch.uint8)
+    full = n // GROUP * GROUP
+    if full:
+        ng = full // GROUP
+        step = 8 if fmt == "int8" else 4  # steps of 4 inputs a block: int8 8 of 4 bytes, int4 4 of 4 byte pairs
+        quants = blocks[:full, :, 2:].reshape(ng, GROUP, nb, step, 4).permute(0, 2, 3, 1, 4)
+        grouped = out[:full].view(ng, GROUP * rb)
+        grouped[:, :GROUP * qb].view(ng, nb, step, GROUP, 4).copy_(quants)
+        scales = blocks[:full, :, :2].reshape(ng, GROUP, nb, 2).permute(0, 2, 1, 3)
+        grouped[:, GROUP * qb: GROUP * qb + GROUP * nb * 2].view(ng, nb, GROUP, 2).copy_(scales)
+    if full < n:
+        out[full:, :qb] = blocks[full:, :, 2:].reshape(n - full, qb)
+        out[full:, qb: qb + 2 * nb] = blocks[full:, :, :2].reshape(n - full, 2 * nb)
+    return out.view(packed_dtype(fmt))
+
+
 def _unpack(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer weights [N, Kp] (int8: q; int4: v - 8) and fp32 scales [N, nb] of a packed matrix."""
     fmt = "int8" if packed.dtype == torch.int8 else "int4"
@@ -217,6 +248,25 @@ def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
     q, scales = _unpack(packed, k)
     n, kp = q.shape
     return (q.view(n, kp // 32, 32) * scales.view(n, -1, 1)).view(n, kp)[:, :k]
+
+
+def dequantize_rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """fp32 rows ``ids`` (1-D) of the [N, k] matrix a packed weight stands for: a table kept packed, looked up.
+
+    Rows are interleaved in groups of 16, so each wanted row's whole group is decoded (16 rows for one:
+    a few microseconds for a decode step's handful of tokens)."""
+    n, rb = packed.shape
+    full = n // GROUP * GROUP
+    out = torch.empty(ids.numel(), k, dtype=torch.float32)
+    grouped = ids < full
+    if bool(grouped.any()):
+        sel = ids[grouped]
+        groups, inv = torch.unique(sel // GROUP, return_inverse=True)
+        part = packed[:full].view(full // GROUP, GROUP, rb).index_select(0, groups).reshape(-1, rb)
+        out[grouped] = dequantize(part, k)[inv * GROUP + sel % GROUP]
+    if not bool(grouped.all()):
+        out[~grouped] = dequantize(packed[full:], k)[ids[~grouped] - full]
+    return out
 
 
 def quant_isa() -> str:

@@ -20,12 +20,16 @@ import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from .config import UnsupportedModelError
+from ..kernels.quant import QUANT_FORMATS, pack_blocks, pack_gguf, quantize
+from .config import ModelConfig, UnsupportedModelError
+from .llama import LlamaModel
+from .loading import PackedWeights
+from .tables import StoredRows, decode_rows
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
@@ -117,6 +121,19 @@ class _Tensor:
     tensor_type: Any  # gguf.GGMLQuantizationType
     shape: list[int]  # GGUF order: innermost dimension first
     data: np.ndarray  # [rows, row bytes] for block types, else the values in numpy order
+    mapping: Optional[mmap.mmap] = None  # the file's memory map that ``data`` views
+    offset: int = 0  # where ``data`` starts in it
+
+    def release(self) -> None:
+        """Drop this tensor's file pages from the process's resident memory once it has been read: they
+        stay in the page cache, but a load that touched every page would otherwise count the whole file
+        on top of what it built from it."""
+        if self.mapping is None or not hasattr(self.mapping, "madvise"):
+            return
+        page = mmap.PAGESIZE
+        start = self.offset // page * page
+        end = min(len(self.mapping), self.offset + self.data.nbytes)
+        self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q", 11: "<q", 12: "<d"}
@@ -203,7 +220,7 @@ def _parse(path: Path) -> tuple[dict[str, Any], list[_Tensor]]:
             data = raw.view(np_dt).reshape(list(reversed(dims)))
         else:
             data = raw.reshape(rows, row_bytes)
-        tensors.append(_Tensor(name, qtype, dims, data))
+        tensors.append(_Tensor(name, qtype, dims, data, mm, start + offset))
     return meta, tensors
 
 
@@ -299,7 +316,11 @@ def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
 
 
 def _blocks(t: _Tensor, fmt: str) -> Blocks:
-    raw = torch.from_numpy(np.array(t.data)).view(torch.uint8)  # [N, nb * block bytes]
+    return _raw_blocks(torch.from_numpy(np.array(t.data)).view(torch.uint8), fmt)
+
+
+def _raw_blocks(raw: torch.Tensor, fmt: str) -> Blocks:
+    """Q8_0/Q4_0 rows as stored ([N, nb * block bytes] uint8) as integer blocks and fp16 scales."""
     n = raw.shape[0]
     size = 34 if fmt == "int8" else 18
     b = raw.reshape(n, -1, size)
@@ -384,22 +405,161 @@ def llama_fused_names(n_layers: int) -> dict[str, list[str]]:
     return out
 
 
+_CHUNK_ROWS = 4096  # rows decoded at a time when a matrix is rounded: a multiple of the packed layout's 16-row groups
+
+
+@dataclass
+class _Source:
+    """One GGUF tensor as the rows of its Hugging Face tensor: the stored bytes of each row (still in the
+    memory-mapped file), with llama.cpp's q/k row permutation undone by ``index``."""
+
+    t: _Tensor
+    index: Optional[torch.Tensor]
+
+    @property
+    def kind(self) -> str:
+        return str(self.t.tensor_type.name)
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.t.shape[1:])) if len(self.t.shape) > 1 else 1
+
+    @property
+    def cols(self) -> int:
+        return int(self.t.shape[0])
+
+    def raw(self, a: int, b: int) -> torch.Tensor:
+        """Stored bytes of rows a..b-1 as a new [b - a, row bytes] uint8 tensor."""
+        data = np.asarray(self.t.data).view(np.uint8).reshape(self.rows, -1)
+        rows = data[a:b] if self.index is None else data[self.index[a:b].numpy()]
+        return torch.from_numpy(np.array(rows))
+
+    def dense(self, a: int, b: int) -> torch.Tensor:
+        return decode_rows(self.raw(a, b), self.kind, self.cols)
+
+
+def _stacked(parts: list[_Source], a: int, b: int, read: Callable[[_Source, int, int], torch.Tensor]
+             ) -> torch.Tensor:
+    """Rows a..b-1 of the matrix that stacks ``parts``' rows (q|k|v, gate|up), each part's rows by ``read``."""
+    pieces, off = [], 0
+    for p in parts:
+        lo, hi = max(a, off), min(b, off + p.rows)
+        if lo < hi:
+            pieces.append(read(p, lo - off, hi - off))
+        off += p.rows
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+def _pack(parts: list[_Source], fmt: str) -> torch.Tensor:
+    """The matrix stacking ``parts`` packed as ``fmt``: as stored when every part is in ``fmt``'s blocks (no
+    rounding), else decoded and rounded once. Either way a chunk of rows at a time, into the result: the
+    packed layout is local to groups of 16 rows, so chunks concatenate, and no copy of the whole matrix other
+    than the result is ever made."""
+    n = sum(p.rows for p in parts)
+    out: Optional[torch.Tensor] = None
+    as_stored = all(STORED_AS.get(p.kind) == fmt for p in parts)
+    for a in range(0, n, _CHUNK_ROWS):
+        b = min(n, a + _CHUNK_ROWS)
+        if as_stored:
+            chunk = pack_gguf(_stacked(parts, a, b, _Source.raw), fmt)
+        else:
+            chunk = quantize(_stacked(parts, a, b, _Source.dense), fmt)
+        if out is None:
+            out = torch.empty(n, chunk.shape[1], dtype=chunk.dtype)
+        out[a:b] = chunk
+    assert out is not None
+    return out
+
+
+def _sources(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig) -> dict[str, _Source]:
+    """Every tensor of the file by its Hugging Face name, rows in transformers' order."""
+    arch = ckpt.meta["general.architecture"]
+    heads = {"q_proj": cfg.n_heads, "k_proj": cfg.n_kv_heads}
+    sources: dict[str, _Source] = {}
+    for t in tensors:
+        if t.name == "rope_freqs.weight":
+            continue
+        name = _hf_name(t.name, ckpt.path)
+        n_heads = heads.get(name.split(".")[-2]) if arch in _PERMUTED else None
+        src = _Source(t, None)
+        sources[name] = _Source(t, _unpermute_index(src.rows, n_heads)) if n_heads is not None else src
+    return sources
+
+
+def pack_layers(path: Path, cfg: ModelConfig, fmt: str) -> dict[str, torch.Tensor]:
+    """The first ``cfg.n_layers`` layers' matrices (our names) and the output matrix ("head") of a GGUF file
+    packed as ``fmt``, straight from the file (a quantized copy of a model that is itself packed)."""
+    ckpt, tensors = read_gguf(path)
+    sources = _sources(ckpt, tensors, cfg)
+    out = {ours: _pack([sources[p] for p in parts], fmt) for ours, parts in llama_fused_names(cfg.n_layers).items()}
+    out["head"] = _pack([sources["model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"]], fmt)
+    return out
+
+
+def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, fmt: str) -> PackedWeights:
+    """The file's weights in their runtime form, tensor by tensor (``PackedWeights``).
+
+    Layer matrices are packed as ``fmt`` (as stored where their blocks are ``fmt``'s); the output matrix is
+    packed as stored when it is Q8_0/Q4_0 (whatever ``fmt``), else rounded to int8; the embedding table
+    stays in its stored format and is decoded row by row when looked up, and when it is also the output
+    matrix, packed as stored, one copy serves both. Norms and biases are small and dense."""
+    sources = _sources(ckpt, tensors, cfg)
+    fused = llama_fused_names(cfg.n_layers)
+    matrices = {part for parts in fused.values() for part in parts}
+    embed_name = "model.embed_tokens.weight"
+    head_name = embed_name if cfg.tie_embeddings else "lm_head.weight"
+    # norms, biases (and any small per-layer tensor) through the model's own name mapping; the matrices enter
+    # it as empty stand-ins, since they are packed here
+    small = {n: (torch.empty(0, 0) if n in matrices or n in (embed_name, head_name) else _dense(s.t))
+             for n, s in sources.items()}
+    converted = LlamaModel.convert_hf_state_dict(small, cfg)
+    params = {n: v for n, v in converted.items() if n not in fused and n not in ("embed", "lm_head")}
+    logical: dict[str, int] = {}
+    for ours, parts in fused.items():
+        srcs = [sources[p] for p in parts]
+        params[ours] = _pack(srcs, fmt)
+        logical[ours] = sum(s.rows for s in srcs) * srcs[0].cols
+        for s in srcs:
+            s.t.release()
+    head_src, emb = sources[head_name], sources[embed_name]
+    # a head in another block type (llama.cpp's Q6_K output matrix) is rounded to int8 whatever ``fmt``: the
+    # logits are the most sensitive product, and 8 bits keep a 6-bit source's values to ~0.4% of its step
+    head_fmt = STORED_AS.get(head_src.kind, "int8")
+    head = _pack([head_src], head_fmt)
+    tables: dict[str, StoredRows] = {}
+    if cfg.tie_embeddings and head_src.kind in STORED_AS:  # one copy, packed as stored, serves both
+        tables["embed"] = StoredRows(head_fmt, head, cfg.dim)
+    else:
+        tables["embed"] = StoredRows(emb.kind, emb.raw(0, emb.rows), cfg.dim)
+    if not cfg.tie_embeddings:
+        tables["lm_head"] = StoredRows(head_fmt, head, cfg.dim)
+        params["lm_head"] = head
+    params["embed"] = tables["embed"].data
+    head_src.t.release()
+    emb.t.release()
+    logical.update({name: cfg.vocab_size * cfg.dim for name in tables})
+    return PackedWeights(fmt, params, tables, head, logical)
+
+
 def load_gguf_model(path: Path, device: str, dtype: str | torch.dtype, weight_dtype: str | torch.dtype | None, *,
                     fast: bool, matmul: str) -> Any:
     """``load_model`` for a GGUF file (see the module docstring for what happens to each tensor type).
 
     ``weight_dtype`` "auto" (the default) keeps Q8_0/Q4_0 files in int8/int4 as stored, holds other block
     types in int8 (``GGUFCheckpoint.default_weight_format``) and dense files as ``load_model`` would."""
-    from ..kernels.quant import QUANT_FORMATS, pack_blocks
-    from .config import ModelConfig
     from .gguf_tokenizer import tokenizer_from_gguf
-    from .loading import assemble_model
+    from .loading import assemble_model, assemble_packed
 
     ckpt, tensors = read_gguf(path)
     cfg = ModelConfig.from_hf(ckpt.hf_config)
     if weight_dtype in (None, "auto") and torch.device(device).type == "cpu":
         weight_dtype = ckpt.default_weight_format() or weight_dtype
     fmt = weight_dtype if isinstance(weight_dtype, str) and weight_dtype in QUANT_FORMATS else None
+    tokenizer = tokenizer_from_gguf(ckpt.meta)
+    if fmt is not None and torch.device(device).type == "cpu" and cfg.family == "llama":
+        model = assemble_packed(cfg, read_packed(ckpt, tensors, cfg, fmt), str(path), tokenizer, ckpt.eos_ids,
+                                dtype, fast=fast, matmul=matmul)
+        return _with_chat_tokens(model, ckpt)
     dense, blocks = load_tensors(ckpt, tensors, fmt)
     packed: dict[str, torch.Tensor] = {}
     if fmt is not None:
@@ -408,8 +568,12 @@ def load_gguf_model(path: Path, device: str, dtype: str | torch.dtype, weight_dt
         head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
         if head in blocks:  # in its own block type: llama.cpp's Q4_0 files keep a Q8_0 output matrix
             packed["head"] = pack_blocks(blocks[head].q, blocks[head].d, blocks[head].fmt)
-    model = assemble_model(cfg, dense, str(path), tokenizer_from_gguf(ckpt.meta), ckpt.eos_ids, device, dtype,
+    model = assemble_model(cfg, dense, str(path), tokenizer, ckpt.eos_ids, device, dtype,
                            weight_dtype, fast=fast, matmul=matmul, packed=packed)
+    return _with_chat_tokens(model, ckpt)
+
+
+def _with_chat_tokens(model: Any, ckpt: GGUFCheckpoint) -> Any:
     model.chat_template = ckpt.chat_template
     model.bos_token = ckpt.token_text("tokenizer.ggml.bos_token_id")
     model.eos_token = ckpt.token_text("tokenizer.ggml.eos_token_id")

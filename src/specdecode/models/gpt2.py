@@ -15,6 +15,7 @@ from torch import nn
 from ..cache import AttentionMeta, KVCache
 from ..kernels import EAGER, Kernels
 from .config import ModelConfig
+from .tables import StoredRows
 
 
 def _act(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -63,8 +64,15 @@ class GPT2Model(nn.Module):
         self.wpe = nn.Parameter(torch.empty(cfg.max_position_embeddings, cfg.dim))
         self.layers = nn.ModuleList(GPT2Block(cfg, i) for i in range(cfg.n_layers))
         self.lnf_w, self.lnf_b = nn.Parameter(torch.ones(cfg.dim)), nn.Parameter(torch.zeros(cfg.dim))
+        self.tables: dict[str, StoredRows] = {}  # never kept as stored here (GPT-2 is not read from GGUF)
 
     def output_matrix(self) -> torch.Tensor:
+        return self.wte
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.wte.index_select(0, ids)
+
+    def embedding_matrix(self) -> torch.Tensor:
         return self.wte
 
     def forward(self, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,

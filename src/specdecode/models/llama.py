@@ -23,6 +23,7 @@ from ..cache import AttentionMeta, KVCache
 from ..kernels import EAGER, Kernels
 from ..ops import rms_norm
 from .config import ModelConfig
+from .tables import StoredRows
 
 
 # KV-cache storage dtypes the fused CPU attention reads (``decode_ops.cpp``); others run eager.
@@ -146,7 +147,7 @@ class _FusedPlan:
     attn_norms: list[torch.Tensor]
     embed: torch.Tensor
     lm_head: Optional[torch.Tensor]
-    head: torch.Tensor  # the output matrix (lm_head, or embed when tied)
+    head: Optional[torch.Tensor]  # the output matrix (lm_head, or embed when tied); None when kept as stored
     norm: torch.Tensor
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
@@ -194,6 +195,8 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.n_layers))
         self.norm = nn.Parameter(torch.ones(cfg.dim))
         self.lm_head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.dim))
+        # "embed" / "lm_head" kept as stored (a GGUF's blocks): the parameter then holds the stored bytes
+        self.tables: dict[str, StoredRows] = {}
         cos, sin = rope_tables(cfg, max_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -204,7 +207,26 @@ class LlamaModel(nn.Module):
             self.register_buffer("rope_local_sin", sin, persistent=False)
 
     def output_matrix(self) -> torch.Tensor:
+        """The [V, dim] output matrix; a new fp32 copy when it is kept as stored (see ``output_rows``)."""
+        name = "embed" if self.lm_head is None else "lm_head"
+        if name in self.tables:
+            return self.tables[name].dense()
         return self.embed if self.lm_head is None else self.lm_head
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the output matrix, without decoding the rest of a table kept as stored."""
+        table = self.tables.get("embed" if self.lm_head is None else "lm_head")
+        return table.rows(ids) if table is not None else self.output_matrix().index_select(0, ids)
+
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [*tokens.shape, dim] (fp32 when the table is kept as stored)."""
+        table = self.tables.get("embed")
+        return table.rows(tokens).to(tokens.device) if table is not None else F.embedding(tokens, self.embed)
+
+    def embedding_matrix(self) -> torch.Tensor:
+        """The [V, dim] input embedding; a new fp32 copy when it is kept as stored."""
+        table = self.tables.get("embed")
+        return table.dense() if table is not None else self.embed
 
     def forward(self, tokens: torch.Tensor, meta: Optional[AttentionMeta] = None, cache: Optional[KVCache] = None,
                 last_only: bool = False, head: Optional[torch.Tensor] = None,
@@ -227,9 +249,9 @@ class LlamaModel(nn.Module):
                 if layers is not None or blocks:
                     plan = plan.subset(tuple(range(self.cfg.n_layers)) if layers is None else tuple(layers), blocks)
                 return self._forward_fused(ext, plan, tokens, meta, cache, last_only,
-                                           plan.head if head is None else head)
+                                           self._head(plan, head))
         head = self.output_matrix() if head is None else head
-        x = F.embedding(tokens, self.embed).to(self.norm.dtype)  # weights may be stored narrower
+        x = self.embed_rows(tokens).to(self.norm.dtype)  # weights may be stored narrower
         if self.cfg.embed_scale != 1.0:  # Gemma: as transformers, a multiply in the activation dtype
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         if meta is None:
@@ -260,6 +282,13 @@ class LlamaModel(nn.Module):
         if meta is not None and capture is not None:
             meta.hidden = x
         return self.kernels.linear(x, head)
+
+    def _head(self, plan: "_FusedPlan", head: Optional[torch.Tensor]) -> torch.Tensor:
+        if head is not None:
+            return head
+        if plan.head is None:  # a model with a stored table multiplies by its packed copy (``Model.run``)
+            raise ValueError("this model keeps its output matrix as stored: pass head (Model.run does)")
+        return plan.head
 
     def _sliding_args(self, positions: torch.Tensor, meta: Optional[AttentionMeta], dtype: torch.dtype
                       ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -317,8 +346,10 @@ class LlamaModel(nn.Module):
             nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
             per_layer = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt)
                          for lay, nxt in zip(layers, nexts)]
+            stored = ("embed" if self.lm_head is None else "lm_head") in self.tables
             plan = _FusedPlan(per_layer, [lay.attn_norm for lay in layers], self.embed, self.lm_head,
-                              self.output_matrix(), self.norm, self.rope_cos, self.rope_sin, layers[0].wqkv)
+                              None if stored else self.output_matrix(), self.norm, self.rope_cos, self.rope_sin,
+                              layers[0].wqkv)
             self.__dict__["_plan"] = plan
         return plan
 
@@ -331,7 +362,9 @@ class LlamaModel(nn.Module):
         eps, hd = cfg.norm_eps, cfg.head_dim
         scale = 1.0 / math.sqrt(hd)
         row0 = meta.rows.indices(cache.batch_size)[0]
-        if plan.embed.dtype in (torch.float32, torch.bfloat16):
+        if "embed" in self.tables:
+            x = self.tables["embed"].rows(tokens)
+        elif plan.embed.dtype in (torch.float32, torch.bfloat16):
             x = ext.embed(tokens, plan.embed)  # a new fp32 tensor, updated in place below
         else:
             x = F.embedding(tokens, plan.embed).to(torch.float32)

@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import torch
 from safetensors.torch import load_file
@@ -23,6 +23,7 @@ from .config import ModelConfig
 from .gpt2 import GPT2Model
 from .llama import LlamaModel
 from .model import ForwardOutput, Model
+from .tables import StoredRows
 
 # RoPE/position tables and caches are sized to this many tokens at most, so a
 # 128k-context config does not allocate 128k-row tables on a laptop.
@@ -74,6 +75,23 @@ def quantize_module(module: LlamaModel | GPT2Model, fmt: str, sources: Optional[
     return QuantState(fmt, head, logical)
 
 
+@dataclass
+class PackedWeights:
+    """A checkpoint read straight into its runtime form, tensor by tensor (a GGUF's load): no dense copy
+    of any matrix is ever held, so loading peaks near the file's size.
+
+    ``params``: our parameter names -> final tensors (packed ``fmt`` matrices, dense norms and biases);
+    ``tables``: "embed" (and "lm_head") kept as stored, whose parameters hold the stored bytes;
+    ``head``: the packed output matrix the model multiplies by; ``logical``: weight counts of packed
+    and stored parameters."""
+
+    fmt: str
+    params: dict[str, torch.Tensor]
+    tables: dict[str, StoredRows]
+    head: torch.Tensor
+    logical: dict[str, int]
+
+
 def _quant_kernels(kernels: Kernels, fmt: str, device: torch.device, dtype: torch.dtype) -> Kernels:
     """The kernels for ``fmt`` weights, or a ConfigError naming what to change."""
     if device.type != "cpu":
@@ -106,12 +124,17 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
         return not name.startswith("layers.") or int(name.split(".")[1]) < cfg.n_layers
 
     sources: Optional[dict[str, torch.Tensor]] = None
-    if model.quant is not None:
+    packed: Optional[dict[str, torch.Tensor]] = None
+    if model.quant is not None and Path(model.path).suffix == ".gguf":  # from the file, a matrix at a time
+        from .gguf import pack_layers
+
+        packed = pack_layers(Path(model.path), cfg, fmt)
+    elif model.quant is not None:
         raw = cls.convert_hf_state_dict(_load_weights(Path(model.path)), model.config)
         sources = {k: v for k, v in raw.items() if k.startswith("layers.") and v.dim() == 2 and kept(k)}
     with torch.device("meta"):
         module = cls(cfg, model.max_seq_len)
-    src = model.module
+    src = cast(LlamaModel | GPT2Model, model.module)
     for name, p in src.named_parameters():  # share everything; packed ones are replaced below
         if not kept(name):
             continue
@@ -120,9 +143,16 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
     for name, b in src.named_buffers():
         owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
         setattr(owner, name.rsplit(".", 1)[-1], b)
-    if sources is None:
-        sources = {n: p for n, p in src.named_parameters() if n.startswith("layers.") and p.dim() == 2 and kept(n)}
-    quant = quantize_module(module, fmt, sources)
+    module.tables = dict(src.tables)
+    if packed is not None:
+        quant = quantize_module(module, fmt, packed=packed)
+        assert model.quant is not None
+        quant.logical = {n: model.quant.logical[n] for n in quant.logical}  # weight counts, not bytes
+    else:
+        if sources is None:
+            sources = {n: p for n, p in src.named_parameters()
+                       if n.startswith("layers.") and p.dim() == 2 and kept(n)}
+        quant = quantize_module(module, fmt, sources)
     module.eval().requires_grad_(False)
     install_kernels(module, kernels)
     copy = Model(module, cfg, model.tokenizer, sorted(model.eos_token_ids), model.path, model.max_seq_len,
@@ -383,6 +413,32 @@ def assemble_model(cfg: ModelConfig, raw: dict[str, torch.Tensor], path: str, to
     return Model(module, cfg, tokenizer, eos_ids, path, max_len, dt, quant)
 
 
-__all__ = ["MAX_RUNTIME_CONTEXT", "ForwardOutput", "Model", "ModelNotFoundError", "QuantState", "assemble_model",
+def assemble_packed(cfg: ModelConfig, weights: PackedWeights, path: str, tokenizer: Optional[Tokenizer],
+                    eos_ids: Sequence[int], dtype: str | torch.dtype, *, fast: bool, matmul: str) -> Model:
+    """A CPU ``Model`` from ``weights`` as they are (see ``PackedWeights``); same kernels as ``assemble_model``."""
+    dev = torch.device("cpu")
+    dt = resolve_dtype(dtype, dev)
+    kernels = _quant_kernels(select_kernels(fast, matmul, dev), weights.fmt, dev, dt)
+    max_len = min(cfg.max_position_embeddings, MAX_RUNTIME_CONTEXT)
+    if cfg.family != "llama":
+        raise ValueError(f"stored weights are read for Llama-family models only, not {cfg.family}")
+    with torch.device("meta"):
+        module = LlamaModel(cfg, max_len)
+    for name, t in weights.params.items():
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        value = t if t.dim() == 2 and not t.dtype.is_floating_point else t.to(dt)
+        setattr(owner, name.rsplit(".", 1)[-1], nn.Parameter(value, requires_grad=False))
+    missing = [n for n, p in module.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks weights for {missing[:5]}")
+    module.tables = dict(weights.tables)
+    module.eval().requires_grad_(False)
+    install_kernels(module, kernels)
+    return Model(module, cfg, tokenizer, eos_ids, path, max_len, dt, QuantState(weights.fmt, weights.head,
+                                                                               dict(weights.logical)))
+
+
+__all__ = ["MAX_RUNTIME_CONTEXT", "ForwardOutput", "Model", "ModelNotFoundError", "PackedWeights", "QuantState",
+           "assemble_model", "assemble_packed",
            "load_model", "quantize_module", "quantized_copy", "resolve_dtype", "resolve_kv_dtype", "resolve_model_path",
            "resolve_weight_dtype"]

@@ -47,7 +47,9 @@ class Model:
         # KV-cache storage dtype of ``new_cache`` (load_model's kv_dtype; see resolve_kv_dtype)
         self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
         # storage dtype of the dense matrices (with quantized weights: the embedding table's)
-        self.weight_dtype = next(p for p in module.parameters() if p.dim() == 2 and p.dtype.is_floating_point).dtype
+        # (the compute dtype when every matrix is packed or kept as stored)
+        self.weight_dtype = next((p.dtype for p in module.parameters() if p.dim() == 2 and p.dtype.is_floating_point),
+                                 dtype)
         self.quant = quant
         # decode passes of up to this many new tokens run padded to exactly this many rows, attending over the
         # cache's whole capacity, so a row's numbers never depend on the pass's width: batch invariance for
@@ -101,6 +103,18 @@ class Model:
     def output_matrix(self) -> torch.Tensor:
         """The [V, dim] matrix that maps the final hidden state to logits (tied or not)."""
         return cast(torch.Tensor, self.module.output_matrix())  # type: ignore[operator]
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (1-D) of ``output_matrix()``, decoding only those of a table kept as stored."""
+        return cast(torch.Tensor, self.module.output_rows(ids))  # type: ignore[operator]
+
+    def stand_in_head(self) -> torch.Tensor:
+        """One output row: the head of a pass that wants hidden states, not logits."""
+        return self.output_rows(torch.zeros(1, dtype=torch.long, device=self.device))
+
+    def embedding_matrix(self) -> torch.Tensor:
+        """The [V, dim] input embedding (a new fp32 copy when kept as stored)."""
+        return cast(torch.Tensor, self.module.embedding_matrix())  # type: ignore[operator]
 
     def new_cache(self, batch_size: int = 1, max_len: Optional[int] = None) -> KVCache:
         c = self.config
