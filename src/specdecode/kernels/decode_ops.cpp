@@ -548,7 +548,7 @@ bool kv_dtype_ok(at::ScalarType t) { return t == at::kFloat || t == at::kHalf ||
 template <typename T>
 at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                            at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H,
-                           int64_t KV, int64_t D, double scale, const TreeArgs& tree);
+                           int64_t KV, int64_t D, double scale, const TreeArgs& tree, int64_t window);
 
 // qkv [B, T, (H + 2*KV) * D] (q heads, then k heads, then v heads, as the fused projection
 // writes them); cos/sin [max_len, D]; k_cache/v_cache [rows, KV, max_len, D] (one layer).
@@ -557,9 +557,13 @@ at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const a
 // q head to the keys at slots 0..p of its kv head, or with a tree, to slots [0, starts[b]) and
 // starts[b] + j for each ancestor-or-self j of t. Returns [B, T, H * D]. The cache is fp32, fp16 or
 // bf16 (k and v alike): new keys/values are rounded to it once, stored ones widened exactly.
+// ``window`` > 0 (a sliding-window layer, Gemma 3's): a query at position r also skips the cached keys
+// at slots below r - window + 1 (transformers' kv > q - window). The cache before a pass is a chain
+// (slot = position), and a tree's own keys sit within any window wider than the pass. Such a call
+// takes the per-query path, whose sum over keys in ascending order is the same for any first key.
 at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                           at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV,
-                          int64_t D, double scale, const TreeArgs& tree) {
+                          int64_t D, double scale, const TreeArgs& tree, int64_t window = 0) {
   check_rows(qkv, "qkv");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
@@ -587,11 +591,15 @@ at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at
   if (pos != nullptr)
     for (int64_t i = 0; i < B * T; ++i)
       TORCH_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "decode_ops: position ", pos[i], " outside the RoPE table");
+  TORCH_CHECK(window <= 0 || tree.bits() == nullptr || window > T,
+              "decode_ops: a sliding window must be wider than a tree pass (", window, " <= ", T, ")");
   switch (k_cache.scalar_type()) {
-    case at::kHalf: return attention_typed<Half>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree);
+    case at::kHalf:
+      return attention_typed<Half>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree, window);
     case at::kBFloat16:
-      return attention_typed<BFloat16>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree);
-    default: return attention_typed<float>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree);
+      return attention_typed<BFloat16>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree, window);
+    default:
+      return attention_typed<float>(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale, tree, window);
   }
 }
 
@@ -599,7 +607,7 @@ at::Tensor attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at
 template <typename T>
 at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                            at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H,
-                           int64_t KV, int64_t D, double scale, const TreeArgs& tree) {
+                           int64_t KV, int64_t D, double scale, const TreeArgs& tree, int64_t window) {
   const int64_t B = qkv.size(0), NT = qkv.size(1);
   const int64_t* pos = tree.pos();
   const uint64_t* anc = tree.bits();
@@ -633,7 +641,7 @@ at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const a
   float* op = out.data_ptr<float>();
   const int64_t group = H / KV;
   const int64_t max_keys = *std::max_element(starts.begin(), starts.end()) + NT;
-  const bool grouped = D % 8 == 0 && D <= 128;
+  const bool grouped = D % 8 == 0 && D <= 128 && window <= 0;
   const int64_t work = grouped ? B * KV : B * NT * H;
   const int64_t per_unit = (grouped ? NT * group : 1) * max_keys * D * 2;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, per_unit));
@@ -675,8 +683,10 @@ at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const a
       const int64_t b = w / (NT * H), t = (w / H) % NT, h = w % H;
       const int64_t p = starts[b] + t, g = h / group, r = pos ? pos[b * NT + t] : p;
       rope(src + (b * NT + t) * W + h * D, cp + r * D, sp + r * D, q.data(), D);
-      const int64_t off = (row0 + b) * s_row + g * s_head;
-      attend_one(q.data(), kc + off, vc + off, D, anc ? starts[b] : p + 1, anc ? anc[b * NT + t] : 0, starts[b], D,
+      const int64_t n = anc ? starts[b] : p + 1;
+      const int64_t lo = window > 0 ? std::min(n, std::max<int64_t>(0, r - window + 1)) : 0;
+      const int64_t off = (row0 + b) * s_row + g * s_head + lo * D;
+      attend_one(q.data(), kc + off, vc + off, D, n - lo, anc ? anc[b * NT + t] : 0, starts[b] - lo, D,
                  static_cast<float>(scale), scores.data(), op + (b * NT + t) * H * D + h * D);
     }
   });
@@ -686,10 +696,10 @@ at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const a
 at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                      at::Tensor& v_cache, int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV,
                      int64_t D, double scale, const std::optional<at::Tensor>& positions,
-                     const std::optional<at::Tensor>& tree_mask) {
+                     const std::optional<at::Tensor>& tree_mask, int64_t window) {
   TORCH_CHECK(qkv.dim() == 3, "decode_ops: qkv must be [B, T, (H+2KV)*D]");
   return attention_impl(qkv, cos, sin, k_cache, v_cache, row0, starts, H, KV, D, scale,
-                        tree_args(positions, tree_mask, starts, qkv.size(1)));
+                        tree_args(positions, tree_mask, starts, qkv.size(1)), window);
 }
 
 // ------------------------------------------------------------------ embedding
@@ -1128,7 +1138,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("v_cache"), pybind11::arg("row0"), pybind11::arg("starts"), pybind11::arg("n_heads"),
         pybind11::arg("n_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("scale"),
         pybind11::arg("positions") = pybind11::none(), pybind11::arg("tree_mask") = pybind11::none(),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
+        pybind11::arg("window") = 0, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA/F16C (required)");
   m.def("sample_rows", &sample_rows, "inverse-CDF draw per row of CPU fp32 weights [rows, n] (-1: invalid row)",
         pybind11::arg("w"), pybind11::arg("u"));

@@ -405,7 +405,7 @@ def llama_fused_names(n_layers: int) -> dict[str, list[str]]:
     return out
 
 
-_CHUNK_ROWS = 4096  # rows decoded at a time when a matrix is rounded: a multiple of the packed layout's 16-row groups
+_CHUNK_ROWS = 1024  # rows decoded at a time when a matrix is rounded: a multiple of the packed layout's 16-row groups
 
 
 @dataclass
@@ -467,6 +467,8 @@ def _pack(parts: list[_Source], fmt: str) -> torch.Tensor:
         if out is None:
             out = torch.empty(n, chunk.shape[1], dtype=chunk.dtype)
         out[a:b] = chunk
+        del chunk
+        _return_freed_memory()
     assert out is not None
     return out
 
@@ -494,6 +496,30 @@ def pack_layers(path: Path, cfg: ModelConfig, fmt: str) -> dict[str, torch.Tenso
     out = {ours: _pack([sources[p] for p in parts], fmt) for ours, parts in llama_fused_names(cfg.n_layers).items()}
     out["head"] = _pack([sources["model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"]], fmt)
     return out
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Why: each matrix leaves freed chunk buffers behind, and glibc, having seen large frees, serves later
+    allocations from its heap between live tensors instead of fresh mappings; without a trim those holes
+    stayed resident, 250 MB of a 1.7B model's 1.6 GB peak."""
+    global _libc
+    if _libc is None:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name) if name else False
+            _libc = lib if lib and hasattr(lib, "malloc_trim") else False
+        except OSError:
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc: Any = None
 
 
 def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, fmt: str) -> PackedWeights:

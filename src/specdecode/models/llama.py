@@ -242,6 +242,12 @@ class LlamaModel(nn.Module):
         on cache layer ``block.layer`` (>= n_layers) with this model's RoPE: an exit adapter."""
         ext = self.kernels.fused
         if ext is not None and cache is not None and meta is not None and meta.fixed is None \
+                and tokens.device.type == "cpu" and not self.fusable and self.norm.dtype == torch.float32 \
+                and cache.dtype in FUSED_KV_DTYPES and self._window_covers_trees(meta, tokens.shape[1]):
+            run = [*(self.layers if layers is None else [self.layers[i] for i in layers]), *blocks]
+            return self._forward_blocks(ext, cast(list[LlamaBlock], run), tokens, meta, cache, last_only,
+                                        self.output_matrix() if head is None else head)
+        if ext is not None and cache is not None and meta is not None and meta.fixed is None \
                 and tokens.device.type == "cpu" and self.fusable:
             plan = self._fused_plan()
             # fp32 activations; the KV cache fp32, fp16 or bf16 (the kernel widens it on load)
@@ -282,6 +288,66 @@ class LlamaModel(nn.Module):
         if meta is not None and capture is not None:
             meta.hidden = x
         return self.kernels.linear(x, head)
+
+    def _window_covers_trees(self, meta: AttentionMeta, n_new: int) -> bool:
+        """Whether a tree pass's own keys all lie within the sliding window (real windows: 512+ positions
+        against at most 64 tree nodes), as the C++ attention's window assumes; else the eager layer runs."""
+        w = self.cfg.sliding_window
+        return meta.tree is None or not w or w > n_new
+
+    def _forward_blocks(self, ext, run: list[LlamaBlock], tokens: torch.Tensor, meta: AttentionMeta,
+                        cache: KVCache, last_only: bool, head: torch.Tensor) -> torch.Tensor:
+        """Blocks the whole-stack C++ call does not implement (Qwen 3's and Gemma 3's), layer by layer on the
+        fused CPU ops: the small-M linear and the C++ attention, which sums each query's keys one by one
+        (with Gemma's sliding window as a first key). Why not the eager layer: torch's SDPA does not promise
+        a row the same bits whatever the pass's width, and then verifying a draft can flip a near-tie that
+        plain decoding would not (a greedy Gemma 3 answer changed under layer skip). Here, as on the plain
+        Llama path, every op is row by row, so speculation is exact."""
+        cfg, linear = self.cfg, self.kernels.linear
+        eps, hd, n_h, n_kv = cfg.norm_eps, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(hd)
+        row0 = meta.rows.indices(cache.batch_size)[0]
+        x = self.embed_rows(tokens).to(torch.float32)
+        if cfg.embed_scale != 1.0:  # as the eager path: a multiply in the activation dtype
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        x = x.contiguous()  # the residual stream, updated in place below
+        if cfg.rope_local_theta is not None and self.rope_local_cos.device != self.rope_cos.device:
+            self.rope_local_cos, self.rope_local_sin = self.rope_local_cos.cpu(), self.rope_local_sin.cpu()
+        capture, states = meta.capture, {}
+        h = ext.rms_norm(x, run[0].attn_norm, eps)
+        for i, block in enumerate(run):
+            qkv = linear(h, block.wqkv, block.bqkv)
+            if block.q_norm is not None and block.k_norm is not None:  # each q and k head, before RoPE
+                heads = qkv.view(*qkv.shape[:2], n_h + 2 * n_kv, hd)
+                heads[:, :, :n_h] = ext.rms_norm(heads[:, :, :n_h].contiguous(), block.q_norm, eps)
+                heads[:, :, n_h:n_h + n_kv] = ext.rms_norm(heads[:, :, n_h:n_h + n_kv].contiguous(), block.k_norm, eps)
+            local = block.sliding and cfg.rope_local_theta is not None
+            cos, sin = (self.rope_local_cos, self.rope_local_sin) if local else (self.rope_cos, self.rope_sin)
+            window = (cfg.sliding_window or 0) if block.sliding else 0
+            attn = ext.attention(qkv, cos, sin, cache.k_layer(block.layer), cache.v_layer(block.layer), row0,
+                                 meta.starts, n_h, n_kv, hd, scale, meta.explicit_positions, meta.tree, window)
+            out = linear(attn, block.wo)
+            if block.post_attn_norm is not None:
+                out = ext.rms_norm(out, block.post_attn_norm, eps)
+            h = ext.add_rms_norm_(x, out, block.mlp_norm, eps)
+            gate_up = linear(h, block.w13)
+            if block.gelu:
+                act = F.gelu(gate_up[..., :block.ffn], approximate="tanh") * gate_up[..., block.ffn:]
+            else:
+                act = ext.silu_mul(gate_up)
+            down = linear(act, block.w2)
+            if block.post_mlp_norm is not None:
+                down = ext.rms_norm(down, block.post_mlp_norm, eps)
+            if i + 1 < len(run):
+                h = ext.add_rms_norm_(x, down, run[i + 1].attn_norm, eps)
+            else:
+                x.add_(down)
+            if capture and block.layer in capture:  # x is updated in place: copy
+                states[block.layer] = (x[:, -1:] if last_only else x).clone()
+        h = ext.rms_norm((x[:, -1:] if last_only else x).contiguous(), self.norm, eps)
+        if capture is not None:
+            meta.hidden, meta.layer_states = h, states
+        return linear(h, head)
 
     def _head(self, plan: "_FusedPlan", head: Optional[torch.Tensor]) -> torch.Tensor:
         if head is not None:
