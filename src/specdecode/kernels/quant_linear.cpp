@@ -80,10 +80,16 @@
 
 namespace {
 
-enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1 };
+enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2 };
 // not an order: a CPU may have AVX-512 VNNI without AVX-VNNI (Zen 4) or the reverse (Alder Lake); see supported()
 enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_VNNI512 = 2, ISA_AVXVNNI = 3 };
 constexpr int64_t G = 16;  // weight rows (output columns) interleaved per group: one zmm lane each
+// q4k (GGUF Q4_K as stored): per row and super-block of 256 weights, 128 quant bytes, 8 scales, 8 mins, fp16 d
+// and dmin; a group's super-block is G times that, laid out [quants 8 x 256][sc 8 x 16][m 8 x 16][d 16][dmin 16]
+constexpr int64_t QK_K = 256;
+constexpr int64_t kQ4kRowSb = 148;
+constexpr int64_t kQ4kGroupSb = G * kQ4kRowSb;  // 2368
+constexpr int64_t kQ4kSc = 2048, kQ4kMin = 2176, kQ4kD = 2304, kQ4kDmin = 2336;  // offsets in a group's super-block
 
 const char* isa_name(int isa) {
   switch (isa) {
@@ -122,6 +128,7 @@ inline int64_t padded_k(int64_t K) { return (K + 31) & ~int64_t(31); }
 inline int64_t quant_bytes(int fmt, int64_t Kp) { return fmt == FMT_Q8 ? Kp : Kp / 2; }
 // a multiple of 4, so a group of G rows is a whole number of 64-byte lines
 inline int64_t row_bytes(int fmt, int64_t K) {
+  if (fmt == FMT_Q4K) return K / QK_K * kQ4kRowSb;  // K % 256 == 0 (checked by the callers)
   const int64_t Kp = padded_k(K);
   return (quant_bytes(fmt, Kp) + 2 * (Kp / 32) + 3) & ~int64_t(3);
 }
@@ -149,6 +156,35 @@ struct Layout {
     const uint8_t byte = row[b * 16 + j % 16];
     return (j < 16 ? (byte & 0xf) : (byte >> 4)) - 8;
   }
+  // q4k: the nibble v (0..15) of weight (n, k); the weight is d * sc * v - dmin * m (q4k_scales)
+  int q4k_v(const uint8_t* w, int64_t n, int64_t k) const {
+    const int64_t b = k / 32, j = k % 32, sb = b / 8, s = (j % 16) / 4;
+    const uint8_t byte = n < ng * G ? group(w, n / G)[sb * kQ4kGroupSb + (b % 8) * 256 + s * 64 + (n % G) * 4 + j % 4]
+                                    : w[n * rb + sb * kQ4kRowSb + (b % 8) * 16 + j % 16];
+    return j < 16 ? (byte & 0xf) : (byte >> 4);
+  }
+  // q4k: the exact fp32 d * sc[b] and dmin * m[b] of row n's sub-block b (11-bit by 6-bit mantissas)
+  void q4k_scales(const uint8_t* w, int64_t n, int64_t b, float& ds, float& dm) const {
+    const int64_t sb = b / 8, j = b % 8;
+    uint16_t d, dmin;
+    uint8_t sc, mn;
+    if (n < ng * G) {
+      const uint8_t* base = group(w, n / G) + sb * kQ4kGroupSb;
+      const int64_t c = n % G;
+      sc = base[kQ4kSc + j * G + c];
+      mn = base[kQ4kMin + j * G + c];
+      std::memcpy(&d, base + kQ4kD + 2 * c, 2);
+      std::memcpy(&dmin, base + kQ4kDmin + 2 * c, 2);
+    } else {
+      const uint8_t* base = w + n * rb + sb * kQ4kRowSb;
+      sc = base[128 + j];
+      mn = base[136 + j];
+      std::memcpy(&d, base + 144, 2);
+      std::memcpy(&dmin, base + 146, 2);
+    }
+    ds = half_to_float(d) * static_cast<float>(sc);
+    dm = half_to_float(dmin) * static_cast<float>(mn);
+  }
   uint16_t scale(const uint8_t* w, int64_t n, int64_t b) const {
     uint16_t h;
     if (n < ng * G)
@@ -161,11 +197,13 @@ struct Layout {
 
 // Quantized activations: per row, Kp int8 values, nb float scales and nb integer corrections
 // (-128 * block sum for int8, -8 * block sum for int4: the SIMD paths multiply unsigned weights).
+// q4k: corr is the block sum S_b itself, and t = float(S_b) * d_x (the min term's per-row factor).
 struct QX {
   int64_t M = 0, Kp = 0, nb = 0;
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> corr;
+  std::vector<float> t;
 };
 
 // One row's blocks: q_x = round-half-even(x / d_x) with d_x = max|x| / 127, written as x * (127 / max|x|)
@@ -271,7 +309,8 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
   out.q.resize(M * out.Kp);
   out.d.resize(M * out.nb);
   out.corr.resize(M * out.nb);
-  const int32_t off = fmt == FMT_Q8 ? 128 : 8;
+  // corr = -off * block sum: int8 -128 * sum, int4 -8 * sum, q4k +sum (S_b, the min term's multiplier)
+  const int32_t off = fmt == FMT_Q8 ? 128 : fmt == FMT_Q4 ? 8 : -1;
   for (int64_t m = 0; m < M; ++m) {
     int8_t* q = out.q.data() + m * out.Kp;
     float* d = out.d.data() + m * out.nb;
@@ -287,6 +326,10 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
     }
 #endif
     quantize_row_scalar(off, x + m * K, K, q, d, corr);
+  }
+  if (fmt == FMT_Q4K) {
+    out.t.resize(M * out.nb);
+    for (int64_t i = 0; i < M * out.nb; ++i) out.t[i] = static_cast<float>(out.corr[i]) * out.d[i];
   }
 }
 
@@ -952,6 +995,395 @@ __attribute__((target(QL_512))) void groups_vnni(const Layout& L, const QX& qx, 
 }
 #endif  // QL_X86
 
+// ------------------------------------------------------------------ q4k (GGUF Q4_K, as stored)
+// Per (token row m, weight row n), every path, bit for bit: with I_b the exact integer dot of sub-block b's
+// nibbles v (0..15) and row m's int8 activations, t_b = float(S_b) * d_x (S_b: the activations' block sum;
+// one per token row and block, qx.t, shared by every column), ds = d * sc_b and dm = dmin * m_b (exact in fp32),
+//   acc = 0; for b: acc = fma(float(I_b), ds * d_x, acc); acc = fma(-t_b, dm, acc); y = acc + bias
+// (the SIMD paths write the second as fnmadd(t_b, dm, acc): the same exact value, rounded once).
+
+void cols_scalar_q4k(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t n0,
+                     int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t m = 0; m < qx.M; ++m) {
+      const int8_t* xq = qx.q.data() + m * qx.Kp;
+      float acc = 0.f;
+      for (int64_t b = 0; b < qx.nb; ++b) {
+        int32_t isum = 0;
+        for (int64_t k = b * 32; k < b * 32 + 32; ++k) isum += L.q4k_v(w, n, k) * int32_t(xq[k]);
+        float ds, dm;
+        L.q4k_scales(w, n, b, ds, dm);
+        const float dx = qx.d[m * qx.nb + b];
+        acc = std::fmaf(static_cast<float>(isum), ds * dx, acc);
+        acc = std::fmaf(-qx.t[m * qx.nb + b], dm, acc);
+      }
+      y[m * L.N + n] = acc + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+// one full group, all token rows (scalar; the layout walk of the SIMD paths)
+void group_scalar_q4k(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g) {
+  const uint8_t* grp = L.group(w, g);
+  for (int64_t m = 0; m < qx.M; ++m) {
+    const int8_t* xq = qx.q.data() + m * qx.Kp;
+    float acc[G] = {};
+    for (int64_t b = 0; b < qx.nb; ++b) {
+      const uint8_t* base = grp + (b / 8) * kQ4kGroupSb;
+      const uint8_t* wb = base + (b % 8) * 256;
+      const int8_t* xb = xq + b * 32;
+      int32_t isum[G] = {};
+      for (int s = 0; s < 4; ++s)
+        for (int c = 0; c < G; ++c)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = wb[s * 64 + c * 4 + i];
+            isum[c] += int32_t(byte & 0xf) * xb[4 * s + i] + int32_t(byte >> 4) * xb[16 + 4 * s + i];
+          }
+      const float dx = qx.d[m * qx.nb + b], tx = qx.t[m * qx.nb + b];
+      for (int c = 0; c < G; ++c) {
+        uint16_t d, dmin;
+        std::memcpy(&d, base + kQ4kD + 2 * c, 2);
+        std::memcpy(&dmin, base + kQ4kDmin + 2 * c, 2);
+        const float ds = half_to_float(d) * static_cast<float>(base[kQ4kSc + (b % 8) * G + c]);
+        const float dm = half_to_float(dmin) * static_cast<float>(base[kQ4kMin + (b % 8) * G + c]);
+        acc[c] = std::fmaf(static_cast<float>(isum[c]), ds * dx, acc[c]);
+        acc[c] = std::fmaf(-tx, dm, acc[c]);
+      }
+    }
+    for (int c = 0; c < G; ++c) {
+      const int64_t n = g * G + c;
+      y[m * L.N + n] = acc[c] + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+#if QL_X86
+// The lines of a group's super-block past its quants (scales, mins, d, dmin: 320 bytes, not line aligned),
+// kStreamPrefetch ahead; the sub-blocks' loops prefetch the quants' lines.
+__attribute__((always_inline)) inline void prefetch_q4k_scales(const uint8_t* base) {
+  for (int64_t o = kQ4kSc - 1; o < kQ4kGroupSb + 63; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, kQ4kGroupSb - 1) + kStreamPrefetch), _MM_HINT_T1);
+}
+
+// A group's 16 fp16 d and dmin as fp32 (dd[0..15]: d, dd[16..31]: dmin), once per super-block
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void q4k_d_avx2(const uint8_t* base, float* dd) {
+  for (int h = 0; h < 4; ++h)
+    _mm256_store_ps(dd + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kQ4kD + 16 * h))));
+}
+
+// The float tail of one sub-block (jb) of one group for MB token rows, 8 columns a ymm (AVX2 and AVX-VNNI):
+// isum[j][h] are the exact integer dots, dd the group's d and dmin (q4k_d_avx2).
+template <int MB>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void q4k_tail_avx2(const QX& qx, int64_t m0, int64_t b,
+                                                                                 const uint8_t* base, int64_t jb,
+                                                                                 const float* dd, __m256i (*isum)[2],
+                                                                                 __m256 (*acc)[2]) {
+  const int64_t nb = qx.nb;
+  const __m128i scv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kQ4kSc + jb * G));
+  const __m128i mnv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kQ4kMin + jb * G));
+  const __m256 ds0 = _mm256_mul_ps(_mm256_load_ps(dd), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scv)));
+  const __m256 ds1 = _mm256_mul_ps(_mm256_load_ps(dd + 8), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scv, 8))));
+  const __m256 dm0 = _mm256_mul_ps(_mm256_load_ps(dd + 16), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnv)));
+  const __m256 dm1 = _mm256_mul_ps(_mm256_load_ps(dd + 24), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mnv, 8))));
+  for (int j = 0; j < MB; ++j) {
+    const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]), tx = _mm256_set1_ps(qx.t[(m0 + j) * nb + b]);
+    const __m256 a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][0]), _mm256_mul_ps(ds0, dx), acc[j][0]);
+    const __m256 a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][1]), _mm256_mul_ps(ds1, dx), acc[j][1]);
+    acc[j][0] = _mm256_fnmadd_ps(tx, dm0, a0);
+    acc[j][1] = _mm256_fnmadd_ps(tx, dm1, a1);
+  }
+}
+
+// AVX2: NS groups side by side (more DRAM lines in flight, as groups_avx2_m1), both half groups per activation
+// broadcast (groups_rows_q4_avx2's walk), MB token rows in registers. Integer dot: maddubs(v, x) summed in int16
+// over the sub-block (8 * 2 * 15 * 127 < 32768), madd to int32; no correction (v is what Q4_K multiplies).
+template <int MB, int NS>
+__attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, const QX& qx, int64_t m0,
+                                                           const uint8_t* w, int64_t g0, float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
+  alignas(32) float dd[NS][2 * G];
+  __m256 acc[NS][MB][2];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t sb = b >> 3, jb = b & 7;
+    for (int i = 0; i < NS; ++i) {
+      const uint8_t* base = L.group(w, g0 + i) + sb * kQ4kGroupSb;
+      const uint8_t* wb = base + jb * 256;
+      if (jb == 0) {
+        prefetch_q4k_scales(base);
+        q4k_d_avx2(base, dd[i]);
+      }
+      __m256i p16[MB][2], isum[MB][2];
+      if constexpr (MB == 1) {  // a decode step: one half group at a time (fewer live registers)
+        const int8_t* xb = qx.q.data() + m0 * Kp + b * 32;
+        for (int s = 0; s < 4; ++s)
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        for (int h = 0; h < 2; ++h) {
+          __m256i p = _mm256_setzero_si256();
+          for (int s = 0; s < 4; ++s) {
+            const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32 * h));
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(r, low4), _mm256_set1_epi32(xl)));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r, 4), low4),
+                                                         _mm256_set1_epi32(xh)));
+          }
+          isum[0][h] = _mm256_madd_epi16(p, ones);
+        }
+        q4k_tail_avx2<MB>(qx, m0, b, base, jb, dd[i], isum, acc[i]);
+        continue;
+      }
+      for (int j = 0; j < MB; ++j) p16[j][0] = p16[j][1] = _mm256_setzero_si256();
+      for (int s = 0; s < 4; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+        const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
+        const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
+        const __m256i lo1 = _mm256_and_si256(r1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low4);
+        for (int j = 0; j < MB; ++j) {
+          const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+          int32_t xl, xh;
+          std::memcpy(&xl, xb + 4 * s, 4);
+          std::memcpy(&xh, xb + 16 + 4 * s, 4);
+          const __m256i xlv = _mm256_set1_epi32(xl), xhv = _mm256_set1_epi32(xh);
+          p16[j][0] = _mm256_add_epi16(p16[j][0], _mm256_maddubs_epi16(lo0, xlv));
+          p16[j][1] = _mm256_add_epi16(p16[j][1], _mm256_maddubs_epi16(lo1, xlv));
+          p16[j][0] = _mm256_add_epi16(p16[j][0], _mm256_maddubs_epi16(hi0, xhv));
+          p16[j][1] = _mm256_add_epi16(p16[j][1], _mm256_maddubs_epi16(hi1, xhv));
+        }
+      }
+      for (int j = 0; j < MB; ++j) {
+        isum[j][0] = _mm256_madd_epi16(p16[j][0], ones);
+        isum[j][1] = _mm256_madd_epi16(p16[j][1], ones);
+      }
+      q4k_tail_avx2<MB>(qx, m0, b, base, jb, dd[i], isum, acc[i]);
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm256_storeu_ps(out + (i * 4 + j) * G, acc[i][j][0]);
+      _mm256_storeu_ps(out + (i * 4 + j) * G + 8, acc[i][j][1]);
+    }
+}
+
+// AVX-VNNI: q4k_rows_avx2's walk with one 256-bit vpdpbusd per 4 inputs, half group and token row
+template <int MB, int NS>
+__attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const QX& qx, int64_t m0,
+                                                         const uint8_t* w, int64_t g0, float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  alignas(32) float dd[NS][2 * G];
+  __m256 acc[NS][MB][2];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t sb = b >> 3, jb = b & 7;
+    for (int i = 0; i < NS; ++i) {
+      const uint8_t* base = L.group(w, g0 + i) + sb * kQ4kGroupSb;
+      const uint8_t* wb = base + jb * 256;
+      if (jb == 0) {
+        prefetch_q4k_scales(base);
+        q4k_d_avx2(base, dd[i]);
+      }
+      __m256i isum[MB][2];
+      if constexpr (MB == 1) {  // a decode step: one half group at a time (fewer live registers)
+        const int8_t* xb = qx.q.data() + m0 * Kp + b * 32;
+        for (int s = 0; s < 4; ++s)
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        for (int h = 0; h < 2; ++h) {
+          __m256i a = _mm256_setzero_si256();
+          for (int s = 0; s < 4; ++s) {
+            const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32 * h));
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            a = _mm256_dpbusd_avx_epi32(a, _mm256_and_si256(r, low4), _mm256_set1_epi32(xl));
+            a = _mm256_dpbusd_avx_epi32(a, _mm256_and_si256(_mm256_srli_epi16(r, 4), low4), _mm256_set1_epi32(xh));
+          }
+          isum[0][h] = a;
+        }
+        q4k_tail_avx2<MB>(qx, m0, b, base, jb, dd[i], isum, acc[i]);
+        continue;
+      }
+      for (int j = 0; j < MB; ++j) isum[j][0] = isum[j][1] = _mm256_setzero_si256();
+      for (int s = 0; s < 4; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+        const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
+        const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
+        const __m256i lo1 = _mm256_and_si256(r1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low4);
+        for (int j = 0; j < MB; ++j) {
+          const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+          int32_t xl, xh;
+          std::memcpy(&xl, xb + 4 * s, 4);
+          std::memcpy(&xh, xb + 16 + 4 * s, 4);
+          const __m256i xlv = _mm256_set1_epi32(xl), xhv = _mm256_set1_epi32(xh);
+          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], lo0, xlv);
+          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], lo1, xlv);
+          isum[j][0] = _mm256_dpbusd_avx_epi32(isum[j][0], hi0, xhv);
+          isum[j][1] = _mm256_dpbusd_avx_epi32(isum[j][1], hi1, xhv);
+        }
+      }
+      q4k_tail_avx2<MB>(qx, m0, b, base, jb, dd[i], isum, acc[i]);
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm256_storeu_ps(out + (i * 4 + j) * G, acc[i][j][0]);
+      _mm256_storeu_ps(out + (i * 4 + j) * G + 8, acc[i][j][1]);
+    }
+}
+
+// ns (kStreamsAvx2 or 1) full groups from g0, all token rows in register blocks of up to 4 (AVX2 / AVX-VNNI)
+template <bool VNNI>
+void q4k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
+                    int ns) {
+  alignas(32) float out[kStreamsAvx2 * 4 * G];
+#define QL_Q4K_CALL(MB, NS) \
+  (VNNI ? q4k_rows_vnni256<MB, NS>(L, qx, m0, w, g0, out) : q4k_rows_avx2<MB, NS>(L, qx, m0, w, g0, out))
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+    if (ns == kStreamsAvx2) {
+      switch (mb) {
+        case 1: QL_Q4K_CALL(1, kStreamsAvx2); break;
+        case 2: QL_Q4K_CALL(2, kStreamsAvx2); break;
+        case 3: QL_Q4K_CALL(3, kStreamsAvx2); break;
+        default: QL_Q4K_CALL(4, kStreamsAvx2); break;
+      }
+    } else {
+      switch (mb) {
+        case 1: QL_Q4K_CALL(1, 1); break;
+        case 2: QL_Q4K_CALL(2, 1); break;
+        case 3: QL_Q4K_CALL(3, 1); break;
+        default: QL_Q4K_CALL(4, 1); break;
+      }
+    }
+    write_groups(L, out, 4, ns, m0, mb, g0, bias, y);
+  }
+#undef QL_Q4K_CALL
+}
+
+// AVX-512 VNNI: groups_vnni_mb's walk (NS groups side by side, one zmm lane per weight row, MB token rows per
+// weight vector), int4's nibble handling without the correction: the high nibbles' chain sums 16x its dot.
+// A group's d and dmin are converted once per super-block (kept in registers).
+template <int MB, int NS>
+__attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                int64_t g0, float* out) {
+  const int64_t nb = qx.nb, xstride = qx.Kp / 4;
+  const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
+  const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
+  __m512 acc[NS][MB];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* base[NS];
+    alignas(64) float dd[NS][G], dn[NS][G];  // through L1: in registers they crowd out a register block's sums
+    for (int i = 0; i < NS; ++i) {
+      base[i] = L.group(w, g0 + i) + sb * kQ4kGroupSb;
+      prefetch_q4k_scales(base[i]);
+      _mm512_store_ps(dd[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kD))));
+      _mm512_store_ps(dn[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kDmin))));
+    }
+    for (int64_t jb = 0; jb < 8; ++jb) {
+      const int64_t b = sb * 8 + jb;
+      for (int i = 0; i < NS; ++i) {
+        const uint8_t* wb = base[i] + jb * 256;
+        __m512i lo[4], hi16[4];
+        for (int s = 0; s < 4; ++s) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          const __m512i raw = _mm512_loadu_si512(wb + s * 64);
+          lo[s] = _mm512_and_si512(raw, low4);
+          hi16[s] = _mm512_and_si512(raw, high4);
+        }
+        __m512i isum[MB];
+        for (int j = 0; j < MB; ++j) {
+          const int32_t* xb = xq32 + j * xstride + b * 8;
+          __m512i a = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
+          for (int s = 0; s < 4; ++s) {
+            a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
+            a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
+          }
+          isum[j] = _mm512_add_epi32(a, _mm512_srai_epi32(a2, 4));
+        }
+        const __m512 ds = _mm512_mul_ps(_mm512_load_ps(dd[i]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[i] + kQ4kSc + jb * G)))));
+        const __m512 dm = _mm512_mul_ps(_mm512_load_ps(dn[i]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[i] + kQ4kMin + jb * G)))));
+        for (int j = 0; j < MB; ++j) {
+          const __m512 dx = _mm512_set1_ps(qx.d[(m0 + j) * nb + b]), tx = _mm512_set1_ps(qx.t[(m0 + j) * nb + b]);
+          const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(ds, dx), acc[i][j]);
+          acc[i][j] = _mm512_fnmadd_ps(tx, dm, a);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+}
+
+template <int NS>
+void q4k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const uint8_t* w, int64_t g0, float* out) {
+  switch (mb) {
+    case 1: q4k_vnni_mb<1, NS>(L, qx, m0, w, g0, out); break;
+    case 2: q4k_vnni_mb<2, NS>(L, qx, m0, w, g0, out); break;
+    case 3: q4k_vnni_mb<3, NS>(L, qx, m0, w, g0, out); break;
+    case 4: q4k_vnni_mb<4, NS>(L, qx, m0, w, g0, out); break;
+    case 5: q4k_vnni_mb<5, NS>(L, qx, m0, w, g0, out); break;
+    case 6: q4k_vnni_mb<6, NS>(L, qx, m0, w, g0, out); break;
+    case 7: q4k_vnni_mb<7, NS>(L, qx, m0, w, g0, out); break;
+    default: q4k_vnni_mb<8, NS>(L, qx, m0, w, g0, out); break;
+  }
+}
+
+// ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
+void q4k_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
+                     int ns) {
+  alignas(64) float out[kStreams * 8 * G];
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
+    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+    if (ns == kStreams)
+      q4k_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
+    else
+      q4k_vnni_rows<1>(L, qx, m0, mb, w, g0, out);
+    write_groups(L, out, 8, ns, m0, mb, g0, bias, y);
+  }
+}
+#endif  // QL_X86
+
+// q4k's column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
+void q4k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
+               int isa) {
+  for (int64_t u = u0; u < u1; ++u) {
+    if (u == L.ng) {
+      cols_scalar_q4k(L, qx, w, bias, y, L.ng * G, L.N);
+      continue;
+    }
+#if QL_X86
+    if (isa == ISA_VNNI512) {
+      const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+      q4k_groups_vnni(L, qx, w, bias, y, u, ns);
+      u += ns - 1;
+      continue;
+    }
+    if (isa == ISA_AVX2 || isa == ISA_AVXVNNI) {
+      // side by side streams for a decode step and short verification passes (int4's measured choice)
+      const bool streams = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
+      const int ns = streams ? kStreamsAvx2 : 1;
+      if (isa == ISA_AVXVNNI)
+        q4k_groups_256<true>(L, qx, w, bias, y, u, ns);
+      else
+        q4k_groups_256<false>(L, qx, w, bias, y, u, ns);
+      u += ns - 1;
+      continue;
+    }
+#endif
+    group_scalar_q4k(L, qx, w, bias, y, u);
+  }
+}
+
 // ------------------------------------------------------------------ runtime choice
 struct Cpu {
   bool avx2 = false, vnni512 = false, avxvnni = false;
@@ -1025,7 +1457,21 @@ std::string set_isa(const std::string& name) {
 int format_of(const at::Tensor& w) {
   if (w.scalar_type() == at::kChar) return FMT_Q8;
   if (w.scalar_type() == at::kByte) return FMT_Q4;
+  if (w.scalar_type() == at::kShort) return FMT_Q4K;
   return -1;
+}
+
+const char* fmt_name(int fmt) { return fmt == FMT_Q8 ? "int8" : fmt == FMT_Q4 ? "int4" : "q4k"; }
+
+// the packed weight's checks against K; its bytes per row
+int64_t check_packed(const char* who, const at::Tensor& w, int fmt, int64_t K) {
+  TORCH_CHECK(fmt >= 0 && w.dim() == 2 && w.is_contiguous(), who,
+              ": weight must be a contiguous packed int8 (Q8), uint8 (Q4) or int16 (q4k) [N, row bytes] tensor");
+  TORCH_CHECK(fmt != FMT_Q4K || K % QK_K == 0, who, ": a q4k (GGUF Q4_K) weight needs K a multiple of 256, got K=", K);
+  const int64_t rb = row_bytes(fmt, K);
+  TORCH_CHECK(w.size(1) * w.element_size() == rb, who, ": a packed ", fmt_name(fmt), " weight for K=", K, " has ", rb,
+              " bytes per row, got ", w.size(1) * w.element_size());
+  return rb;
 }
 
 // The kernel on 2-D contiguous fp32 x [M, K] and a packed weight.
@@ -1035,11 +1481,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "quant_linear: x must be a contiguous fp32 [M, K] tensor");
   const int fmt = format_of(w);
-  TORCH_CHECK(fmt >= 0 && w.dim() == 2 && w.is_contiguous(),
-              "quant_linear: weight must be a contiguous packed int8 (Q8) or uint8 (Q4) [N, row bytes] tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), rb = row_bytes(fmt, K);
-  TORCH_CHECK(w.size(1) == rb, "quant_linear: a packed ", fmt == FMT_Q8 ? "int8" : "int4", " weight for K=", K,
-              " has ", rb, " bytes per row, got ", w.size(1));
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check_packed("quant_linear", w, fmt, K);
   const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
@@ -1068,6 +1511,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   const int64_t units = L.ng + (N > L.ng * G ? 1 : 0);
   // ~64k integer multiply-adds per task, so small layers do not wake threads for nothing
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, G * qx.Kp * M));
+  if (fmt == FMT_Q4K) {
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q4k_units(L, qx, wp, bp, yp, u0, u1, isa); });
+    return y;
+  }
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
 #if QL_X86
@@ -1152,9 +1599,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
 at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "reference: fp32 [M, K] x");
   const int fmt = format_of(w);
-  TORCH_CHECK(fmt >= 0 && w.is_contiguous(), "reference: packed weight");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), rb = row_bytes(fmt, K);
-  TORCH_CHECK(w.size(1) == rb, "reference: row bytes");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check_packed("reference", w, fmt, K);
   const Layout L(fmt, N, K);
   QX qx;
   quantize_x(fmt, x.data_ptr<float>(), M, K, qx);
@@ -1164,6 +1610,15 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t m = 0; m < M; ++m) {
       double acc = 0;
+      if (fmt == FMT_Q4K) {  // the dequantized weight d * sc * v - dmin * m (exact in fp64)
+        for (int64_t k = 0; k < qx.Kp; ++k) {
+          float ds, dm;
+          L.q4k_scales(wp, n, k / 32, ds, dm);
+          acc += (double(ds) * L.q4k_v(wp, n, k) - double(dm)) * double(qx.d[m * qx.nb + k / 32]) * qx.q[m * qx.Kp + k];
+        }
+        yp[m * N + n] = acc;
+        continue;
+      }
       for (int64_t k = 0; k < qx.Kp; ++k)
         acc += double(half_to_float(L.scale(wp, n, k / 32))) * L.wq(wp, n, k) * double(qx.d[m * qx.nb + k / 32]) *
                qx.q[m * qx.Kp + k];
@@ -1186,6 +1641,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("input"), pybind11::arg("weight"));
   m.def("row_bytes", [](int64_t K, bool int4) { return row_bytes(int4 ? FMT_Q4 : FMT_Q8, K); },
         "bytes per packed row for K inputs", pybind11::arg("k"), pybind11::arg("int4"));
+  m.def("q4k_row_bytes", [](int64_t K) {
+    TORCH_CHECK(K % QK_K == 0, "q4k_row_bytes: K must be a multiple of 256, got ", K);
+    return row_bytes(FMT_Q4K, K);
+  }, "bytes per packed q4k row for K inputs (a multiple of 256)", pybind11::arg("k"));
   m.def("has_avx2", []() { return kCpu.avx2; }, "whether this CPU has AVX2/FMA/F16C");
   m.def("has_vnni512", []() { return kCpu.vnni512; }, "whether this CPU has AVX-512 VNNI (vpdpbusd)");
   m.def("has_avxvnni", []() { return kCpu.avxvnni; }, "whether this CPU has AVX-VNNI (256-bit vpdpbusd, VEX)");
