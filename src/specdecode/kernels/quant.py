@@ -14,6 +14,10 @@ in arithmetic, so our figures compare with theirs at the same bits per weight (8
   perplexity there (docs/lab-notes.md), and the quantized drafter, its main user, needs
   only proposals the target accepts, so the cheaper format wins.
 
+- q4k: GGUF's Q4_K as stored (``pack_q4k``, int16-marked; 4.625 bits per weight): super-blocks of 256 with
+  fp16 d and dmin and 6-bit scales and mins per 32, ``w = d * sc * q - dmin * m``. Only loaded, never made
+  here (``quantize`` makes int8 / int4); the kernel computes those weights exactly, no second rounding.
+
 Activations are quantized to int8 per row and block of 32 inside the call; products are integer
 dot products (AVX-512 VNNI ``vpdpbusd``, AVX-VNNI's 256-bit ``vpdpbusd`` on AVX2 CPUs that have it,
 or AVX2 ``maddubs``/``madd``, chosen at runtime; the scalar path elsewhere). Rows are batch-invariant,

@@ -18,6 +18,17 @@
 //   v[32b + j] | v[32b + 16 + j] << 4)][nb fp16 scales][padding].
 //   int8: w ~= d * q, q in [-127, 127]; int4: w ~= d * (v - 8), v in 0..15 (Q4_0's math).
 //
+// q4k: GGUF Q4_K as stored (kernels/quant.py pack_q4k moves its bytes), a [N, rb / 2] int16 tensor over rb =
+//   K / 256 * 148 bytes a row (4.625 bits per weight; K a multiple of 256). Q4_K's super-block of 256 weights has
+//   fp16 d and dmin, 6-bit sc[j] and m[j] per sub-block j of 32 and nibbles v; w = d * sc[j] * v - dmin * m[j]
+//   (d * sc[j] and dmin * m[j] exact in fp32). A group's super-block sb fills bytes [sb * 2368, sb * 2368 + 2368)
+//   of the group: per sub-block j, int4's 4 steps of 64 bytes (row c: v[32j + 4s + i] | v[32j + 16 + 4s + i] << 4,
+//   2048 bytes), then sc[j] of the 16 rows per j (128), m[j] likewise (128), the rows' fp16 d (32), dmin (32).
+//   A plain tail row's super-block: [128 nibble bytes, int4's plain order][8 sc][8 m][fp16 d][fp16 dmin].
+//   Arithmetic, every path: int4's I_b on unsigned v (no -8 correction), then per sub-block
+//   acc = fma(float(I_b), (d * sc_b) * d_x, acc); acc = fma(-t_b, dmin * m_b, acc), t_b = float(S_b) * d_x with
+//   S_b the block's activation sum (once per token row and block, shared by all columns).
+//
 // Arithmetic (every path, bit for bit): activations per row m and block b: d_x = max|x| / 127,
 // q_x = round-half-even(x * (127 / max|x|)) (each path quantizes with its own vector width, to the
 // same bytes; a decode step quantizes ~24k activations, which a scalar loop made ~10% of an int4
@@ -49,6 +60,9 @@
 // exact relative to the quantized model it runs. Token rows are register-blocked (8 on vnni512,
 // 4 on avx2, 8 for int8 passes of 5+ rows there) so each weight vector is loaded and unpacked once
 // for all of them.
+//
+// q4k runs natively on all four paths (q4k_units: vnni512 4 groups side by side in register blocks of up to 8
+// token rows; avx2 / avxvnni 4 groups side by side for 1-5 rows, else one, in register blocks of up to 4).
 //
 // Dense (fp32/bf16) weights in the same model (embeddings kept dense, a bf16 head) go to the
 // small-M kernel through its address (set_dense_linear), so one function pointer serves the
@@ -1079,12 +1093,16 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void q4k_tail_avx
                                                                                  const float* dd, __m256i (*isum)[2],
                                                                                  __m256 (*acc)[2]) {
   const int64_t nb = qx.nb;
-  const __m128i scv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kQ4kSc + jb * G));
-  const __m128i mnv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kQ4kMin + jb * G));
-  const __m256 ds0 = _mm256_mul_ps(_mm256_load_ps(dd), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scv)));
-  const __m256 ds1 = _mm256_mul_ps(_mm256_load_ps(dd + 8), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scv, 8))));
-  const __m256 dm0 = _mm256_mul_ps(_mm256_load_ps(dd + 16), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnv)));
-  const __m256 dm1 = _mm256_mul_ps(_mm256_load_ps(dd + 24), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mnv, 8))));
+  // 8 bytes widened straight from memory (vpmovzxbd ymm, m64)
+  const auto widen = [](const uint8_t* p) __attribute__((target("avx2"))) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  };
+  const uint8_t* sc = base + kQ4kSc + jb * G;
+  const uint8_t* mn = base + kQ4kMin + jb * G;
+  const __m256 ds0 = _mm256_mul_ps(_mm256_load_ps(dd), widen(sc));
+  const __m256 ds1 = _mm256_mul_ps(_mm256_load_ps(dd + 8), widen(sc + 8));
+  const __m256 dm0 = _mm256_mul_ps(_mm256_load_ps(dd + 16), widen(mn));
+  const __m256 dm1 = _mm256_mul_ps(_mm256_load_ps(dd + 24), widen(mn + 8));
   for (int j = 0; j < MB; ++j) {
     const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]), tx = _mm256_set1_ps(qx.t[(m0 + j) * nb + b]);
     const __m256 a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j][0]), _mm256_mul_ps(ds0, dx), acc[j][0]);
@@ -1630,7 +1648,7 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 blocks, int8 activations; VNNI-512 / AVX-VNNI / AVX2 / scalar)";
+  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 blocks, Q4_K super-blocks, int8 activations; VNNI-512 / AVX-VNNI / AVX2 / scalar)";
   m.def("linear", &linear, "F.linear drop-in: packed int8/int4 weights -> the kernel, dense -> the small-M kernel",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("bf16_dot") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
