@@ -44,8 +44,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
                    help="tokens a draft model may propose: 'auto' = the cut recommended by the draft's "
                         "draft_vocab.json (its most frequent training tokens; full vocabulary without one), "
-                        "'full', or a number N of most frequent tokens. A smaller output layer makes each draft "
-                        "step cheaper; the output is exact either way (default: auto)")
+                        "'full', or a number N of most frequent tokens. Self-drafts (the target's own layers or "
+                        "its quantized copy) read NAME.gguf.draft_vocab.json beside a GGUF target (`specdecode "
+                        "draft-vocab --draft FILE.gguf`), or with a number and no file rank by the tokenizer. A "
+                        "smaller output layer makes each draft step cheaper; the output is exact either way "
+                        "(default: auto)")
     add_drafter_args(p)
     add_dataclass_args(p, ModelLoadConfig)
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 import pytest
@@ -164,8 +165,39 @@ def test_a_tied_q8_0_table_is_one_tensor_for_lookup_and_output(tmp: Path) -> Non
         "model.embed_tokens.weight"])
 
 
-def _requantize(src: Path, dst: Path, kind: str) -> None:
-    """``src`` (F16 matrices) rewritten with ``kind`` matrices by the gguf package."""
+def test_q4_k_matrices_are_kept_as_stored_and_drafting_on_them_is_exact(tmp: Path) -> None:
+    """Q4_K (no quantizer in the gguf package: random blocks with sane scales) loads as our q4k, whose values
+    are exactly the file's; the matrices of other types beside them are rounded to the int8 default."""
+    from specdecode import PromptLookupDrafter, build_drafter, DrafterOptions
+    from specdecode.bench.ladder import Shape, write_f16
+    from specdecode.kernels.quant import packed_format
+
+    _, tok = tiny_gguf(tmp, "F16")
+    f16 = tmp / "k-F16.gguf"
+    write_f16(Shape("test", 256, 2, 4, 2, 512, True), tok, f16)
+    path = tmp / "k-Q4_K.gguf"
+    rng = np.random.default_rng(4)
+    _requantize(f16, path, "Q4_K", lambda name, arr: (
+        _random_blocks("Q4_K", arr.shape[0], arr.shape[1], rng)
+        if arr.ndim == 2 and ("ffn" in name or "attn_q" in name) else None))
+    model = load_model(path)
+    layer = model.module.layers[0]
+    assert packed_format(layer.w13) == "q4k" and packed_format(layer.w2) == "q4k"
+    assert packed_format(layer.wqkv) == "int8"  # q|k|v mixes Q4_K with Q8_0: one format for the fused matrix
+    ckpt, tensors = gguf_mod.read_gguf(path)
+    dense = gguf_mod.load_tensors(ckpt, tensors, None)[0]
+    want = torch.cat([dense["model.layers.0.mlp.gate_proj.weight"], dense["model.layers.0.mlp.up_proj.weight"]])
+    assert torch.equal(dequantize(layer.w13, 256), want)
+    ids = [5, 9, 13, 2, 5, 9, 13]
+    plain = generate(model, ids, max_new_tokens=24, ignore_eos=True).token_ids
+    for drafter in (PromptLookupDrafter(), build_drafter("quant", DrafterOptions(gamma=3))):
+        assert generate(model, ids, drafter=drafter, max_new_tokens=24, ignore_eos=True).token_ids == plain
+
+
+def _requantize(src: Path, dst: Path, kind: str,
+                encode: Optional[Callable[[str, np.ndarray], Optional[np.ndarray]]] = None) -> None:
+    """``src`` (F16 matrices) rewritten with ``kind`` matrices: ``encode(name, dense)``'s bytes where it gives
+    them, else the gguf package's quantization (Q8_0 where it has none for ``kind``)."""
     ckpt, tensors = gguf_mod.read_gguf(src)
     w = gguf.GGUFWriter(str(dst), "llama")
     for key, value in ckpt.meta.items():
@@ -182,8 +214,12 @@ def _requantize(src: Path, dst: Path, kind: str) -> None:
     qt = gguf.GGMLQuantizationType[kind]
     for t in tensors:
         arr = np.asarray(t.data)
-        if arr.ndim == 2:
-            w.add_tensor(t.name, gguf.quants.quantize(arr.astype(np.float32), qt), raw_dtype=qt)
+        raw = encode(t.name, arr) if encode is not None else None
+        if raw is not None:
+            w.add_tensor(t.name, raw, raw_dtype=qt)
+        elif arr.ndim == 2:
+            fallback = qt if kind not in _K_SCALES else gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(t.name, gguf.quants.quantize(arr.astype(np.float32), fallback), raw_dtype=fallback)
         else:
             w.add_tensor(t.name, arr.astype(np.float32))
     w.write_header_to_file()

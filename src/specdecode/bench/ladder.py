@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -145,6 +145,44 @@ def _theirs_cmd(bin_dir: Path, gguf: Path, threads: int) -> list[str]:
     return [str(bin_dir / "llama-simple"), "-m", str(gguf), "-n", "1", "Hello"]
 
 
+def costs(target: str, draft: Optional[str], context: int, max_gamma: int = 8) -> dict[str, Any]:
+    """v(1..max_gamma) of the target's verify pass and c of a draft model's step (the child side): the
+    engine's own cost measurement (``costmodel.measure_costs``) after a ``context``-token prompt."""
+    import torch
+
+    from ..costmodel import measure_costs
+    from ..models.loading import load_model
+
+    t = load_model(target)
+    d = load_model(draft) if draft else None
+    prompt = torch.randint(100, min(t.vocab_size, 30000), (context,), generator=torch.Generator().manual_seed(0))
+    m = measure_costs(t, d, max_gamma=max_gamma, reps=7, context=prompt.tolist())
+    return {"v": list(m.v[1:]), "c": m.c if d is not None else None, "one_token_s": m.target_s[0]}
+
+
+def predicted(c: float, v: list[float]) -> dict[str, dict[str, float]]:
+    """The speedup the theory predicts (Leviathan et al.: E(α, γ) / (γc + v(γ)), the best γ of 1..len(v)) at
+    α = 0.6, 0.7, 0.8: a prediction from measured costs, since random weights say nothing about α."""
+    from ..costmodel import predicted_speedup
+
+    out = {}
+    for alpha in (0.6, 0.7, 0.8):
+        s, g = max((predicted_speedup(alpha, g, c, v[g - 1]), g) for g in range(1, len(v) + 1))
+        out[str(alpha)] = {"speedup": s, "gamma": g}
+    return out
+
+
+def _costs_child(target: Path, draft: Optional[Path], threads: int, context: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "specdecode.bench.ladder", "--child-costs", str(target), "--context", str(context)]
+    if draft is not None:
+        cmd += ["--draft", str(draft)]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600,
+                       env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    if p.returncode != 0:
+        raise RuntimeError(f"costs on {target} failed: {p.stderr[-1500:]}")
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
 def quantize_file(quantize_bin: Path, f16: Path, fmt: str, out: Path) -> None:
     if out.is_file():
         return
@@ -168,6 +206,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     ap.add_argument("--context", type=int, default=512, help="context before the timed decode (default: %(default)s)")
     ap.add_argument("--n", type=int, default=64, help="decode steps timed (default: %(default)s)")
     ap.add_argument("--no-speed", action="store_true", help="memory and load only")
+    ap.add_argument("--no-costs", action="store_true", help="skip v(1..8), c and the predicted speedups")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.set_defaults(func=cmd_ladder)
 
@@ -204,7 +243,8 @@ def cmd_ladder(a: argparse.Namespace) -> int:
 
     build = locate(a.llama_cpp)
     rows: list[dict[str, Any]] = []
-    for rung, fmt, path in ladder_files(a):
+    files = ladder_files(a)
+    for rung, fmt, path in files:
         row: dict[str, Any] = {"rung": rung, "format": fmt, "file_mib": path.stat().st_size / 2**20}
         row["ours"] = measure_first_token(_ours_cmd(path, a.threads), a.threads)
         row["llama.cpp"] = measure_first_token(_theirs_cmd(build.bin_dir, path, a.threads), a.threads)
@@ -212,6 +252,13 @@ def cmd_ladder(a: argparse.Namespace) -> int:
             row["ours"]["tokens_per_s"] = _ours_child(str(path), a.threads, a.context, a.n)["tokens_per_s"]
             row["llama.cpp"]["tokens_per_s"] = theirs(build.bin_dir / "llama-bench", str(path), a.threads,
                                                       a.context, a.n)["tokens_per_s"]
+        if not a.no_costs:
+            smaller = [p for r, f, p in files if f == fmt and SHAPES[r].dim < SHAPES[rung].dim]
+            draft = smaller[-1] if smaller else None
+            row["costs"] = _costs_child(path, draft, a.threads, a.context)
+            row["costs"]["draft"] = draft.name if draft else None
+            if draft is not None:
+                row["predicted"] = predicted(row["costs"]["c"], row["costs"]["v"])
         rows.append(row)
         print(_line(row), flush=True)
     if a.json:
@@ -226,6 +273,28 @@ def _line(r: dict[str, Any]) -> str:
     if "tokens_per_s" in o:
         speed = (f"  tok/s {o['tokens_per_s']:6.2f} vs {t['tokens_per_s']:6.2f} "
                  f"({o['tokens_per_s'] / t['tokens_per_s']:.2f}x)")
+    extra = ""
+    if "costs" in r:
+        v = r["costs"]["v"]
+        extra = f"  v(4) {v[3]:.2f} v(8) {v[7]:.2f}"
+        if r.get("predicted"):
+            extra += f"  c {r['costs']['c']:.3f} ({r['costs']['draft']})  predicted " + " ".join(
+                f"{p['speedup']:.2f}x@{alpha}" for alpha, p in r["predicted"].items())
     return (f"{r['rung']:>5} {r['format']:<7} file {r['file_mib']:7.0f} MiB  peak RSS {o['peak_rss_mib']:7.0f} vs "
             f"{t['peak_rss_mib']:7.0f} MiB  first token {o['first_token_s']:5.1f} vs {t['first_token_s']:5.1f} s"
-            + speed)
+            + speed + extra)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """The child side: ``--child-costs TARGET [--draft DRAFT] --context N`` prints one JSON line."""
+    ap = argparse.ArgumentParser(prog="python -m specdecode.bench.ladder")
+    ap.add_argument("--child-costs", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--context", type=int, default=512)
+    a = ap.parse_args(argv)
+    print(json.dumps(costs(a.child_costs, a.draft, a.context)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

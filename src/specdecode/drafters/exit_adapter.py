@@ -62,7 +62,8 @@ class ExitAdapterDrafter(LayerSkipDrafter):
 
     def __init__(self, adapter: ExitAdapter, gamma: Gamma = "auto", where: Union[str, Path] = "the exit adapter",
                  share_cache: bool = True, quant: Optional[str] = QUANT) -> None:
-        super().__init__(exit_layer=adapter.cfg.exit_layer, gamma=gamma, share_cache=share_cache)
+        super().__init__(exit_layer=adapter.cfg.exit_layer, gamma=gamma, share_cache=share_cache,
+                         draft_vocab="full")  # its own head decides what it proposes
         if quant is not None and quant not in QUANT_FORMATS:
             raise ConfigError(f"quant (the exit draft's run-time weights) must be None or one of "
                               f"{', '.join(QUANT_FORMATS)}, got {quant!r}")

@@ -45,6 +45,7 @@ from .layerskip_layers import (CALIBRATION_FILE, CALIBRATION_VERSION, SUPPORTED_
                                cached_calibration_path, calibration_paths, check_family, load_calibration,
                                save_calibration, weights_stamp)
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, Option
+from .vocab import DraftVocab, VocabSpec, parse_vocab_spec, self_draft_ids
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -61,18 +62,23 @@ class LayerSkipDrafter:
     ``gamma``: draft length or "auto" (the core's γ policy, from the measured c of the partial
     model: it switches speculation off when it does not pay). ``share_cache=False`` keeps a
     separate draft cache for every draft layer (the reference the sharing is tested against).
+    ``draft_vocab``: the tokens the draft may propose (``vocab.self_draft_ids``): on a target whose output
+    matrix dominates a pass, a draft over a cut of it costs a fraction of one over every token.
     """
 
     wants_hidden = False
 
     def __init__(self, exit_layer: Optional[int] = None, skip_layers: Optional[Sequence[int]] = None,
-                 gamma: Gamma = "auto", share_cache: bool = True, calibration_dir: Optional[str] = None) -> None:
+                 gamma: Gamma = "auto", share_cache: bool = True, calibration_dir: Optional[str] = None,
+                 draft_vocab: VocabSpec = "auto") -> None:
         if exit_layer is not None and skip_layers is not None:
             raise ConfigError("give an exit layer or skip layers, not both")
         self.gamma = check_gamma(gamma)
         self.exit_layer, self.skip_layers = exit_layer, tuple(skip_layers) if skip_layers is not None else None
         self.share_cache = share_cache
         self.calibration_dir = calibration_dir
+        self.draft_vocab = parse_vocab_spec(draft_vocab)
+        self.cut: Optional[DraftVocab] = None  # the proposable tokens and their output rows (None: all)
         self.acceptance = Acceptance()
         self.plan: Optional[DraftLayers] = None
         self.calibration: Optional[dict[str, Any]] = None  # the stored record the plan came from, if any
@@ -115,8 +121,9 @@ class LayerSkipDrafter:
         if target is not self._target:
             try:
                 self.plan, self._unusable = self.resolve(target), None
+                self.cut = self.make_cut(target)
             except ConfigError as e:
-                self.plan, self._unusable = None, str(e)
+                self.plan, self.cut, self._unusable = None, None, str(e)
             self._target = target
             self._viewed = self._seen = self._view = self._own = None
             self._n_cached, self._base, self._drafted = [], [], []
@@ -131,9 +138,29 @@ class LayerSkipDrafter:
         if self.gamma != "auto" or (target is self._target and self.plan is None):
             return None
         plan = self.plan if target is self._target and self.plan is not None else self.resolve(target)
+        cut = self.cut if target is self._target else self.make_cut(target)
         if self._costs is None or self._costs[0] is not target or self._costs[1] != plan.layers:
-            self._costs = (target, plan.layers, load_or_measure_costs(target, target, draft_layers=plan.layers))
+            self._costs = (target, plan.layers, load_or_measure_costs(
+                target, target, draft_head=cut.head if cut is not None else None, draft_layers=plan.layers))
         return self._costs[2]
+
+    def make_cut(self, target: "Model") -> Optional[DraftVocab]:
+        """The draft's restricted output on ``target`` (None: every token)."""
+        ids = self_draft_ids(target, self.draft_vocab)
+        if ids is None:
+            return None
+        ids = ids.to(target.device)
+        return DraftVocab(ids, self.cut_rows(target, ids), target.vocab_size)
+
+    def cut_rows(self, target: "Model", ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the output matrix as the draft multiplies by them: packed like the target's own
+        (its rounding moves what is proposed, never what is accepted), else as stored."""
+        from ..kernels.quant import quantize
+
+        rows = target.output_rows(ids)
+        if target.quant is None:
+            return rows.contiguous()
+        return quantize(rows, "int8" if target.quant.head.dtype == torch.int8 else "int4")
 
     def _setup(self, target_cache: Optional[KVCache]) -> KVCache:
         """The cache the draft runs on: a view of the target's cache for the shared layers plus our own
@@ -265,7 +292,7 @@ class LayerSkipDrafter:
         if len(feeds) == 1:
             (r, f), = feeds.items()
             ids = torch.tensor([f], dtype=torch.long, device=device)
-            return {r: self._partial_logits(ids, view, slice(r, r + 1), True)[0, -1]}
+            return {r: self._full(self._partial_logits(ids, view, slice(r, r + 1), True)[0, -1])}
         lo, hi = min(feeds), max(feeds) + 1
         width = max(len(f) for f in feeds.values())
         for r in range(lo, hi):
@@ -282,12 +309,21 @@ class LayerSkipDrafter:
         logits = self._partial_logits(ids, view, slice(lo, hi), False)
         for r, n in zip(range(lo, hi), real):
             view.lengths[r] = n
-        return {r: logits[r - lo, len(f) - 1] for r, f in feeds.items()}
+        return {r: self._full(logits[r - lo, len(f) - 1]) for r, f in feeds.items()}
+
+    def _full(self, logits: torch.Tensor) -> torch.Tensor:
+        """A row's logits over the whole vocabulary (-inf outside a cut: the draft's law is zero there)."""
+        return logits if self.cut is None else self.cut.expand(logits)
+
+    @property
+    def cut_head(self) -> Optional[torch.Tensor]:
+        return self.cut.head if self.cut is not None else None
 
     def _partial_logits(self, ids: torch.Tensor, view: KVCache, rows: slice, last_only: bool) -> torch.Tensor:
         """Logits of the draft's layers over ``ids`` appended to ``view`` (an exit adapter overrides this)."""
         assert self._target is not None and self.plan is not None
-        return self._target.forward(ids, view, rows=rows, last_only=last_only, layers=self.plan.layers)
+        return self._target.forward(ids, view, rows=rows, last_only=last_only, head=self.cut_head,
+                                    layers=self.plan.layers)
 
     def on_verified_row(self, row: int, n_accepted: int) -> None:
         """Our own layers keep the sequence plus the accepted draft tokens they hold (at most g - 1)."""
@@ -316,7 +352,7 @@ def _build(o: DrafterOptions) -> LayerSkipDrafter:
     exit_layer, skip = o.options["exit_layer"], o.options["skip_layers"]
     return LayerSkipDrafter(exit_layer=exit_layer if isinstance(exit_layer, int) else None,
                             skip_layers=tuple(skip) if isinstance(skip, tuple) else None, gamma=o.gamma,
-                            calibration_dir=o.artifact(CALIBRATION.name))
+                            calibration_dir=o.artifact(CALIBRATION.name), draft_vocab=o.vocab)
 
 
 def _usable(d: BatchDrafter, o: DrafterOptions) -> bool:

@@ -28,6 +28,7 @@ from ..costmodel import Costs, load_or_measure_costs
 from .base import Acceptance, Gamma
 from .layerskip import DraftLayers, LayerSkipDrafter, check_family
 from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
+from .vocab import VocabSpec
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -47,8 +48,9 @@ class QuantDrafter(LayerSkipDrafter):
     ``share_cache=False`` gives the copy a cache of its own (caught up with the verified tokens):
     the reference the shared cache is tested against."""
 
-    def __init__(self, gamma: Gamma = "auto", fmt: str = DRAFT_FORMAT, share_cache: bool = True) -> None:
-        super().__init__(gamma=gamma, share_cache=share_cache)
+    def __init__(self, gamma: Gamma = "auto", fmt: str = DRAFT_FORMAT, share_cache: bool = True,
+                 draft_vocab: VocabSpec = "auto") -> None:
+        super().__init__(gamma=gamma, share_cache=share_cache, draft_vocab=draft_vocab)
         self.fmt = fmt
         self.acceptance = Acceptance(prior_alpha=PRIOR_ALPHA)
         self._copy: Optional["Model"] = None
@@ -81,17 +83,23 @@ class QuantDrafter(LayerSkipDrafter):
         if self._copy is None:
             return None
         if self._costs is None or self._costs[0] is not target:
-            self._costs = (target, (), load_or_measure_costs(target, self._copy))
+            self._costs = (target, (), load_or_measure_costs(target, self._copy, draft_head=self.cut_head))
         return self._costs[2]
+
+    def cut_rows(self, target: "Model", ids: torch.Tensor) -> torch.Tensor:
+        """The cut's output rows in the copy's own format."""
+        from ..kernels.quant import quantize
+
+        return quantize(target.output_rows(ids), self.fmt)
 
     def _partial_logits(self, ids: torch.Tensor, view: KVCache, rows: slice, last_only: bool) -> torch.Tensor:
         if self._copy is None:
             raise ConfigError("drafter 'quant': the quantized copy is missing; call prepare_rows(target, ...) first")
-        return self._copy.forward(ids, view, rows=rows, last_only=last_only)
+        return self._copy.forward(ids, view, rows=rows, last_only=last_only, head=self.cut_head)
 
 
 def _build(o: DrafterOptions) -> QuantDrafter:
-    return QuantDrafter(o.gamma)
+    return QuantDrafter(o.gamma, draft_vocab=o.vocab)
 
 
 def _fits(target: "Model") -> bool:

@@ -7,9 +7,13 @@ the mapping onto our runtime:
 - **Config** from the ``{arch}.*`` metadata (llama, mistral, qwen2, qwen3, gemma3; others are refused by name).
 - **Tensors.** F32/F16/BF16 are used as stored. Q8_0 and Q4_0 are llama.cpp's blocks of 32 with an
   fp16 scale, which is exactly our int8/int4 arithmetic, so with ``weight_dtype`` int8/int4 they are
-  packed for our kernel as stored, without re-rounding (``kernels.quant.pack_blocks``). Every other
-  type (Q4_1, Q5_0/1, K-quants...) is dequantized by ``gguf.quants.dequantize`` and then held in the
-  ``weight_dtype`` asked for.
+  packed for our kernel as stored, without re-rounding (``kernels.quant.pack_gguf``). Q4_K (most of a
+  Q4_K_M file) is packed as our q4k and computed as stored whatever the quantized ``weight_dtype``
+  (``kernels.quant.pack_q4k``). Every other type (Q4_1, Q5_0/1, Q5_K, Q6_K...) is dequantized by
+  ``gguf.quants.dequantize`` and then rounded once to the ``weight_dtype`` asked for.
+- **Memory.** A quantized load (``read_packed``) goes tensor by tensor from the memory-mapped file to
+  the packed form, a chunk of rows at a time, and keeps the embedding table in its stored format
+  (``models/tables.py``): it peaks near the size of what it holds, never at a dense copy of the model.
 - **q/k rows.** llama.cpp's converter permutes the q and k rows of llama-family models for its RoPE
   layout (pairs interleaved); we use transformers' layout (halves), so the rows are put back.
 """
@@ -25,7 +29,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..kernels.quant import QUANT_FORMATS, pack_blocks, pack_gguf, quantize
+from ..kernels.quant import QUANT_FORMATS, pack_blocks, pack_gguf, pack_q4k, quantize
 from .config import ModelConfig, UnsupportedModelError
 from .llama import LlamaModel
 from .loading import PackedWeights
@@ -452,15 +456,18 @@ def _stacked(parts: list[_Source], a: int, b: int, read: Callable[[_Source, int,
 
 def _pack(parts: list[_Source], fmt: str) -> torch.Tensor:
     """The matrix stacking ``parts`` packed as ``fmt``: as stored when every part is in ``fmt``'s blocks (no
-    rounding), else decoded and rounded once. Either way a chunk of rows at a time, into the result: the
-    packed layout is local to groups of 16 rows, so chunks concatenate, and no copy of the whole matrix other
-    than the result is ever made."""
+    rounding), or Q4_K (our q4k, which the kernel computes as stored), else decoded and rounded once. Either
+    way a chunk of rows at a time, into the result: the packed layout is local to groups of 16 rows, so chunks
+    concatenate, and no copy of the whole matrix other than the result is ever made."""
     n = sum(p.rows for p in parts)
     out: Optional[torch.Tensor] = None
     as_stored = all(STORED_AS.get(p.kind) == fmt for p in parts)
+    q4k = all(p.kind == "Q4_K" for p in parts)  # kept as stored whatever ``fmt``: 4.6 bits, no rounding
     for a in range(0, n, _CHUNK_ROWS):
         b = min(n, a + _CHUNK_ROWS)
-        if as_stored:
+        if q4k:
+            chunk = pack_q4k(_stacked(parts, a, b, _Source.raw))
+        elif as_stored:
             chunk = pack_gguf(_stacked(parts, a, b, _Source.raw), fmt)
         else:
             chunk = quantize(_stacked(parts, a, b, _Source.dense), fmt)
@@ -603,4 +610,7 @@ def _with_chat_tokens(model: Any, ckpt: GGUFCheckpoint) -> Any:
     model.chat_template = ckpt.chat_template
     model.bos_token = ckpt.token_text("tokenizer.ggml.bos_token_id")
     model.eos_token = ckpt.token_text("tokenizer.ggml.eos_token_id")
+    scores = ckpt.meta.get("tokenizer.ggml.scores")
+    if isinstance(scores, list) and len(set(scores[:1000])) > 1:  # BPE files write none, or all zeros
+        model.token_scores = torch.tensor(scores, dtype=torch.float32)
     return model

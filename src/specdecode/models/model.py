@@ -65,6 +65,9 @@ class Model:
         self.chat_template: Optional[str] = None
         self.bos_token = ""
         self.eos_token = ""
+        # the tokenizer's own scores of its tokens where the file states them (a SentencePiece vocabulary's, from
+        # GGUF), higher = more common: ``token_ranking`` reads them
+        self.token_scores: Optional[torch.Tensor] = None
 
     @property
     def weight_format(self) -> str:
@@ -111,6 +114,13 @@ class Model:
     def stand_in_head(self) -> torch.Tensor:
         """One output row: the head of a pass that wants hidden states, not logits."""
         return self.output_rows(torch.zeros(1, dtype=torch.long, device=self.device))
+
+    def token_ranking(self) -> torch.Tensor:
+        """Token ids, likeliest first, as far as the tokenizer tells: by its scores when it has them, else by id
+        (a BPE vocabulary's ids follow its merges, which follow frequency). A prior for vocabulary cuts."""
+        if self.token_scores is not None and self.token_scores.numel() == self.vocab_size:
+            return torch.argsort(-self.token_scores, stable=True)
+        return torch.arange(self.vocab_size)
 
     def embedding_matrix(self) -> torch.Tensor:
         """The [V, dim] input embedding (a new fp32 copy when kept as stored)."""

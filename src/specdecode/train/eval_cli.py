@@ -59,7 +59,9 @@ def add_draft_vocab(sub) -> None:
                                    "for the N most frequent tokens (FR-Spec, arXiv:2502.14856): a smaller output "
                                    "layer, a cheaper draft step, the same exact output. `--draft-vocab` on "
                                    "generate/serve/bench picks another N or 'full'.")
-    p.add_argument("--draft", required=True, help="draft model directory (the file is written there)")
+    p.add_argument("--draft", required=True, help="draft model directory (the file is written there), or a GGUF "
+                                                  "file (written beside it as NAME.gguf.draft_vocab.json, which "
+                                                  "its self-drafts read)")
     p.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
                    help="the corpus the draft was trained on (default: the stdlib; only its training split counts)")
     p.add_argument("--size", type=int, default=None,
