@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -122,18 +121,30 @@ def write_f16(shape: Shape, tokenizer_gguf: Path, out: Path, seed: int = 0) -> N
     tmp.rename(out)
 
 
+# Runs argv[1:] as a grandchild and prints its peak RSS (KiB) and wall seconds. Why a grandchild: Linux carries
+# a process's peak RSS across exec, so a child forked from this (large) process would report at least this
+# process's size; a grandchild forked from a bare interpreter starts from a few MB.
+_MEASURE = """
+import os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print("SPECDECODE-MEASURE", os.waitstatus_to_exitcode(status), usage.ru_maxrss, time.perf_counter() - t0)
+"""
+
+
 def measure_first_token(cmd: list[str], threads: int) -> dict[str, float]:
     """Wall seconds from process start to exit after one token, and the process's peak RSS (MiB)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    assert p.stdout is not None
-    out = p.stdout.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{Path(cmd[0]).name} failed: {out.decode(errors='replace')[-1500:]}")
-    return {"first_token_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024}
+    p = subprocess.run([sys.executable, "-S", "-c", _MEASURE, *cmd], capture_output=True, text=True,
+                       errors="replace", env=env, check=False, timeout=3600)
+    line = next((x for x in p.stdout.splitlines() if x.startswith("SPECDECODE-MEASURE")), None)
+    if line is None or line.split()[1] != "0":
+        raise RuntimeError(f"{Path(cmd[0]).name} failed: {(p.stdout + p.stderr)[-1500:]}")
+    _, _, kib, wall = line.split()
+    return {"first_token_s": float(wall), "peak_rss_mib": int(kib) / 1024}
 
 
 def _ours_cmd(gguf: Path, threads: int) -> list[str]:
@@ -264,7 +275,25 @@ def cmd_ladder(a: argparse.Namespace) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({"threads": a.threads, "context": a.context, "n": a.n, "rows": rows},
                                            indent=1))
+    print()
+    print(markdown(rows))
     return 0
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as the README's table: per file, ours beside llama.cpp's."""
+    out = ["| rung | format | file MiB | peak RSS MiB, ours / llama.cpp | first token s, ours / llama.cpp "
+           "| decode tok/s, ours / llama.cpp (ratio) | v(4) | v(8) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o, t = r["ours"], r["llama.cpp"]
+        speed = (f"{o['tokens_per_s']:.1f} / {t['tokens_per_s']:.1f} ({o['tokens_per_s'] / t['tokens_per_s']:.2f}×)"
+                 if "tokens_per_s" in o else "")
+        v = r.get("costs", {}).get("v")
+        costs = f"{v[3]:.2f} | {v[7]:.2f}" if v else " | "
+        out.append(f"| {SHAPES[r['rung']].name} | {r['format']} | {r['file_mib']:.0f} | {o['peak_rss_mib']:.0f} / "
+                   f"{t['peak_rss_mib']:.0f} | {o['first_token_s']:.1f} / {t['first_token_s']:.1f} | {speed} | "
+                   f"{costs} |")
+    return "\n".join(out)
 
 
 def _line(r: dict[str, Any]) -> str:
