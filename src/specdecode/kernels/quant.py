@@ -140,15 +140,18 @@ def quantize(w: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt == "int8":
         d = (blocks.abs().amax(-1) / 127.0).to(torch.float16)
         df = d.float().unsqueeze(-1)
-        q = torch.where(df > 0, blocks / df.clamp_min(1e-30), torch.zeros(())).round().clamp(-127, 127)
+        # in place: each new 4-byte-a-weight temporary costs its page faults as well as a pass (2-3x here)
+        q = blocks / df.clamp_min(1e-30)
+        q.round_().clamp_(-127, 127).masked_fill_(~(df > 0), 0)  # a block whose scale rounds to 0 stays 0
         q = q.to(torch.int8).view(torch.uint8)  # [n, nb, 32]
     else:
         idx = blocks.abs().argmax(-1, keepdim=True)
         peak = blocks.gather(-1, idx).squeeze(-1)
         d = (peak / -8.0).to(torch.float16)
         df = d.float().unsqueeze(-1)
-        v = torch.where(df != 0, blocks / torch.where(df != 0, df, torch.ones(())), torch.zeros(()))
-        q = (v.round() + 8).clamp(0, 15).to(torch.uint8)  # [n, nb, 32], v in 0..15
+        v = blocks / torch.where(df != 0, df, torch.ones(()))
+        v.masked_fill_(df == 0, 0).round_().add_(8).clamp_(0, 15)
+        q = v.to(torch.uint8)  # [n, nb, 32], v in 0..15
     return pack_blocks(q.view(torch.int8) if fmt == "int8" else q, d, fmt)
 
 
