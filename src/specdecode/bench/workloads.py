@@ -30,7 +30,8 @@ DEFAULT_WORKLOAD = WORKLOAD_DIR / "stdlib-heldout-v1.jsonl"
 REAL_WORKLOAD = WORKLOAD_DIR / "real-v1.jsonl"
 # --workload NAME: the shipped files by short name (an existing file of that name wins)
 NAMED_WORKLOADS = {"stdlib": DEFAULT_WORKLOAD, "mixed": WORKLOAD_DIR / "mixed-heldout-v1.jsonl",
-                   "repetitive": WORKLOAD_DIR / "repetitive-heldout-v1.jsonl", "real": REAL_WORKLOAD}
+                   "repetitive": WORKLOAD_DIR / "repetitive-heldout-v1.jsonl", "real": REAL_WORKLOAD,
+                   "prose": WORKLOAD_DIR / "prose-continuation-v1.jsonl"}
 
 COMPLETION, EDITING, LONG = "completion", "editing", "long"
 CATEGORIES = (COMPLETION, EDITING, LONG)
