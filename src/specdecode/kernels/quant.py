@@ -17,6 +17,9 @@ in arithmetic, so our figures compare with theirs at the same bits per weight (8
 - q4k: GGUF's Q4_K as stored (``pack_q4k``, int16-marked; 4.625 bits per weight): super-blocks of 256 with
   fp16 d and dmin and 6-bit scales and mins per 32, ``w = d * sc * q - dmin * m``. Only loaded, never made
   here (``quantize`` makes int8 / int4); the kernel computes those weights exactly, no second rounding.
+- q6k: GGUF's Q6_K as stored (``pack_q6k``, int32-marked; 6.625 bits per weight): super-blocks of 256 with fp16 d
+  and int8 scales per 16, q in 0..63 split into a nibble plane and a 2-bit plane, ``w = (d * sc) * (q - 32)``.
+  Likewise only loaded, computed exactly as stored.
 
 Activations are quantized to int8 per row and block of 32 inside the call; products are integer
 dot products (AVX-512 VNNI ``vpdpbusd``, AVX-VNNI's 256-bit ``vpdpbusd`` on AVX2 CPUs that have it,
@@ -54,6 +57,7 @@ __all__ = [
     "pack_blocks",
     "pack_gguf",
     "pack_q4k",
+    "pack_q6k",
     "pack_draft",
     "packed_dtype",
     "packed_format",
@@ -91,21 +95,22 @@ def load_quant_extension() -> ModuleType:
     return _ext
 
 
-_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "q4k": torch.int16}
+_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "q4k": torch.int16, "q6k": torch.int32}
 
 
 def packed_dtype(fmt: str) -> torch.dtype:
-    """The tensor dtype that marks a packed weight of ``fmt`` (int8 -> int8, int4 -> uint8, q4k -> int16)."""
+    """The tensor dtype that marks a packed weight of ``fmt`` (int8 -> int8, int4 -> uint8, q4k -> int16,
+    q6k -> int32)."""
     return _DTYPES.get(fmt, torch.uint8)
 
 
 def packed_format(w: torch.Tensor) -> Optional[str]:
-    """"int8", "int4" or "q4k" for a packed weight (by its dtype), None for a dense one."""
+    """"int8", "int4", "q4k" or "q6k" for a packed weight (by its dtype), None for a dense one."""
     return next((f for f, dt in _DTYPES.items() if w.dtype == dt), None)
 
 
 def is_packed(w: torch.Tensor) -> bool:
-    return w.dtype in (torch.int8, torch.uint8, torch.int16)
+    return w.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32)
 
 
 GROUP = 16  # weight rows interleaved per group (quant_linear.cpp has the layout)
@@ -307,6 +312,95 @@ def _unpack_q4k(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return v, ds, dm
 
 
+Q6K_BLOCK_BYTES = 210  # GGUF Q6_K super-block: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales, fp16 d
+Q6K_ROW_SB = 212  # our q6k bytes per row and super-block: 128 of nibbles, 64 of high bits, 16 scales, fp16 d, 2 zero
+
+
+def _q6k_q(blocks: torch.Tensor) -> torch.Tensor:
+    """Q6_K super-blocks [n, nsb, 210] -> q [n, nsb, 256] uint8 in 0..63 (gguf-py's Q6_K order)."""
+    n, nsb = blocks.shape[:2]
+    ql = blocks[:, :, :128].reshape(n, nsb, 2, 1, 64)  # per half of 128 weights: ql[l] for l < 64
+    qh = blocks[:, :, 128:192].reshape(n, nsb, 2, 1, 32)
+    lo = torch.cat([ql & 15, ql >> 4], dim=3).reshape(n, nsb, 2, 4, 32)  # quarter 0..3 of the half
+    hi = torch.cat([(qh >> s) & 3 for s in (0, 2, 4, 6)], dim=3)  # [n, nsb, 2, 4, 32]
+    return (lo | (hi << 4)).reshape(n, nsb, 256)
+
+
+def pack_q6k(raw: torch.Tensor) -> torch.Tensor:
+    """GGUF Q6_K rows as stored ([N, K / 256 * 210] uint8) as the kernel's q6k format ([N, K / 256 * 53] int32
+    over K / 256 * 212 bytes a row), moving and splitting bytes only: a nibble plane in int4's order and a 2-bit
+    plane, so the kernel computes Q6_K's weights (d * sc) * (q - 32) exactly as stored (``quant_linear.cpp`` has
+    the layout and arithmetic). K must be a multiple of 256."""
+    if raw.dim() != 2 or raw.shape[1] % Q6K_BLOCK_BYTES:
+        raise ValueError(f"Q6_K rows are [N, K / 256 * {Q6K_BLOCK_BYTES}] bytes, got shape {tuple(raw.shape)}")
+    n = raw.shape[0]
+    blocks = raw.contiguous().view(torch.uint8).view(n, -1, Q6K_BLOCK_BYTES)
+    nsb = blocks.shape[1]
+    q = _q6k_q(blocks).view(n, nsb, 8, 2, 4, 4)  # [row, sb, block j, half, step s, i]
+    lo, hi = q & 15, q >> 4
+    nib = lo[:, :, :, 0] | (lo[:, :, :, 1] << 4)  # [n, nsb, j, s, i]
+    # high bits: per block j and step pair p, byte (row, i) holds q >> 4 of input 16h + 4(2p + e) + i at bits 4e + 2h
+    h = hi.view(n, nsb, 8, 2, 2, 2, 4)  # [n, nsb, j, half, p, e, i]
+    qh = (h[:, :, :, 0, :, 0] | (h[:, :, :, 1, :, 0] << 2) | (h[:, :, :, 0, :, 1] << 4)
+          | (h[:, :, :, 1, :, 1] << 6))  # [n, nsb, j, p, i]
+    sc = blocks[:, :, 192:208]
+    rb = nsb * Q6K_ROW_SB
+    out = torch.zeros(n, rb, dtype=torch.uint8)
+    full = n // GROUP * GROUP
+    if full:
+        ng = full // GROUP
+        grp = out[:full].view(ng, nsb, GROUP * Q6K_ROW_SB)
+        grp[:, :, :2048].view(ng, nsb, 8, 4, GROUP, 4).copy_(
+            nib[:full].reshape(ng, GROUP, nsb, 8, 4, 4).permute(0, 2, 3, 4, 1, 5))
+        grp[:, :, 2048:3072].view(ng, nsb, 8, 2, GROUP, 4).copy_(
+            qh[:full].reshape(ng, GROUP, nsb, 8, 2, 4).permute(0, 2, 3, 4, 1, 5))
+        grp[:, :, 3072:3328].view(ng, nsb, 16, GROUP).copy_(sc[:full].reshape(ng, GROUP, nsb, 16).permute(0, 2, 3, 1))
+        grp[:, :, 3328:3360].view(ng, nsb, GROUP, 2).copy_(
+            blocks[:full, :, 208:210].reshape(ng, GROUP, nsb, 2).permute(0, 2, 1, 3))
+    if full < n:
+        t = out[full:].view(n - full, nsb, Q6K_ROW_SB)
+        t[:, :, :128].view(n - full, nsb, 8, 16).copy_(nib[full:].reshape(n - full, nsb, 8, 16))
+        hp = hi[full:].reshape(n - full, nsb, 64, 4)  # plain: q >> 4 of input k at byte k / 4, bits 2 (k % 4)
+        t[:, :, 128:192].copy_(hp[..., 0] | (hp[..., 1] << 2) | (hp[..., 2] << 4) | (hp[..., 3] << 6))
+        t[:, :, 192:210].copy_(blocks[full:, :, 192:210])
+    return out.view(torch.int32)
+
+
+def _unpack_q6k(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q - 32 [N, k] (fp32) and the exact fp32 d * sc [N, k / 16] of a q6k matrix."""
+    if k % 256:
+        raise ValueError(f"a q6k (GGUF Q6_K) matrix has K a multiple of 256, got {k}")
+    n, nsb = packed.shape[0], k // 256
+    raw = packed.contiguous().view(torch.uint8).view(n, nsb * Q6K_ROW_SB)
+    nib = torch.empty(n, nsb, 8, 16, dtype=torch.uint8)  # per block, int4's plain order
+    hi = torch.empty(n, nsb, 8, 2, 16, dtype=torch.uint8)  # per block and half, q >> 4 in input order
+    sc = torch.empty(n, nsb, 16, dtype=torch.uint8)
+    d = torch.empty(n, nsb, 2, dtype=torch.uint8)
+    full = n // GROUP * GROUP
+    if full:
+        ng = full // GROUP
+        grp = raw[:full].view(ng, nsb, GROUP * Q6K_ROW_SB)
+        nibs = grp[:, :, :2048].reshape(ng, nsb, 8, 4, GROUP, 4).permute(0, 4, 1, 2, 3, 5)
+        nib[:full] = nibs.reshape(full, nsb, 8, 16)
+        qh = grp[:, :, 2048:3072].reshape(ng, nsb, 8, 2, GROUP, 4).permute(0, 4, 1, 2, 3, 5)  # [g, c, sb, j, p, i]
+        parts = torch.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], dim=-2)  # [.., p, field 2e + h, i]
+        parts = parts.reshape(ng, GROUP, nsb, 8, 2, 2, 2, 4)  # [.., p, e, h, i]
+        hi[:full] = parts.permute(0, 1, 2, 3, 6, 4, 5, 7).reshape(full, nsb, 8, 2, 16)  # [.., h, (p, e, i)]
+        sc[:full] = grp[:, :, 3072:3328].reshape(ng, nsb, 16, GROUP).permute(0, 3, 1, 2).reshape(full, nsb, 16)
+        d[:full] = grp[:, :, 3328:3360].reshape(ng, nsb, GROUP, 2).permute(0, 2, 1, 3).reshape(full, nsb, 2)
+    if full < n:
+        t = raw[full:].view(n - full, nsb, Q6K_ROW_SB)
+        nib[full:] = t[:, :, :128].reshape(n - full, nsb, 8, 16)
+        hp = torch.stack([(t[:, :, 128:192] >> s) & 3 for s in (0, 2, 4, 6)], dim=-1)
+        hi[full:] = hp.reshape(n - full, nsb, 8, 2, 16)
+        sc[full:] = t[:, :, 192:208]
+        d[full:] = t[:, :, 208:210]
+    lo = torch.stack([nib & 15, nib >> 4], dim=3)  # [n, nsb, j, half, 16]
+    q = (lo | (hi << 4)).view(n, k).float() - 32
+    ds = d.view(torch.float16).float() * sc.view(torch.int8).float()  # [n, nsb, 16]
+    return q, ds.view(n, nsb * 16)
+
+
 def _unpack(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer weights [N, Kp] (int8: q; int4: v - 8) and fp32 scales [N, nb] of a packed matrix."""
     fmt = "int8" if packed.dtype == torch.int8 else "int4"
@@ -343,11 +437,16 @@ def _unpack(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
     """The fp32 [N, k] matrix a packed weight stands for (tests and quality reports). For q4k, Q4_K's own
-    dequantization bit for bit: (d * sc) * q - dmin * m in fp32, where only the subtraction rounds."""
+    dequantization bit for bit: (d * sc) * q - dmin * m in fp32, where only the subtraction rounds; for q6k, Q6_K's:
+    (d * sc) * (q - 32) in fp32."""
     if packed.dtype == torch.int16:
         v, ds, dm = _unpack_q4k(packed, k)
         n = v.shape[0]
         return (v.view(n, -1, 32) * ds.unsqueeze(-1) - dm.unsqueeze(-1)).view(n, k)
+    if packed.dtype == torch.int32:
+        q6, ds6 = _unpack_q6k(packed, k)
+        n = q6.shape[0]
+        return (ds6.unsqueeze(-1) * q6.view(n, -1, 16)).view(n, k)
     q, scales = _unpack(packed, k)
     n, kp = q.shape
     return (q.view(n, kp // 32, 32) * scales.view(n, -1, 1)).view(n, kp)[:, :k]

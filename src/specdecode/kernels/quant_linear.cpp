@@ -29,6 +29,20 @@
 //   acc = fma(float(I_b), (d * sc_b) * d_x, acc); acc = fma(-t_b, dmin * m_b, acc), t_b = float(S_b) * d_x with
 //   S_b the block's activation sum (once per token row and block, shared by all columns).
 //
+// q6k: GGUF Q6_K as stored (kernels/quant.py pack_q6k moves and splits its bytes), a [N, rb / 4] int32 tensor over
+//   rb = K / 256 * 212 bytes a row (6.625 bits per weight; K a multiple of 256). Q6_K's super-block of 256 weights
+//   has q in 0..63 (a 4-bit and a 2-bit part), an int8 scale sc[t] per sub-block t of 16 and fp16 d;
+//   w = (d * sc[t]) * (q - 32) (d * sc[t] exact in fp32). A group's super-block sb fills bytes
+//   [sb * 3392, sb * 3392 + 3392) of the group: per block j of 32, int4's 4 steps of 64 bytes of low nibbles
+//   (row c: lo4(q[32j + 4s + i]) | lo4(q[32j + 16 + 4s + i]) << 4; 2048 bytes), then per block j 2 vectors p of
+//   64 high-bit bytes (row c, byte 4c + i: bits 4e + 2h hold q >> 4 of input 32j + 16h + 4(2p + e) + i; 1024),
+//   then sc[t] of the 16 rows per t (256), the rows' fp16 d (32) and 32 zero bytes (53 whole 64-byte lines).
+//   A plain tail row's super-block: [128 nibble bytes, int4's plain order][64 bytes: q >> 4 of input k at byte
+//   k / 4, bits 2 (k % 4)][16 sc][fp16 d][2 zero bytes].
+//   Arithmetic, every path: per block of 32 the exact integer dots I_lo, I_hi of unsigned q with the first and
+//   second 16 activations, S_lo, S_hi their activation sums (once per token row and block), then
+//   acc = fma(float(I_lo - 32 * S_lo), (d * sc_lo) * d_x, acc); acc = fma(float(I_hi - 32 * S_hi), (d * sc_hi) * d_x, acc).
+//
 // Arithmetic (every path, bit for bit): activations per row m and block b: d_x = max|x| / 127,
 // q_x = round-half-even(x * (127 / max|x|)) (each path quantizes with its own vector width, to the
 // same bytes; a decode step quantizes ~24k activations, which a scalar loop made ~10% of an int4
@@ -63,6 +77,9 @@
 //
 // q4k runs natively on all four paths (q4k_units: vnni512 4 groups side by side in register blocks of up to 8
 // token rows; avx2 / avxvnni 4 groups side by side for 1-5 rows, else one, in register blocks of up to 4).
+// q6k likewise (q6k_units, the same walks): the high-bit vector of two steps is merged into the nibbles with
+// 16-bit shifts and masks (q as bytes 0..63, the unsigned operand); vpdpbusd chains start at -32 * S (vnni512,
+// avxvnni); avx2 sums maddubs over two steps in int16 (4 * 63 * 127 < 32768), then madd.
 //
 // Dense (fp32/bf16) weights in the same model (embeddings kept dense, a bf16 head) go to the
 // small-M kernel through its address (set_dense_linear), so one function pointer serves the
@@ -94,7 +111,7 @@
 
 namespace {
 
-enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2 };
+enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2, FMT_Q6K = 3 };
 // not an order: a CPU may have AVX-512 VNNI without AVX-VNNI (Zen 4) or the reverse (Alder Lake); see supported()
 enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_VNNI512 = 2, ISA_AVXVNNI = 3 };
 constexpr int64_t G = 16;  // weight rows (output columns) interleaved per group: one zmm lane each
@@ -104,6 +121,12 @@ constexpr int64_t QK_K = 256;
 constexpr int64_t kQ4kRowSb = 148;
 constexpr int64_t kQ4kGroupSb = G * kQ4kRowSb;  // 2368
 constexpr int64_t kQ4kSc = 2048, kQ4kMin = 2176, kQ4kD = 2304, kQ4kDmin = 2336;  // offsets in a group's super-block
+// q6k (GGUF Q6_K as stored): per row and super-block, 128 nibble bytes, 64 bytes of 2-bit high parts, 16 int8 scales,
+// fp16 d, 2 zero bytes (212: a group's super-block is 53 whole 64-byte lines); a group's super-block is
+// [nibbles 8 x 256][high bits 8 x 128][sc 16 x 16][d 16][zero 32]
+constexpr int64_t kQ6kRowSb = 212;
+constexpr int64_t kQ6kGroupSb = G * kQ6kRowSb;  // 3392
+constexpr int64_t kQ6kQh = 2048, kQ6kSc = 3072, kQ6kD = 3328;  // offsets in a group's super-block
 
 const char* isa_name(int isa) {
   switch (isa) {
@@ -143,6 +166,7 @@ inline int64_t quant_bytes(int fmt, int64_t Kp) { return fmt == FMT_Q8 ? Kp : Kp
 // a multiple of 4, so a group of G rows is a whole number of 64-byte lines
 inline int64_t row_bytes(int fmt, int64_t K) {
   if (fmt == FMT_Q4K) return K / QK_K * kQ4kRowSb;  // K % 256 == 0 (checked by the callers)
+  if (fmt == FMT_Q6K) return K / QK_K * kQ6kRowSb;
   const int64_t Kp = padded_k(K);
   return (quant_bytes(fmt, Kp) + 2 * (Kp / 32) + 3) & ~int64_t(3);
 }
@@ -199,6 +223,41 @@ struct Layout {
     ds = half_to_float(d) * static_cast<float>(sc);
     dm = half_to_float(dmin) * static_cast<float>(mn);
   }
+  // q6k: the 6-bit q (0..63) of weight (n, k); the weight is (d * sc[k / 16]) * (q - 32) (q6k_ds)
+  int q6k_q(const uint8_t* w, int64_t n, int64_t k) const {
+    const int64_t b = k / 32, j = k % 32, sb = b / 8, s = (j % 16) / 4, hh = j / 16;
+    uint8_t byte, hb;
+    int shift;
+    if (n < ng * G) {
+      const uint8_t* base = group(w, n / G) + sb * kQ6kGroupSb;
+      const int64_t c = n % G;
+      byte = base[(b % 8) * 256 + s * 64 + c * 4 + j % 4];
+      hb = base[kQ6kQh + (b % 8) * 128 + (s / 2) * 64 + c * 4 + j % 4];
+      shift = int(4 * (s % 2) + 2 * hh);
+    } else {
+      const uint8_t* base = w + n * rb + sb * kQ6kRowSb;
+      byte = base[(b % 8) * 16 + j % 16];
+      hb = base[128 + (k % QK_K) / 4];
+      shift = int(2 * (k % 4));
+    }
+    return (hh ? (byte >> 4) : (byte & 0xf)) | (((hb >> shift) & 3) << 4);
+  }
+  // q6k: the exact fp32 d * sc[t] of row n's 16-weight sub-block t (11-bit by 8-bit)
+  float q6k_ds(const uint8_t* w, int64_t n, int64_t t) const {
+    const int64_t sb = t / 16, j = t % 16;
+    uint16_t d;
+    int8_t sc;
+    if (n < ng * G) {
+      const uint8_t* base = group(w, n / G) + sb * kQ6kGroupSb;
+      sc = static_cast<int8_t>(base[kQ6kSc + j * G + n % G]);
+      std::memcpy(&d, base + kQ6kD + 2 * (n % G), 2);
+    } else {
+      const uint8_t* base = w + n * rb + sb * kQ6kRowSb;
+      sc = static_cast<int8_t>(base[192 + j]);
+      std::memcpy(&d, base + 208, 2);
+    }
+    return half_to_float(d) * static_cast<float>(sc);
+  }
   uint16_t scale(const uint8_t* w, int64_t n, int64_t b) const {
     uint16_t h;
     if (n < ng * G)
@@ -218,6 +277,7 @@ struct QX {
   std::vector<float> d;
   std::vector<int32_t> corr;
   std::vector<float> t;
+  std::vector<int32_t> hc;  // q6k: per row and block, -32 * S_lo, -32 * S_hi (the half blocks' activation sums)
 };
 
 // One row's blocks: q_x = round-half-even(x / d_x) with d_x = max|x| / 127, written as x * (127 / max|x|)
@@ -324,7 +384,7 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
   out.d.resize(M * out.nb);
   out.corr.resize(M * out.nb);
   // corr = -off * block sum: int8 -128 * sum, int4 -8 * sum, q4k +sum (S_b, the min term's multiplier)
-  const int32_t off = fmt == FMT_Q8 ? 128 : fmt == FMT_Q4 ? 8 : -1;
+  const int32_t off = fmt == FMT_Q8 ? 128 : fmt == FMT_Q4 ? 8 : fmt == FMT_Q4K ? -1 : 0;
   for (int64_t m = 0; m < M; ++m) {
     int8_t* q = out.q.data() + m * out.Kp;
     float* d = out.d.data() + m * out.nb;
@@ -344,6 +404,19 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
   if (fmt == FMT_Q4K) {
     out.t.resize(M * out.nb);
     for (int64_t i = 0; i < M * out.nb; ++i) out.t[i] = static_cast<float>(out.corr[i]) * out.d[i];
+  }
+  if (fmt == FMT_Q6K) {
+    out.hc.resize(M * out.nb * 2);
+    for (int64_t i = 0; i < M * out.nb; ++i) {
+      const int8_t* q = out.q.data() + i * 32;
+      int32_t lo = 0, hi = 0;
+      for (int k = 0; k < 16; ++k) {
+        lo += q[k];
+        hi += q[16 + k];
+      }
+      out.hc[2 * i] = -32 * lo;
+      out.hc[2 * i + 1] = -32 * hi;
+    }
   }
 }
 
@@ -1402,6 +1475,362 @@ void q4k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bia
   }
 }
 
+// ------------------------------------------------------------------ q6k (GGUF Q6_K, as stored)
+// Per (token row m, weight row n), every path, bit for bit: per block b of 32 inputs (two 16-weight sub-blocks
+// 2b, 2b + 1 of Q6_K with scales sc_lo, sc_hi), I_lo / I_hi the exact integer dots of the unsigned q (0..63)
+// with the int8 activations over the block's first / second 16 inputs, S_lo / S_hi their activation sums
+// (qx.hc holds -32 * S), ds = d * sc (exact in fp32):
+//   acc = 0; for b: acc = fma(float(I_lo - 32 * S_lo), ds_lo * d_x, acc);
+//                   acc = fma(float(I_hi - 32 * S_hi), ds_hi * d_x, acc);   y = acc + bias
+
+void cols_scalar_q6k(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t n0,
+                     int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t m = 0; m < qx.M; ++m) {
+      const int8_t* xq = qx.q.data() + m * qx.Kp;
+      float acc = 0.f;
+      for (int64_t b = 0; b < qx.nb; ++b) {
+        const float dx = qx.d[m * qx.nb + b];
+        for (int64_t h = 0; h < 2; ++h) {
+          int32_t isum = qx.hc[(m * qx.nb + b) * 2 + h];
+          for (int64_t k = b * 32 + 16 * h; k < b * 32 + 16 * h + 16; ++k) isum += L.q6k_q(w, n, k) * int32_t(xq[k]);
+          acc = std::fmaf(static_cast<float>(isum), L.q6k_ds(w, n, 2 * b + h) * dx, acc);
+        }
+      }
+      y[m * L.N + n] = acc + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+// one full group, all token rows (scalar; the layout walk of the SIMD paths)
+void group_scalar_q6k(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g) {
+  const uint8_t* grp = L.group(w, g);
+  for (int64_t m = 0; m < qx.M; ++m) {
+    const int8_t* xq = qx.q.data() + m * qx.Kp;
+    float acc[G] = {};
+    for (int64_t b = 0; b < qx.nb; ++b) {
+      const uint8_t* base = grp + (b / 8) * kQ6kGroupSb;
+      const uint8_t* wb = base + (b % 8) * 256;
+      const uint8_t* hb = base + kQ6kQh + (b % 8) * 128;
+      const int8_t* xb = xq + b * 32;
+      int32_t isum[2][G];
+      for (int c = 0; c < G; ++c) {
+        isum[0][c] = qx.hc[(m * qx.nb + b) * 2];
+        isum[1][c] = qx.hc[(m * qx.nb + b) * 2 + 1];
+      }
+      for (int s = 0; s < 4; ++s)
+        for (int c = 0; c < G; ++c)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = wb[s * 64 + c * 4 + i], h = hb[(s / 2) * 64 + c * 4 + i];
+            const int sh = 4 * (s % 2);
+            isum[0][c] += int32_t((byte & 0xf) | (((h >> sh) & 3) << 4)) * xb[4 * s + i];
+            isum[1][c] += int32_t((byte >> 4) | (((h >> (sh + 2)) & 3) << 4)) * xb[16 + 4 * s + i];
+          }
+      const float dx = qx.d[m * qx.nb + b];
+      for (int c = 0; c < G; ++c) {
+        uint16_t d;
+        std::memcpy(&d, base + kQ6kD + 2 * c, 2);
+        const float df = half_to_float(d);
+        for (int h = 0; h < 2; ++h) {
+          const float ds = df * static_cast<float>(static_cast<int8_t>(base[kQ6kSc + (2 * (b % 8) + h) * G + c]));
+          acc[c] = std::fmaf(static_cast<float>(isum[h][c]), ds * dx, acc[c]);
+        }
+      }
+    }
+    for (int c = 0; c < G; ++c) {
+      const int64_t n = g * G + c;
+      y[m * L.N + n] = acc[c] + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+#if QL_X86
+// The lines of a group's super-block past its nibbles (high bits, scales, d: 1344 bytes), kStreamPrefetch ahead
+__attribute__((always_inline)) inline void prefetch_q6k_tail(const uint8_t* base) {
+  for (int64_t o = kQ6kQh; o < kQ6kGroupSb; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(base + o + kStreamPrefetch), _MM_HINT_T1);
+}
+
+// AVX-512 VNNI: NS groups side by side, one zmm lane per weight row, MB token rows per weight vector. A step s's
+// 64 nibble bytes and its high-bit vector give q of the block's first 16 inputs (low nibbles) and second 16
+// (high nibbles) as bytes 0..63; vpdpbusd chains start at -32 * S_lo / -32 * S_hi.
+template <int MB, int NS>
+__attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                int64_t g0, float* out) {
+  const int64_t nb = qx.nb, xstride = qx.Kp / 4;
+  const __m512i low4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+  const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
+  __m512 acc[NS][MB];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb / 8; ++sb) {
+    const uint8_t* base[NS];
+    alignas(64) float dd[NS][G];
+    for (int i = 0; i < NS; ++i) {
+      base[i] = L.group(w, g0 + i) + sb * kQ6kGroupSb;
+      prefetch_q6k_tail(base[i]);
+      _mm512_store_ps(dd[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ6kD))));
+    }
+    for (int64_t jb = 0; jb < 8; ++jb) {
+      const int64_t b = sb * 8 + jb;
+      for (int i = 0; i < NS; ++i) {
+        const uint8_t* wb = base[i] + jb * 256;
+        const uint8_t* hb = base[i] + kQ6kQh + jb * 128;
+        __m512i lo[4], hi[4];
+        for (int p = 0; p < 2; ++p) {
+          const __m512i qh = _mm512_loadu_si512(hb + p * 64);
+          for (int e = 0; e < 2; ++e) {
+            const int s = 2 * p + e;
+            _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+            const __m512i raw = _mm512_loadu_si512(wb + s * 64);
+            const __m512i hl = e == 0 ? _mm512_slli_epi16(qh, 4) : qh;
+            const __m512i hh = e == 0 ? _mm512_slli_epi16(qh, 2) : _mm512_srli_epi16(qh, 2);
+            lo[s] = _mm512_or_si512(_mm512_and_si512(raw, low4), _mm512_and_si512(hl, m30));
+            hi[s] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), _mm512_and_si512(hh, m30));
+          }
+        }
+        const __m512 d = _mm512_load_ps(dd[i]);
+        const __m512 ds0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[i] + kQ6kSc + 2 * jb * G)))));
+        const __m512 ds1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[i] + kQ6kSc + (2 * jb + 1) * G)))));
+        for (int j = 0; j < MB; ++j) {
+          const int32_t* xb = xq32 + j * xstride + b * 8;
+          const int32_t* hc = qx.hc.data() + ((m0 + j) * nb + b) * 2;
+          __m512i a = _mm512_set1_epi32(hc[0]), a2 = _mm512_set1_epi32(hc[1]);
+          for (int s = 0; s < 4; ++s) {
+            a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
+            a2 = _mm512_dpbusd_epi32(a2, hi[s], _mm512_set1_epi32(xb[4 + s]));
+          }
+          const __m512 dx = _mm512_set1_ps(qx.d[(m0 + j) * nb + b]);
+          const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(ds0, dx), acc[i][j]);
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a2), _mm512_mul_ps(ds1, dx), t);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+}
+
+template <int NS>
+void q6k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const uint8_t* w, int64_t g0, float* out) {
+  switch (mb) {
+    case 1: q6k_vnni_mb<1, NS>(L, qx, m0, w, g0, out); break;
+    case 2: q6k_vnni_mb<2, NS>(L, qx, m0, w, g0, out); break;
+    case 3: q6k_vnni_mb<3, NS>(L, qx, m0, w, g0, out); break;
+    case 4: q6k_vnni_mb<4, NS>(L, qx, m0, w, g0, out); break;
+    case 5: q6k_vnni_mb<5, NS>(L, qx, m0, w, g0, out); break;
+    case 6: q6k_vnni_mb<6, NS>(L, qx, m0, w, g0, out); break;
+    case 7: q6k_vnni_mb<7, NS>(L, qx, m0, w, g0, out); break;
+    default: q6k_vnni_mb<8, NS>(L, qx, m0, w, g0, out); break;
+  }
+}
+
+void q6k_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
+                     int ns) {
+  alignas(64) float out[kStreams * 8 * G];
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
+    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+    if (ns == kStreams)
+      q6k_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
+    else
+      q6k_vnni_rows<1>(L, qx, m0, mb, w, g0, out);
+    write_groups(L, out, 8, ns, m0, mb, g0, bias, y);
+  }
+}
+
+// AVX2 / AVX-VNNI: NS groups side by side, one half group (8 rows) a ymm, MB token rows. AVX-VNNI: 256-bit
+// vpdpbusd per step; AVX2 (the same walk, compiled without VNNI): maddubs(q, x) summed in int16 over two steps
+// (2 * 2 * 63 * 127 < 32768), madd to int32 added to the chain.
+template <int MB, int NS>
+__attribute__((target("avx2,fma,f16c"))) void q6k_rows_avx2(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                     int64_t g0, float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+  __m256 acc[NS][MB][2];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t sb = b >> 3, jb = b & 7;
+    for (int i = 0; i < NS; ++i) {
+      const uint8_t* base = L.group(w, g0 + i) + sb * kQ6kGroupSb;
+      const uint8_t* wb = base + jb * 256;
+      const uint8_t* hb = base + kQ6kQh + jb * 128;
+      if (jb == 0) prefetch_q6k_tail(base);
+      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+      for (int h = 0; h < 2; ++h) {
+        __m256i a[MB], a2[MB], p[MB], p2[MB];
+        for (int j = 0; j < MB; ++j) {
+          const int32_t* hc = qx.hc.data() + ((m0 + j) * nb + b) * 2;
+          a[j] = _mm256_set1_epi32(hc[0]);
+          a2[j] = _mm256_set1_epi32(hc[1]);
+          p[j] = p2[j] = _mm256_setzero_si256();
+        }
+        for (int s = 0; s < 4; ++s) {
+          const int e = s & 1;
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hb + (s >> 1) * 64 + 32 * h));
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32 * h));
+          const __m256i hl = e == 0 ? _mm256_slli_epi16(qh, 4) : qh;
+          const __m256i hh = e == 0 ? _mm256_slli_epi16(qh, 2) : _mm256_srli_epi16(qh, 2);
+          const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, low4), _mm256_and_si256(hl, m30));
+          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), _mm256_and_si256(hh, m30));
+          for (int j = 0; j < MB; ++j) {
+            const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            p[j] = _mm256_add_epi16(p[j], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+            p2[j] = _mm256_add_epi16(p2[j], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+            if (e == 1) {
+              a[j] = _mm256_add_epi32(a[j], _mm256_madd_epi16(p[j], ones));
+              a2[j] = _mm256_add_epi32(a2[j], _mm256_madd_epi16(p2[j], ones));
+              p[j] = p2[j] = _mm256_setzero_si256();
+            }
+          }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kQ6kD + 16 * h)));
+        const auto widen = [](const uint8_t* q) __attribute__((target("avx2"))) {
+          return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+        };
+        const __m256 ds0 = _mm256_mul_ps(d, widen(base + kQ6kSc + 2 * jb * G + 8 * h));
+        const __m256 ds1 = _mm256_mul_ps(d, widen(base + kQ6kSc + (2 * jb + 1) * G + 8 * h));
+        for (int j = 0; j < MB; ++j) {
+          const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]);
+          const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[j]), _mm256_mul_ps(ds0, dx), acc[i][j][h]);
+          acc[i][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a2[j]), _mm256_mul_ps(ds1, dx), t);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm256_storeu_ps(out + (i * 4 + j) * G, acc[i][j][0]);
+      _mm256_storeu_ps(out + (i * 4 + j) * G + 8, acc[i][j][1]);
+    }
+}
+
+template <int MB, int NS>
+__attribute__((target(QL_VNNI256))) void q6k_rows_vnni256(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                     int64_t g0, float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[NS][MB][2];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t sb = b >> 3, jb = b & 7;
+    for (int i = 0; i < NS; ++i) {
+      const uint8_t* base = L.group(w, g0 + i) + sb * kQ6kGroupSb;
+      const uint8_t* wb = base + jb * 256;
+      const uint8_t* hb = base + kQ6kQh + jb * 128;
+      if (jb == 0) prefetch_q6k_tail(base);
+      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+      for (int h = 0; h < 2; ++h) {
+        __m256i a[MB], a2[MB];
+        for (int j = 0; j < MB; ++j) {
+          const int32_t* hc = qx.hc.data() + ((m0 + j) * nb + b) * 2;
+          a[j] = _mm256_set1_epi32(hc[0]);
+          a2[j] = _mm256_set1_epi32(hc[1]);
+        }
+        for (int s = 0; s < 4; ++s) {
+          const int e = s & 1;
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hb + (s >> 1) * 64 + 32 * h));
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32 * h));
+          const __m256i hl = e == 0 ? _mm256_slli_epi16(qh, 4) : qh;
+          const __m256i hh = e == 0 ? _mm256_slli_epi16(qh, 2) : _mm256_srli_epi16(qh, 2);
+          const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, low4), _mm256_and_si256(hl, m30));
+          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), _mm256_and_si256(hh, m30));
+          for (int j = 0; j < MB; ++j) {
+            const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            a[j] = _mm256_dpbusd_avx_epi32(a[j], lo, _mm256_set1_epi32(xl));
+            a2[j] = _mm256_dpbusd_avx_epi32(a2[j], hi, _mm256_set1_epi32(xh));
+          }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kQ6kD + 16 * h)));
+        const auto widen = [](const uint8_t* q) __attribute__((target("avx2"))) {
+          return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+        };
+        const __m256 ds0 = _mm256_mul_ps(d, widen(base + kQ6kSc + 2 * jb * G + 8 * h));
+        const __m256 ds1 = _mm256_mul_ps(d, widen(base + kQ6kSc + (2 * jb + 1) * G + 8 * h));
+        for (int j = 0; j < MB; ++j) {
+          const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]);
+          const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[j]), _mm256_mul_ps(ds0, dx), acc[i][j][h]);
+          acc[i][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a2[j]), _mm256_mul_ps(ds1, dx), t);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm256_storeu_ps(out + (i * 4 + j) * G, acc[i][j][0]);
+      _mm256_storeu_ps(out + (i * 4 + j) * G + 8, acc[i][j][1]);
+    }
+}
+
+// ns (kStreamsAvx2 or 1) full groups from g0, all token rows in register blocks of up to 4
+template <bool VNNI>
+void q6k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
+                    int ns) {
+  alignas(32) float out[kStreamsAvx2 * 4 * G];
+#define QL_Q6K_CALL(MB, NS) \
+  (VNNI ? q6k_rows_vnni256<MB, NS>(L, qx, m0, w, g0, out) : q6k_rows_avx2<MB, NS>(L, qx, m0, w, g0, out))
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+    if (ns == kStreamsAvx2) {
+      switch (mb) {
+        case 1: QL_Q6K_CALL(1, kStreamsAvx2); break;
+        case 2: QL_Q6K_CALL(2, kStreamsAvx2); break;
+        case 3: QL_Q6K_CALL(3, kStreamsAvx2); break;
+        default: QL_Q6K_CALL(4, kStreamsAvx2); break;
+      }
+    } else {
+      switch (mb) {
+        case 1: QL_Q6K_CALL(1, 1); break;
+        case 2: QL_Q6K_CALL(2, 1); break;
+        case 3: QL_Q6K_CALL(3, 1); break;
+        default: QL_Q6K_CALL(4, 1); break;
+      }
+    }
+    write_groups(L, out, 4, ns, m0, mb, g0, bias, y);
+  }
+#undef QL_Q6K_CALL
+}
+#endif  // QL_X86
+
+// q6k's column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
+void q6k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
+               int isa) {
+  for (int64_t u = u0; u < u1; ++u) {
+    if (u == L.ng) {
+      cols_scalar_q6k(L, qx, w, bias, y, L.ng * G, L.N);
+      continue;
+    }
+#if QL_X86
+    if (isa == ISA_VNNI512) {
+      const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+      q6k_groups_vnni(L, qx, w, bias, y, u, ns);
+      u += ns - 1;
+      continue;
+    }
+    if (isa == ISA_AVX2 || isa == ISA_AVXVNNI) {
+      const bool streams = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
+      const int ns = streams ? kStreamsAvx2 : 1;
+      if (isa == ISA_AVXVNNI)
+        q6k_groups_256<true>(L, qx, w, bias, y, u, ns);
+      else
+        q6k_groups_256<false>(L, qx, w, bias, y, u, ns);
+      u += ns - 1;
+      continue;
+    }
+#endif
+    group_scalar_q6k(L, qx, w, bias, y, u);
+  }
+}
+
 // ------------------------------------------------------------------ runtime choice
 struct Cpu {
   bool avx2 = false, vnni512 = false, avxvnni = false;
@@ -1476,16 +1905,20 @@ int format_of(const at::Tensor& w) {
   if (w.scalar_type() == at::kChar) return FMT_Q8;
   if (w.scalar_type() == at::kByte) return FMT_Q4;
   if (w.scalar_type() == at::kShort) return FMT_Q4K;
+  if (w.scalar_type() == at::kInt) return FMT_Q6K;
   return -1;
 }
 
-const char* fmt_name(int fmt) { return fmt == FMT_Q8 ? "int8" : fmt == FMT_Q4 ? "int4" : "q4k"; }
+const char* fmt_name(int fmt) {
+  return fmt == FMT_Q8 ? "int8" : fmt == FMT_Q4 ? "int4" : fmt == FMT_Q4K ? "q4k" : "q6k";
+}
 
 // the packed weight's checks against K; its bytes per row
 int64_t check_packed(const char* who, const at::Tensor& w, int fmt, int64_t K) {
   TORCH_CHECK(fmt >= 0 && w.dim() == 2 && w.is_contiguous(), who,
-              ": weight must be a contiguous packed int8 (Q8), uint8 (Q4) or int16 (q4k) [N, row bytes] tensor");
+              ": weight must be a contiguous packed int8 (Q8), uint8 (Q4), int16 (q4k) or int32 (q6k) [N, row bytes] tensor");
   TORCH_CHECK(fmt != FMT_Q4K || K % QK_K == 0, who, ": a q4k (GGUF Q4_K) weight needs K a multiple of 256, got K=", K);
+  TORCH_CHECK(fmt != FMT_Q6K || K % QK_K == 0, who, ": a q6k (GGUF Q6_K) weight needs K a multiple of 256, got K=", K);
   const int64_t rb = row_bytes(fmt, K);
   TORCH_CHECK(w.size(1) * w.element_size() == rb, who, ": a packed ", fmt_name(fmt), " weight for K=", K, " has ", rb,
               " bytes per row, got ", w.size(1) * w.element_size());
@@ -1531,6 +1964,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, G * qx.Kp * M));
   if (fmt == FMT_Q4K) {
     at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q4k_units(L, qx, wp, bp, yp, u0, u1, isa); });
+    return y;
+  }
+  if (fmt == FMT_Q6K) {
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q6k_units(L, qx, wp, bp, yp, u0, u1, isa); });
     return y;
   }
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
@@ -1637,6 +2074,13 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
         yp[m * N + n] = acc;
         continue;
       }
+      if (fmt == FMT_Q6K) {  // the dequantized weight (d * sc) * (q - 32) (exact in fp64)
+        for (int64_t k = 0; k < qx.Kp; ++k)
+          acc += double(L.q6k_ds(wp, n, k / 16)) * (L.q6k_q(wp, n, k) - 32) * double(qx.d[m * qx.nb + k / 32]) *
+                 qx.q[m * qx.Kp + k];
+        yp[m * N + n] = acc;
+        continue;
+      }
       for (int64_t k = 0; k < qx.Kp; ++k)
         acc += double(half_to_float(L.scale(wp, n, k / 32))) * L.wq(wp, n, k) * double(qx.d[m * qx.nb + k / 32]) *
                qx.q[m * qx.Kp + k];
@@ -1648,7 +2092,7 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 blocks, Q4_K super-blocks, int8 activations; VNNI-512 / AVX-VNNI / AVX2 / scalar)";
+  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 blocks, Q4_K / Q6_K super-blocks, int8 activations; VNNI-512 / AVX-VNNI / AVX2 / scalar)";
   m.def("linear", &linear, "F.linear drop-in: packed int8/int4 weights -> the kernel, dense -> the small-M kernel",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("bf16_dot") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
@@ -1663,6 +2107,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(K % QK_K == 0, "q4k_row_bytes: K must be a multiple of 256, got ", K);
     return row_bytes(FMT_Q4K, K);
   }, "bytes per packed q4k row for K inputs (a multiple of 256)", pybind11::arg("k"));
+  m.def("q6k_row_bytes", [](int64_t K) {
+    TORCH_CHECK(K % QK_K == 0, "q6k_row_bytes: K must be a multiple of 256, got ", K);
+    return row_bytes(FMT_Q6K, K);
+  }, "bytes per packed q6k row for K inputs (a multiple of 256)", pybind11::arg("k"));
   m.def("has_avx2", []() { return kCpu.avx2; }, "whether this CPU has AVX2/FMA/F16C");
   m.def("has_vnni512", []() { return kCpu.vnni512; }, "whether this CPU has AVX-512 VNNI (vpdpbusd)");
   m.def("has_avxvnni", []() { return kCpu.avxvnni; }, "whether this CPU has AVX-VNNI (256-bit vpdpbusd, VEX)");
