@@ -241,3 +241,32 @@ def test_loading_grows_memory_by_about_what_is_held(tmp: Path) -> None:
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["n"] > 20e6
     assert r["grew_mib"] < r["held_mib"] + 80, r
+
+
+def test_q6_k_matrices_and_a_tied_q6_k_table_are_kept_as_stored(tmp: Path) -> None:
+    """llama.cpp writes Q4_K_M's output matrix (a tied table) and half its down projections as Q6_K: both run as
+    our q6k, exactly the file's values, and the tied table is one tensor for lookups and the output product."""
+    from specdecode import PromptLookupDrafter, build_drafter, DrafterOptions
+    from specdecode.bench.ladder import Shape, write_f16
+    from specdecode.kernels.quant import packed_format
+
+    _, tok = tiny_gguf(tmp, "F16")
+    f16 = tmp / "k6-F16.gguf"
+    write_f16(Shape("test", 256, 2, 4, 2, 512, True), tok, f16)
+    path = tmp / "k6-Q6_K.gguf"
+    rng = np.random.default_rng(6)
+    _requantize(f16, path, "Q6_K", lambda name, arr: (
+        _random_blocks("Q6_K", arr.shape[0], arr.shape[1], rng)
+        if arr.ndim == 2 and ("ffn_down" in name or "token_embd" in name) else None))
+    model = load_model(path)
+    assert packed_format(model.module.layers[0].w2) == "q6k"
+    table = model.module.tables["embed"]
+    assert table.kind == "q6k" and _same(table.data, model.quant.head)
+    ckpt, tensors = gguf_mod.read_gguf(path)
+    dense = gguf_mod.load_tensors(ckpt, tensors, None)[0]
+    assert torch.equal(dequantize(model.module.layers[0].w2, 512), dense["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(model.embedding_matrix(), dense["model.embed_tokens.weight"])
+    ids = [5, 9, 13, 2, 5, 9, 13]
+    plain = generate(model, ids, max_new_tokens=24, ignore_eos=True).token_ids
+    for drafter in (PromptLookupDrafter(), build_drafter("quant", DrafterOptions(gamma=3))):
+        assert generate(model, ids, drafter=drafter, max_new_tokens=24, ignore_eos=True).token_ids == plain

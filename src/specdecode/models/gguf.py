@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..kernels.quant import QUANT_FORMATS, pack_blocks, pack_gguf, pack_q4k, quantize
+from ..kernels.quant import QUANT_FORMATS, pack_blocks, pack_gguf, pack_q4k, pack_q6k, quantize
 from .config import ModelConfig, UnsupportedModelError
 from .llama import LlamaModel
 from .loading import PackedWeights
@@ -40,7 +40,9 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalL
 # llama.cpp permutes q/k rows for these (its LlamaModel converter); qwen2 keeps transformers' layout
 _PERMUTED = {"llama", "mistral"}
 DENSE_TYPES = ("F32", "F16", "BF16")
-STORED_AS = {"Q8_0": "int8", "Q4_0": "int4"}  # block types our kernel reads as stored
+STORED_AS = {"Q8_0": "int8", "Q4_0": "int4"}  # block types our int8/int4 kernels read as stored
+# block types with a kernel format of their own, used as stored under any quantized ``weight_dtype``
+OWN_FORMAT = {"Q4_K": "q4k", "Q6_K": "q6k"}
 
 _LAYER = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -409,6 +411,7 @@ def llama_fused_names(n_layers: int) -> dict[str, list[str]]:
     return out
 
 
+_OWN_PACKERS = {"Q4_K": pack_q4k, "Q6_K": pack_q6k}
 _CHUNK_ROWS = 1024  # rows decoded at a time when a matrix is rounded: a multiple of the packed layout's 16-row groups
 
 
@@ -456,17 +459,18 @@ def _stacked(parts: list[_Source], a: int, b: int, read: Callable[[_Source, int,
 
 def _pack(parts: list[_Source], fmt: str) -> torch.Tensor:
     """The matrix stacking ``parts`` packed as ``fmt``: as stored when every part is in ``fmt``'s blocks (no
-    rounding), or Q4_K (our q4k, which the kernel computes as stored), else decoded and rounded once. Either
-    way a chunk of rows at a time, into the result: the packed layout is local to groups of 16 rows, so chunks
-    concatenate, and no copy of the whole matrix other than the result is ever made."""
+    rounding), or Q4_K / Q6_K (our q4k / q6k, which the kernel computes as stored), else decoded and rounded
+    once. Either way a chunk of rows at a time, into the result: the packed layout is local to groups of 16
+    rows, so chunks concatenate, and no copy of the whole matrix other than the result is ever made."""
     n = sum(p.rows for p in parts)
     out: Optional[torch.Tensor] = None
     as_stored = all(STORED_AS.get(p.kind) == fmt for p in parts)
-    q4k = all(p.kind == "Q4_K" for p in parts)  # kept as stored whatever ``fmt``: 4.6 bits, no rounding
+    kinds = {p.kind for p in parts}
+    own = _OWN_PACKERS.get(next(iter(kinds))) if len(kinds) == 1 else None  # as stored whatever ``fmt``
     for a in range(0, n, _CHUNK_ROWS):
         b = min(n, a + _CHUNK_ROWS)
-        if q4k:
-            chunk = pack_q4k(_stacked(parts, a, b, _Source.raw))
+        if own is not None:
+            chunk = own(_stacked(parts, a, b, _Source.raw))
         elif as_stored:
             chunk = pack_gguf(_stacked(parts, a, b, _Source.raw), fmt)
         else:
@@ -555,12 +559,13 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
         for s in srcs:
             s.t.release()
     head_src, emb = sources[head_name], sources[embed_name]
-    # a head in another block type (llama.cpp's Q6_K output matrix) is rounded to int8 whatever ``fmt``: the
-    # logits are the most sensitive product, and 8 bits keep a 6-bit source's values to ~0.4% of its step
-    head_fmt = STORED_AS.get(head_src.kind, "int8")
-    head = _pack([head_src], head_fmt)
+    # the head as stored where a kernel reads its type (whatever ``fmt``), else rounded to int8: the logits are
+    # the most sensitive product, and 8 bits keep a 5-6-bit source's values to ~0.4% of its step
+    stored = STORED_AS.get(head_src.kind) or OWN_FORMAT.get(head_src.kind)
+    head = _pack([head_src], stored or "int8")
+    head_fmt = stored or "int8"
     tables: dict[str, StoredRows] = {}
-    if cfg.tie_embeddings and head_src.kind in STORED_AS:  # one copy, packed as stored, serves both
+    if cfg.tie_embeddings and stored is not None:  # one copy, packed as stored, serves both
         tables["embed"] = StoredRows(head_fmt, head, cfg.dim)
     else:
         tables["embed"] = StoredRows(emb.kind, emb.raw(0, emb.rows), cfg.dim)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..kernels.quant import QUANT_FORMATS, dequantize_rows
+from ..kernels.quant import dequantize_rows
+
+PACKED_KINDS = ("int8", "int4", "q4k", "q6k")  # our kernel formats (``kernels/quant.py``)
 
 # rows decoded per chunk by ``dense``: bounds the transient fp32 copy when a drafter asks for the whole table
 _CHUNK = 4096
@@ -25,7 +27,7 @@ _CHUNK = 4096
 class StoredRows:
     """A [rows, dim] table as stored in ``data`` ([rows, row bytes] uint8/int8).
 
-    ``kind``: "int8"/"int4" (our packed layout, ``kernels/quant.py``) or a GGUF type name ("Q8_0",
+    ``kind``: "int8", "int4", "q4k" or "q6k" (our packed layouts, ``kernels/quant.py``) or a GGUF type name ("Q8_0",
     "Q4_K", "F16", ...: the file's own bytes, one row per table row)."""
 
     kind: str
@@ -39,7 +41,7 @@ class StoredRows:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 rows for ``ids`` (any shape): [*ids.shape, dim]."""
         flat = ids.reshape(-1).to(torch.long).cpu()
-        if self.kind in QUANT_FORMATS:
+        if self.kind in PACKED_KINDS:
             out = dequantize_rows(self.data, flat, self.dim)
         else:
             out = decode_rows(self.data.index_select(0, flat), self.kind, self.dim)
