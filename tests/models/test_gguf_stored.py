@@ -168,18 +168,9 @@ def test_a_tied_q8_0_table_is_one_tensor_for_lookup_and_output(tmp: Path) -> Non
 def test_q4_k_matrices_are_kept_as_stored_and_drafting_on_them_is_exact(tmp: Path) -> None:
     """Q4_K (no quantizer in the gguf package: random blocks with sane scales) loads as our q4k, whose values
     are exactly the file's; the matrices of other types beside them are rounded to the int8 default."""
-    from specdecode import PromptLookupDrafter, build_drafter, DrafterOptions
-    from specdecode.bench.ladder import Shape, write_f16
     from specdecode.kernels.quant import packed_format
 
-    _, tok = tiny_gguf(tmp, "F16")
-    f16 = tmp / "k-F16.gguf"
-    write_f16(Shape("test", 256, 2, 4, 2, 512, True), tok, f16)
-    path = tmp / "k-Q4_K.gguf"
-    rng = np.random.default_rng(4)
-    _requantize(f16, path, "Q4_K", lambda name, arr: (
-        _random_blocks("Q4_K", arr.shape[0], arr.shape[1], rng)
-        if arr.ndim == 2 and ("ffn" in name or "attn_q" in name) else None))
+    path = _k_quant_file(tmp, "Q4_K", ("ffn", "attn_q"))
     model = load_model(path)
     layer = model.module.layers[0]
     assert packed_format(layer.w13) == "q4k" and packed_format(layer.w2) == "q4k"
@@ -188,10 +179,7 @@ def test_q4_k_matrices_are_kept_as_stored_and_drafting_on_them_is_exact(tmp: Pat
     dense = gguf_mod.load_tensors(ckpt, tensors, None)[0]
     want = torch.cat([dense["model.layers.0.mlp.gate_proj.weight"], dense["model.layers.0.mlp.up_proj.weight"]])
     assert torch.equal(dequantize(layer.w13, 256), want)
-    ids = [5, 9, 13, 2, 5, 9, 13]
-    plain = generate(model, ids, max_new_tokens=24, ignore_eos=True).token_ids
-    for drafter in (PromptLookupDrafter(), build_drafter("quant", DrafterOptions(gamma=3))):
-        assert generate(model, ids, drafter=drafter, max_new_tokens=24, ignore_eos=True).token_ids == plain
+    _drafting_is_exact(model)
 
 
 def _requantize(src: Path, dst: Path, kind: str,
@@ -246,18 +234,9 @@ def test_loading_grows_memory_by_about_what_is_held(tmp: Path) -> None:
 def test_q6_k_matrices_and_a_tied_q6_k_table_are_kept_as_stored(tmp: Path) -> None:
     """llama.cpp writes Q4_K_M's output matrix (a tied table) and half its down projections as Q6_K: both run as
     our q6k, exactly the file's values, and the tied table is one tensor for lookups and the output product."""
-    from specdecode import PromptLookupDrafter, build_drafter, DrafterOptions
-    from specdecode.bench.ladder import Shape, write_f16
     from specdecode.kernels.quant import packed_format
 
-    _, tok = tiny_gguf(tmp, "F16")
-    f16 = tmp / "k6-F16.gguf"
-    write_f16(Shape("test", 256, 2, 4, 2, 512, True), tok, f16)
-    path = tmp / "k6-Q6_K.gguf"
-    rng = np.random.default_rng(6)
-    _requantize(f16, path, "Q6_K", lambda name, arr: (
-        _random_blocks("Q6_K", arr.shape[0], arr.shape[1], rng)
-        if arr.ndim == 2 and ("ffn_down" in name or "token_embd" in name) else None))
+    path = _k_quant_file(tmp, "Q6_K", ("ffn_down", "token_embd"))
     model = load_model(path)
     assert packed_format(model.module.layers[0].w2) == "q6k"
     table = model.module.tables["embed"]
@@ -266,6 +245,29 @@ def test_q6_k_matrices_and_a_tied_q6_k_table_are_kept_as_stored(tmp: Path) -> No
     dense = gguf_mod.load_tensors(ckpt, tensors, None)[0]
     assert torch.equal(dequantize(model.module.layers[0].w2, 512), dense["model.layers.0.mlp.down_proj.weight"])
     assert torch.equal(model.embedding_matrix(), dense["model.embed_tokens.weight"])
+    _drafting_is_exact(model)
+
+
+def _k_quant_file(tmp: Path, kind: str, names: tuple[str, ...]) -> Path:
+    """A tied 256-wide GGUF whose tensors with one of ``names`` in their name are random ``kind`` blocks (the gguf
+    package has no K-quant quantizer), the other matrices Q8_0."""
+    from specdecode.bench.ladder import Shape, write_f16
+
+    _, tok = tiny_gguf(tmp, "F16")
+    f16 = tmp / "k-F16.gguf"
+    if not f16.exists():
+        write_f16(Shape("test", 256, 2, 4, 2, 512, True), tok, f16)
+    path = tmp / f"k-{kind}.gguf"
+    rng = np.random.default_rng(len(names))
+    _requantize(f16, path, kind, lambda name, arr: (
+        _random_blocks(kind, arr.shape[0], arr.shape[1], rng)
+        if arr.ndim == 2 and any(n in name for n in names) else None))
+    return path
+
+
+def _drafting_is_exact(model) -> None:  # type: ignore[no-untyped-def]
+    from specdecode import DrafterOptions, PromptLookupDrafter, build_drafter
+
     ids = [5, 9, 13, 2, 5, 9, 13]
     plain = generate(model, ids, max_new_tokens=24, ignore_eos=True).token_ids
     for drafter in (PromptLookupDrafter(), build_drafter("quant", DrafterOptions(gamma=3))):
