@@ -1545,10 +1545,18 @@ void group_scalar_q6k(const Layout& L, const QX& qx, const uint8_t* w, const flo
 }
 
 #if QL_X86
-// The lines of a group's super-block past its nibbles (high bits, scales, d: 1344 bytes), kStreamPrefetch ahead
-__attribute__((always_inline)) inline void prefetch_q6k_tail(const uint8_t* base) {
-  for (int64_t o = kQ6kQh; o < kQ6kGroupSb; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(base + o + kStreamPrefetch), _MM_HINT_T1);
+// q6k streams prefetch kQ6kPrefetch bytes ahead (about one group super-block), not kStreamPrefetch: one thread,
+// 2048 x 8192 / 8192 x 2048 / 4096 x 4096 / 1536 x 4864 from DRAM, 1 token row, 4096 ran 1.1-3x faster than 32 KiB
+// (vnni512 2048 x 8192: 0.46 vs 0.65 ms) and than 1-2 KiB; 3392-16384 were within ~10% of it.
+constexpr int64_t kQ6kPrefetch = 4096;
+
+// A group's super-block's lines past its nibbles (high bits, scales, d: 1344 bytes), kQ6kPrefetch ahead, spread
+// over its 8 blocks (block jb: its 2 high-bit lines, and for jb < 5 one of the 5 scale / d lines) rather than all
+// 21 at a super-block's start (4 groups: 84 at once; 1 token row, vnni512 2048 x 8192: 0.67 vs 0.46 ms)
+__attribute__((always_inline)) inline void prefetch_q6k_spread(const uint8_t* base, int64_t jb) {
+  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + kQ6kPrefetch), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + 64 + kQ6kPrefetch), _MM_HINT_T1);
+  if (jb < 5) _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kSc + jb * 64 + kQ6kPrefetch), _MM_HINT_T1);
 }
 
 // AVX-512 VNNI: NS groups side by side, one zmm lane per weight row, MB token rows per weight vector. A step s's
@@ -1568,7 +1576,6 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
     alignas(64) float dd[NS][G];
     for (int i = 0; i < NS; ++i) {
       base[i] = L.group(w, g0 + i) + sb * kQ6kGroupSb;
-      prefetch_q6k_tail(base[i]);
       _mm512_store_ps(dd[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ6kD))));
     }
     for (int64_t jb = 0; jb < 8; ++jb) {
@@ -1576,17 +1583,19 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
       for (int i = 0; i < NS; ++i) {
         const uint8_t* wb = base[i] + jb * 256;
         const uint8_t* hb = base[i] + kQ6kQh + jb * 128;
+        prefetch_q6k_spread(base[i], jb);
         __m512i lo[4], hi[4];
         for (int p = 0; p < 2; ++p) {
           const __m512i qh = _mm512_loadu_si512(hb + p * 64);
           for (int e = 0; e < 2; ++e) {
             const int s = 2 * p + e;
-            _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
             const __m512i raw = _mm512_loadu_si512(wb + s * 64);
             const __m512i hl = e == 0 ? _mm512_slli_epi16(qh, 4) : qh;
             const __m512i hh = e == 0 ? _mm512_slli_epi16(qh, 2) : _mm512_srli_epi16(qh, 2);
-            lo[s] = _mm512_or_si512(_mm512_and_si512(raw, low4), _mm512_and_si512(hl, m30));
-            hi[s] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), _mm512_and_si512(hh, m30));
+            // (a & 0x0f) | b (0xEC) with b the 2-bit field masked to bits 4-5
+            lo[s] = _mm512_ternarylogic_epi32(raw, _mm512_and_si512(hl, m30), low4, 0xEC);
+            hi[s] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), _mm512_and_si512(hh, m30), low4, 0xEC);
           }
         }
         const __m512 d = _mm512_load_ps(dd[i]);
@@ -1657,8 +1666,8 @@ __attribute__((target("avx2,fma,f16c"))) void q6k_rows_avx2(const Layout& L, con
       const uint8_t* base = L.group(w, g0 + i) + sb * kQ6kGroupSb;
       const uint8_t* wb = base + jb * 256;
       const uint8_t* hb = base + kQ6kQh + jb * 128;
-      if (jb == 0) prefetch_q6k_tail(base);
-      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+      prefetch_q6k_spread(base, jb);
+      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
       for (int h = 0; h < 2; ++h) {
         __m256i a[MB], a2[MB], p[MB], p2[MB];
         for (int j = 0; j < MB; ++j) {
@@ -1724,8 +1733,8 @@ __attribute__((target(QL_VNNI256))) void q6k_rows_vnni256(const Layout& L, const
       const uint8_t* base = L.group(w, g0 + i) + sb * kQ6kGroupSb;
       const uint8_t* wb = base + jb * 256;
       const uint8_t* hb = base + kQ6kQh + jb * 128;
-      if (jb == 0) prefetch_q6k_tail(base);
-      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+      prefetch_q6k_spread(base, jb);
+      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
       for (int h = 0; h < 2; ++h) {
         __m256i a[MB], a2[MB];
         for (int j = 0; j < MB; ++j) {
