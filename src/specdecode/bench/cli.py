@@ -145,7 +145,8 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     add_dataclass_args(b, ModelLoadConfig)
     add_dataclass_args(b, SamplingConfig)  # every method samples alike; > 0 adds each family's sampled companion
     add_drafter_args(b)  # the drafters' own options and artifacts, as generate and serve take them
-    b.add_argument("--cost-repeats", type=int, help="timed rounds when measuring c and v(γ) (default: 20)")
+    b.add_argument("--cost-repeats", type=int, help="timed rounds when measuring c and v(γ) "
+                                                        f"(default: {FULL.cost_repeats}; quick: {QUICK.cost_repeats})")
     b.add_argument("--out", help="output directory (default: runs/bench-<timestamp>)")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
