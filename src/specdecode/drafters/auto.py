@@ -166,10 +166,10 @@ class AutoDrafter(RowZeroAdapter):
                 m.drafter.prepare_rows(target, rows, max_len)
                 check = self._usable.get(m.name)
                 if check is not None and not check(m.drafter):
-                    raise ConfigError("not configured, or not calibrated to pay, for this target")
+                    raise ConfigError("no setting or calibration for this target says it pays")
                 m.costs = m.drafter.costs_for(target)
             except ConfigError as e:
-                log.info("auto: %s is not available here (%s)", m.name, e)
+                log.info("auto: %s left out (%s)", m.name, e)
                 continue
             kept.append(m)
         if not kept:

@@ -108,11 +108,13 @@ class LayerSkipDrafter:
         found = load_calibration(target.path, n, self.calibration_dir)
         if found is not None:
             plan, self.calibration, path = found
-            log.info("layerskip: %s (calibrated, %s)", plan.describe(), path)
+            speedup = self.calibration.get("measured_speedup")
+            log.info("layerskip: calibrated for this target (%s): %s%s", path, plan.describe(),
+                     f", measured at {speedup:.2f}x plain decoding" if isinstance(speedup, (int, float)) else "")
             return plan
         plan = DraftLayers.default(n)
-        log.info("layerskip: uncalibrated, drafting with the %s; run `specdecode calibrate --target %s` to "
-                 "search for the fastest layers on your prompts", plan.describe(), target.path)
+        log.info("layerskip: uncalibrated for this target, so the default: %s; run `specdecode calibrate "
+                 "--target %s` to search for the fastest layers on your prompts", plan.describe(), target.path)
         return plan
 
     def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
