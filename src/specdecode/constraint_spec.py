@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Union
+from urllib.parse import unquote
 
 from .config import ConfigError
 
@@ -57,6 +58,12 @@ class ConstraintSpec:
         if self.kind == "regex":
             return llg.LLMatcher.grammar_from_regex(self.source)
         return llg.LLMatcher.grammar_from_lark(self.source)
+
+
+def echo(value: object, limit: int = 100) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a message that quotes what a user sent."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def short_error(err: str) -> str:
@@ -112,11 +119,92 @@ def spec_from_response_format(response_format: Any) -> Optional[ConstraintSpec]:
             raise ConfigError("response_format.json_schema.schema must be a JSON schema object, e.g. "
                               "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": "
                               "{\"type\": \"object\"}}}")
+        ref = recursive_ref(js["schema"])
+        if ref is not None:  # refused before the engine sees it: see recursive_ref
+            raise ConfigError(f"response_format.json_schema: recursive $ref is not supported (the schema refers "
+                              f"back to itself through {echo(ref)}); write the recursion out to a fixed depth")
         try:
             return json_schema_spec(js["schema"])
         except ConfigError as e:
             raise ConfigError(f"response_format.json_schema.schema: {e}") from e
-    raise ConfigError(f"response_format.type must be text, json_object or json_schema, got {kind!r}")
+    raise ConfigError(f"response_format.type must be text, json_object or json_schema, got {echo(kind)}")
+
+
+# values that are data, not schemas: a {"$ref": ...} inside them refers to nothing
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+
+
+def recursive_ref(schema: Any) -> Optional[str]:
+    """The ``$ref`` through which ``schema`` refers back to itself (a cycle of its own references), else None.
+
+    The grammar engine takes such a schema, but walking it can hold the GIL for 100 ms and more (a
+    required property that is the schema itself: every request then stalls the whole server), so the
+    server refuses one up front. Local references are followed: ``#``, JSON pointers (``#/$defs/x``),
+    ``$anchor`` names and the root's ``$id``; ``$recursiveRef`` and ``$dynamicRef`` always recurse."""
+    if not isinstance(schema, (dict, list)):
+        return None
+    anchors: dict[str, Any] = {}
+    todo: list[Any] = [schema]
+    while todo:
+        node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in items:
+            if k == "$anchor" and isinstance(v, str):
+                anchors[v] = node
+            elif k in ("$recursiveRef", "$dynamicRef"):
+                return f"{k}: {v}"
+            elif k not in _DATA_KEYWORDS and isinstance(v, (dict, list)):
+                todo.append(v)
+    root_id = schema.get("$id") if isinstance(schema, dict) else None
+
+    def target(ref: str) -> Any:
+        base, hash_, frag = ref.partition("#")
+        if base and base != root_id:
+            return None  # another document: not followed here
+        if not frag.startswith("/"):
+            return anchors.get(unquote(frag)) if frag else schema
+        node: Any = schema
+        for part in frag[1:].split("/"):
+            part = unquote(part).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    def successors(node: Any) -> Iterator[tuple[Any, Optional[str]]]:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in items:
+            if k == "$ref" and isinstance(v, str) and isinstance(node, dict):
+                t = target(v)
+                if isinstance(t, (dict, list)):
+                    yield t, v
+            elif k not in _DATA_KEYWORDS and isinstance(v, (dict, list)):
+                yield v, None
+
+    # depth-first over containment and reference edges; containment alone is a tree, so a cycle
+    # (an edge back to a node on the current path) always passes through a reference
+    on_path: dict[int, int] = {id(schema): 0}  # node -> its depth on the path
+    done: set[int] = set()
+    path: list[tuple[Any, Iterator[tuple[Any, Optional[str]]], Optional[str]]] = [(schema, successors(schema), None)]
+    while path:
+        node, succ, _ = path[-1]
+        nxt = next(succ, None)
+        if nxt is None:
+            path.pop()
+            del on_path[id(node)]
+            done.add(id(node))
+            continue
+        child, ref = nxt
+        if id(child) in on_path:
+            refs = [r for _, _, r in path[on_path[id(child)] + 1:] if r is not None]
+            return ref if ref is not None else refs[-1] if refs else "$ref"
+        if id(child) not in done:
+            on_path[id(child)] = len(path)
+            path.append((child, successors(child), ref))
+    return None
 
 
 def spec_from_files(json_schema_file: Optional[str], regex: Optional[str], grammar_file: Optional[str],

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
-from .constraint_spec import (INSTALL_HINT, JSON_LAYOUT, KIND_NAMES, KINDS, ConstraintSpec, json_schema_spec,
+from .constraint_spec import (INSTALL_HINT, JSON_LAYOUT, KIND_NAMES, KINDS, ConstraintSpec, echo, json_schema_spec,
                               llguidance_module, short_error, spec_from_args, spec_from_files,
                               spec_from_response_format)
 
@@ -48,6 +48,7 @@ _TOKENIZERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 # tokens ``bind`` walks to find a grammar the engine gives up on at once (an object with ~500 optional
 # properties or an enum of ~2000 values fails at its first token): it is refused before it takes a row
 PROBE_TOKENS = 16
+_TOKEN_ID = re.compile(r"[0-9]+")  # not \d, which matches every script's digits
 log = logging.getLogger("specdecode")
 
 
@@ -144,21 +145,25 @@ def constraint_from_response_format(model: "Model", response_format: Any) -> Opt
 # -- one row's grammar state -----------------------------------------------------------------------
 def parse_logit_bias(logit_bias: Any, vocab_size: int) -> Optional[dict[int, float]]:
     """OpenAI's ``logit_bias`` ({token id (int or its string): bias in [-100, 100]}) checked against
-    the vocabulary; None when empty. ConfigError names the field and the fix."""
+    the vocabulary; None when empty. ConfigError names the field and the fix. A string key must be
+    ASCII decimal digits only: ``int`` would also take " 5 ", "1_0" and other scripts' digits."""
     if logit_bias is None or logit_bias == {}:
         return None
     if not isinstance(logit_bias, Mapping):
         raise ConfigError("logit_bias must be an object mapping token ids to biases, e.g. {\"50256\": -100}")
     out: dict[int, float] = {}
     for k, v in logit_bias.items():
-        try:
+        if isinstance(k, int) and not isinstance(k, bool):
+            t = k
+        elif isinstance(k, str) and _TOKEN_ID.fullmatch(k) and len(k) <= 20:
             t = int(k)
-        except (TypeError, ValueError):
-            raise ConfigError(f"logit_bias keys must be token ids, got {k!r}") from None
+        else:
+            raise ConfigError(f"logit_bias key {echo(k)} is not a token id; keys must be token ids written in "
+                              "the digits 0-9 only, e.g. {\"50256\": -100}")
         if not 0 <= t < vocab_size:
             raise ConfigError(f"logit_bias token id {t} is outside the vocabulary [0, {vocab_size})")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100.0 <= float(v) <= 100.0:
-            raise ConfigError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {t}")
+            raise ConfigError(f"logit_bias values must be numbers in [-100, 100], got {echo(v)} for token {t}")
         out[t] = float(v)
     return out
 

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import StepEvent
 from .choices import chat_logprobs, completion_logprobs, merge_completion_logprobs
-from .guard import BodyLimit
+from .guard import BodyLimit, SecurityHeaders, shown
 from .hosts import HostCheck
 from .protocol import ChatCompletionRequest, CompletionRequest, chat_chunk, completion_chunk, error_body, new_id, now
 from .relay import collect, sse_response
@@ -37,6 +37,15 @@ log = logging.getLogger("specdecode.server")
 
 
 STATIC_DIR = Path(__file__).parent / "static"
+
+
+def kernel_status() -> dict[str, Any]:
+    """Whether every compiled kernel this process asked for loaded; the names of those that did not (the
+    reasons, which name local paths, stay in the log: /health needs no key)."""
+    from ..kernels.build import extension_problems
+
+    failed = sorted(extension_problems())
+    return {"fast_path": not failed, "failed": failed}
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -54,8 +63,9 @@ def create_app(state: ServerState) -> FastAPI:
                   openapi_url="/openapi.json" if state.config.openapi else None)
     app.state.specdecode = state
     app.add_middleware(BodyLimit, limit=state.config.max_body_bytes)
-    if state.config.api_key is None:  # outermost: a foreign Host is refused before anything else runs
+    if state.config.api_key is None:  # a foreign Host is refused before anything else runs
         app.add_middleware(HostCheck, bound_host=state.config.host, allowed=state.config.allowed_hosts)
+    app.add_middleware(SecurityHeaders)  # outermost: on every answer, refusals included
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -102,7 +112,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def health() -> JSONResponse:
         """200 while serving ("warming" while a drafter is being prepared, its costs measured: ``preparing``
         names it, and requests queue or run meanwhile); 503 "draining" once SIGTERM came, so a load balancer
-        stops sending."""
+        stops sending. ``kernels.fast_path`` is false when a compiled kernel failed and eager PyTorch runs
+        instead (about half the speed)."""
         s = state.scheduler
         preparing = s.preparing
         status = "draining" if s.draining else "warming" if preparing is not None else "ok"
@@ -110,7 +121,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "active_rows": s.active_rows, "queue_depth": s.queue_depth, "max_batch_size": s.max_batch_size,
                 "forward_passes": s.forward_passes, "drafters": sorted(s.drafters),
                 "default_drafter": state.default_drafter, "default_gamma": state.default_gamma,
-                "context_length": s.context_len, "speculation": s.policy.snapshot()}
+                "context_length": s.context_len, "speculation": s.policy.snapshot(), "kernels": kernel_status()}
         if s.draining:
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_DRAIN_S)})
         return JSONResponse(body)
@@ -119,21 +130,23 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    def model_card() -> dict[str, Any]:
-        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdecode"}
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": state.created, "owned_by": "specdecode"}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
+        """Every name a request's ``model`` may give, the served name first (one model behind them all)."""
         check_auth(request)
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(n) for n in state.model_names]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request) -> dict[str, Any]:
         check_auth(request)
-        if model_id != state.model_name:
-            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {state.model_name!r}",
-                           "not_found_error", param="model", code="model_not_found")
-        return model_card()
+        if model_id not in state.model_names:
+            raise ApiError(404, f"model {shown(model_id)} is not served here; this server serves "
+                                f"{' or '.join(map(repr, state.model_names))}", "not_found_error", param="model",
+                           code="model_not_found")
+        return model_card(model_id)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Union[JSONResponse, StreamingResponse]:

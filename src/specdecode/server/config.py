@@ -43,6 +43,16 @@ class ServerConfig:
         default=None, metadata=_help("cap on tokens per sequence (default: the model's context window)"))
     max_body_bytes: int = field(
         default=4 * 1024 * 1024, metadata=_help("largest request body accepted; bigger ones get HTTP 413"))
+    header_timeout: float = field(
+        default=10.0, metadata=_help("seconds a client has to send a request's headers (from connecting, or from "
+                                     "the previous answer); then it gets HTTP 408 and is disconnected"))
+    body_timeout: float = field(
+        default=30.0, metadata=_help("seconds a client has to send a request's body once its headers are in; "
+                                     "then it gets HTTP 408 and is disconnected"))
+    max_connections: int = field(
+        default=1024, metadata=_help("open connections at most (kept under the process's open-file limit); at "
+                                     "the cap a new one closes the oldest connection that has no request in "
+                                     "progress, else it is refused with HTTP 503"))
     drain_timeout: float = field(
         default=30.0, metadata=_help("on SIGTERM: seconds running requests may take to finish (new and queued "
                                      "ones get HTTP 503 at once); past it they end with an error event"))
@@ -64,6 +74,11 @@ class ServerConfig:
             raise ConfigError(f"speculation must be one of {', '.join(SPECULATION_MODES)}; got {self.speculation!r}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        for name in ("header_timeout", "body_timeout"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if not self.drain_timeout >= 0:
             raise ConfigError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
         if self.allowed_hosts is not None and any(not h.strip() for h in self.allowed_hosts.split(",")):

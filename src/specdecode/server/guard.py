@@ -19,7 +19,10 @@ import codecs
 import json
 from typing import Any, Awaitable, Callable, MutableMapping, Optional
 
+from ..constraint_spec import echo
+
 MAX_JSON_DEPTH = 32
+ECHO_CHARS = 100  # at most this much of a client's value is quoted back in an error
 DRAIN_CAP_FACTOR = 16  # read (and drop) at most this many times the limit before answering 413
 
 Scope = MutableMapping[str, Any]
@@ -44,8 +47,10 @@ def error_json(message: str, code: str, type_: str = "invalid_request_error") ->
 class BodyLimit:
     """ASGI middleware: a POST body over ``limit`` bytes gets a 413 without being buffered.
 
-    The rest of the body is read and dropped (up to a cap) before answering, so a client that
-    writes its whole body before reading, as most do, sees the 413 instead of a reset connection.
+    A declared ``Content-Length`` over the limit is answered at once, before the body is read. A
+    chunked body is counted as it comes; past the limit the rest is read and dropped (up to a cap)
+    before answering, so a client that writes its whole body before reading, as most do, sees the
+    413 instead of a reset connection.
     """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -61,10 +66,16 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
+        if declared is not None and declared > self.limit:
+            # answered before a byte of the body is read; up to DRAIN_CAP_FACTOR times the limit the
+            # connection stays open, so the server drops the rest as it comes and a client that writes
+            # its whole body before reading still reads this answer; beyond that it is closed at once
+            await send_json(send, 413, self._too_big(), close=declared > self.limit * DRAIN_CAP_FACTOR)
+            return
         chunks: list[bytes] = []
         size = 0
         more = True
-        too_big = declared is not None and declared > self.limit
+        too_big = False
         while more and not too_big:
             msg = await receive()
             if msg["type"] == "http.disconnect":
@@ -81,10 +92,7 @@ class BodyLimit:
                     return
                 size += len(msg.get("body", b""))
                 more = msg.get("more_body", False)
-            await send_json(send, 413, error_json(
-                f"request body is larger than this server's limit of {self.limit} bytes "
-                "(raise it with `specdecode serve --max-body-bytes N`)", "body_too_large"),
-                close=more)
+            await send_json(send, 413, self._too_big(), close=more)
             return
         whole = b"".join(chunks)
         replayed = False
@@ -97,6 +105,37 @@ class BodyLimit:
             return await receive()  # after the body: wait for the disconnect, as the server would say it
 
         await self.app(scope, replay, send)
+
+    def _too_big(self) -> bytes:
+        return error_json(f"request body is larger than this server's limit of {self.limit} bytes "
+                          "(raise it with `specdecode serve --max-body-bytes N`)", "body_too_large")
+
+
+# on every answer, the page's and the API's: no MIME sniffing of a JSON error into HTML, and no
+# framing by another site (clickjacking the page's buttons)
+SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                    (b"content-security-policy", b"frame-ancestors 'none'"), (b"referrer-policy", b"no-referrer"))
+
+
+class SecurityHeaders:
+    """ASGI middleware: ``SECURITY_HEADERS`` on every HTTP answer (an answer's own value wins)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                headers = list(msg.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                msg = {**msg, "headers": headers + [h for h in SECURITY_HEADERS if h[0] not in names]}
+            await send(msg)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def _has_both_framings(scope: Scope) -> bool:
@@ -122,13 +161,28 @@ async def send_json(send: Send, status: int, body: bytes, close: bool) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, cut to ``ECHO_CHARS``: a client's 3 MB field name or value
+    must not come back in a 3 MB error."""
+    return echo(value, ECHO_CHARS)
+
+
 def check_content_type(value: Optional[str]) -> None:
-    """POST bodies must be declared JSON: browsers cannot send that cross-site without a preflight."""
-    media = (value or "").split(";", 1)[0].strip().lower()
+    """POST bodies must be declared JSON (browsers cannot send that cross-site without a preflight), in
+    UTF-8: a body declared in another charset would otherwise be read as UTF-8 regardless."""
+    media, *params = (value or "").split(";")
+    media = media.strip().lower()
     if media != "application/json":
-        got = f"got {media!r}" if media else "none was sent"
+        got = f"got {shown(media)}" if media else "none was sent"
         raise BadBody(f"send the request body as JSON with 'Content-Type: application/json' ({got})",
                       "unsupported_media_type", status=415)
+    for param in params:
+        name, _, charset = param.partition("=")
+        charset = charset.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            raise BadBody(f"Content-Type header: charset {shown(charset)} is not supported; send the JSON as "
+                          "UTF-8 ('Content-Type: application/json' or 'application/json; charset=utf-8')",
+                          "unsupported_media_type", status=415)
 
 
 def _no_constants(name: str) -> Any:
@@ -189,7 +243,7 @@ def check_tree(obj: Any) -> None:
     while stack:
         node, path = stack.pop()
         if len(path) > MAX_JSON_DEPTH:
-            top = path[0].encode("utf-8", "replace").decode()
+            top = path[0].encode("utf-8", "replace").decode()[:ECHO_CHARS]
             raise BadBody(f"{top}: nested too deeply (a request has at most {MAX_JSON_DEPTH} levels)",
                           "invalid_value", param=top)
         items = node.items() if isinstance(node, dict) else enumerate(node)
@@ -212,7 +266,7 @@ def _encodable(text: str) -> bool:
 
 
 def _surrogate(text: str, path: tuple[str, ...]) -> None:
-    where = ".".join(p.encode("utf-8", "replace").decode() for p in path) or None
+    where = ".".join(p.encode("utf-8", "replace").decode()[:ECHO_CHARS] for p in path)[:4 * ECHO_CHARS] or None
     bad = next(c for c in text if 0xD800 <= ord(c) <= 0xDFFF)
     raise BadBody(f"{where}: contains an unpaired UTF-16 surrogate (\\u{ord(bad):04x}); send valid Unicode text",
                   "invalid_value", param=where)

@@ -22,6 +22,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..logprobs import MAX_TOP_LOGPROBS
+from .guard import shown
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 INT32_MAX = 2**31 - 1
@@ -115,7 +116,7 @@ class _SamplingParams(_Strict):
         from ..drafters.registry import REGISTRY
 
         if v is not None and v not in REGISTRY:
-            raise ValueError(f"unknown drafter {v!r}; use one of: {', '.join(REGISTRY)}")
+            raise ValueError(f"unknown drafter {shown(v)}; use one of: {', '.join(REGISTRY)}")
         return v
 
     @field_validator("chain_rule")
@@ -124,7 +125,7 @@ class _SamplingParams(_Strict):
         from ..config import CHAIN_RULES
 
         if v is not None and v not in CHAIN_RULES:
-            raise ValueError(f"unknown chain_rule {v!r}; use one of: {', '.join(CHAIN_RULES)} (default: block)")
+            raise ValueError(f"unknown chain_rule {shown(v)}; use one of: {', '.join(CHAIN_RULES)} (default: block)")
         return v
 
     @field_validator("accept_rule")
@@ -133,7 +134,7 @@ class _SamplingParams(_Strict):
         from ..config import ACCEPT_RULES
 
         if v is not None and v not in ACCEPT_RULES:
-            raise ValueError(f"unknown accept_rule {v!r}; use one of: {', '.join(ACCEPT_RULES)} (default: auto, "
+            raise ValueError(f"unknown accept_rule {shown(v)}; use one of: {', '.join(ACCEPT_RULES)} (default: auto, "
                              "the seed-reproducible coupled rule for seeded requests)")
         return v
 

@@ -8,29 +8,214 @@ running ones get ``drain_timeout`` seconds and then end with an SSE error event 
 request sent during the drain gets a 503 with ``Retry-After`` rather than a refused
 connection. Only then does uvicorn close the listener; its own grace period is set past the
 drain, so it never has to cancel a stream.
+
+Connections are guarded (``GuardedH11``): uvicorn alone never times out a client that sends its
+headers one byte at a time, nor caps connections, so half-open sockets could take every file
+descriptor (then accept() fails in a loop, a traceback each time, and /health is unreachable).
+Here a request's headers must arrive within ``header_timeout`` and its body within
+``body_timeout`` (else HTTP 408 and the connection is closed), and past ``max_connections`` a new
+connection closes the oldest one that has no request in progress, or is refused with HTTP 503.
+Refusals are logged as one line per ``LOG_EVERY_S`` at most.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import resource
 import socket
 import time
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import ServerState, create_app
+from .guard import SECURITY_HEADERS, error_json
 
 log = logging.getLogger("specdecode.server")
 
 FLUSH_MARGIN_S = 10  # after the drain deadline: time for the last events to reach the clients
+LOG_EVERY_S = 10.0  # at most one line per this many seconds about refused or timed-out connections
+FD_RESERVE = 64  # open files kept for everything but client sockets (models, logs, the listener)
+MAX_BACKLOG = 2048  # uvicorn's default
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+
+
+class _Shared:
+    """One server's connections that have no request in progress (oldest first: the ones a new
+    connection may close at the cap), and the counts behind the rate-limited log line."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.idle: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.logged = -LOG_EVERY_S
+
+    def note(self, what: str) -> None:
+        self.counts[what] += 1
+        now = time.monotonic()
+        if now - self.logged >= LOG_EVERY_S:
+            lim = self.limits
+            log.warning("connection guard: %s in the last %.0f s (at most %d connections, headers within %g s, "
+                        "bodies within %g s)", ", ".join(f"{n} {w}" for w, n in sorted(self.counts.items())),
+                        min(now - self.logged, LOG_EVERY_S), lim.max_connections, lim.header_timeout,
+                        lim.body_timeout)
+            self.counts.clear()
+            self.logged = now
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with header and body timeouts and a connection cap (see the module's
+    docstring); ``guarded_protocol`` makes the class for one server, with its ``shared`` state."""
+
+    shared: ClassVar[_Shared]
+    _timer: Optional[asyncio.TimerHandle] = None
+    _timer_kind = ""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        sh = self.shared
+        if len(self.connections) > sh.limits.max_connections:
+            victim = next(iter(sh.idle), None)
+            if victim is None:
+                sh.note("refused (every connection busy)")
+                self._answer(503, "server_busy", "this server has as many connections as it takes, each with a "
+                                                 "request in progress; retry shortly", b"retry-after: 1\r\n")
+                return
+            sh.note("idle closed for new ones")
+            victim._close()
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        """The timer for what the client owes now: headers (no request in progress), a body, or nothing."""
+        state = self.conn.their_state
+        if self.transport.is_closing() or state not in (h11.IDLE, h11.SEND_BODY):
+            self._disarm()
+            return
+        kind = "headers" if state is h11.IDLE else "body"
+        if kind == "headers":
+            self.shared.idle.setdefault(self, None)
+        else:
+            self.shared.idle.pop(self, None)
+        if self._timer_kind != kind:
+            if self._timer is not None:
+                self._timer.cancel()
+            limits = self.shared.limits
+            wait = limits.header_timeout if kind == "headers" else limits.body_timeout
+            self._timer, self._timer_kind = self.loop.call_later(wait, self._expired, kind), kind
+
+    def _disarm(self) -> None:
+        self.shared.idle.pop(self, None)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_kind = None, ""
+
+    def _expired(self, kind: str) -> None:
+        self._timer, self._timer_kind = None, ""
+        if self.transport.is_closing():
+            return
+        if kind == "headers" and not self.conn.trailing_data[0]:
+            self._close()  # an idle connection: nothing was asked, nothing to answer
+            return
+        self.shared.note(f"timed out sending {kind}")
+        if self.cycle is not None and self.cycle.response_started:
+            self._close()
+            return
+        limits = self.shared.limits
+        wait = limits.header_timeout if kind == "headers" else limits.body_timeout
+        self._answer(408, "request_timeout", f"the request's {kind} did not arrive within {wait:g} s; send "
+                                             "the whole request at once")
+
+    def _answer(self, status: int, code: str, message: str, extra: bytes = b"") -> None:
+        """Write a whole JSON answer and close: for when no request (or no app) is there to answer."""
+        body = error_json(message, code)
+        phrase = {408: b"Request Timeout", 503: b"Service Unavailable"}[status]
+        head = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n"
+                % (status, phrase, len(body)))
+        head += b"".join(k + b": " + v + b"\r\n" for k, v in SECURITY_HEADERS) + extra
+        self.transport.write(head + b"\r\n" + body)
+        self._close()
+
+    def _close(self) -> None:
+        self._disarm()
+        if self.cycle is not None:
+            self.cycle.disconnected = True  # the app, if it is waiting for the body, sees a disconnect
+        self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11]:
+    """A ``GuardedH11`` class for one server: its connections share the idle list and the log counts."""
+    return type("GuardedH11", (GuardedH11,), {"shared": _Shared(limits)})
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit (a cap on sockets is then the only
+    cap that matters); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def socket_budget(max_connections: int) -> tuple[int, int]:
+    """(connection cap, listen backlog) that fit the open-file limit: accept() takes up to a backlog's
+    worth of sockets before any connection's code runs, so cap + backlog + a reserve must fit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return max_connections, MAX_BACKLOG
+    backlog = max(16, min(MAX_BACKLOG, soft // 4))
+    return max(8, min(max_connections, soft - backlog - FD_RESERVE)), backlog
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's exception handler: accept() out of file descriptors is one line per
+    ``LOG_EVERY_S`` (asyncio logs a traceback on each retry); the rest goes to the default handler."""
+    if str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+        now = time.monotonic()
+        if now - _accept_errors_logged[0] >= LOG_EVERY_S:
+            _accept_errors_logged[0] = now
+            log.warning("accept() failed: %s (out of file descriptors; lower --max-connections or raise "
+                        "`ulimit -n`)", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
+
+
+_accept_errors_logged = [-LOG_EVERY_S]
 
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
+
+    async def startup(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(quiet_accept_errors)
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
         s = self.state.scheduler
@@ -47,6 +232,12 @@ class DrainingServer(uvicorn.Server):
 
 def make_server(state: ServerState, log_level: str = "warning") -> DrainingServer:
     cfg = state.config
+    cap, backlog = socket_budget(cfg.max_connections)
+    if cap < cfg.max_connections:
+        log.warning("max_connections %d lowered to %d to fit the open-file limit (`ulimit -n`)",
+                    cfg.max_connections, cap)
+    limits = ConnectionLimits(cfg.header_timeout, cfg.body_timeout, cap)
     config = uvicorn.Config(create_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
-                            timeout_graceful_shutdown=int(cfg.drain_timeout) + FLUSH_MARGIN_S)
+                            timeout_graceful_shutdown=int(cfg.drain_timeout) + FLUSH_MARGIN_S,
+                            http=guarded_protocol(limits), backlog=backlog)
     return DrainingServer(config, state)

@@ -7,7 +7,8 @@ artifact (artifacts are keyed by kind, so giving one never unloads another).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..config import ConfigError
 from .chat import PLAIN_TEMPLATE, ChatFormatter
@@ -33,16 +34,23 @@ class ServerState:
     default_gamma: int
     created: int
     max_token_chars: int = 0  # longest vocabulary entry, for the early context-length check
+    model_names: tuple[str, ...] = ()  # what a request's ``model`` may say (``served_names``); model_name first
+
+    def __post_init__(self) -> None:
+        if self.model_name not in self.model_names:
+            self.model_names = (self.model_name, *self.model_names)
 
 
 def make_state(target: "Model", draft_model: Optional["Model"], config: ServerConfig,
                default_drafter: Optional[str] = None, default_gamma: int = 4, model_name: Optional[str] = None,
                draft_vocab: "VocabSpec" = "auto", options: Optional[Mapping[str, object]] = None,
-               artifacts: Optional[Mapping[str, str]] = None, prepare_in_background: bool = False) -> ServerState:
+               artifacts: Optional[Mapping[str, str]] = None, prepare_in_background: bool = False,
+               aliases: Sequence[str] = ()) -> ServerState:
     """Everything the app needs, from loaded models and the serving flags: every registered drafter
     that can run with what is loaded (a draft model's only when one is given; each trained artifact
     from its own directory in ``artifacts``, by artifact name). ``options``: the drafters' declared
-    options by key; ``default_drafter``: the registry's paired default unless given."""
+    options by key; ``default_drafter``: the registry's paired default unless given; ``aliases``: more
+    names requests may give the target by (``served_names``)."""
     from ..drafters.crosstok import shares_vocabulary
     from ..drafters.registry import PAIRED_DEFAULT, REGISTRY, DrafterOptions, get_spec, missing, with_defaults
 
@@ -74,8 +82,21 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
                           prepare=[default_drafter] if default_drafter in drafters else [],
                           prepare_in_background=prepare_in_background, threads=config.threads)
     chat = ChatFormatter.for_model(target)  # a loaded model: a GGUF carries its template in its metadata
-    return ServerState(scheduler, metrics, config, model_name or target.name, chat, chat.source != PLAIN_TEMPLATE,
-                       default_drafter, default_gamma, now(), max_token_chars(target))
+    name = model_name or target.name
+    return ServerState(scheduler, metrics, config, name, chat, chat.source != PLAIN_TEMPLATE,
+                       default_drafter, default_gamma, now(), max_token_chars(target),
+                       served_names(target, name, aliases))
+
+
+def served_names(target: "Model", model_name: str, aliases: Sequence[str] = ()) -> tuple[str, ...]:
+    """The names a request's ``model`` may give: the served name, the model file's name, ``aliases`` (the
+    ``--target`` name it was loaded by) and the catalogue's name for that file (the name ``specdecode
+    pull`` takes), so a client may say either ``smollm2-135m-instruct`` or ``SmolLM2-135M-Instruct.Q4_1.gguf``."""
+    from ..models.catalog import CATALOG
+
+    file = Path(str(target.path)).name
+    names = [model_name, file, *aliases, *(e.name for e in CATALOG.values() if e.filename == file)]
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def max_token_chars(target: "Model") -> int:

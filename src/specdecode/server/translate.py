@@ -24,7 +24,7 @@ from ..constraints import Constraint, constraint_from_response_format, parse_log
 from ..engine import FinishEvent, prompt_ids
 from .chat import ChatTemplateError
 from .choices import ChoiceGroup, choice_seed
-from .guard import BadBody, check_content_type, check_item_count, parse_json_object
+from .guard import ECHO_CHARS, BadBody, check_content_type, check_item_count, parse_json_object, shown
 from .protocol import NOT_HONOURED, NOT_SUPPORTED_YET, error_body, refused_parameter, usage
 from .scheduler import Failure, QueueFullError, RequestHandle, SchedulerClosedError
 from .scheduler import Request as DecodeRequest
@@ -47,9 +47,16 @@ ITEMS_BASE, ITEMS_PER_TOKEN = 65536, 8
 MAX_SCHEMA_ITEMS = 4096
 
 
+MAX_MESSAGE_CHARS = 2000  # a net under the per-value cut (guard.shown): no message quotes a body back whole
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
                  param: Optional[str] = None, code: Optional[str] = None, retry_after: Optional[int] = None) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + "..."
+        if param is not None and len(param) > 4 * ECHO_CHARS:
+            param = param[:4 * ECHO_CHARS] + "..."
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.retry_after = retry_after
@@ -74,10 +81,11 @@ def validation_error(errors: Any) -> ApiError:
     if err.get("type") == "json_invalid":
         return ApiError(400, f"request body is not valid JSON: {err.get('msg')}", code="invalid_json")
     if err.get("type") == "extra_forbidden":  # OpenAI's wording for a field it does not know
-        field = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        field = ".".join(str(p)[:ECHO_CHARS] for p in err.get("loc", ()) if p != "body")
         return ApiError(400, f"{field}: unrecognized request argument supplied", param=field,
                         code="unknown_parameter")
-    loc = [str(p) for p in err.get("loc", ()) if p != "body" and not (isinstance(p, str) and _TYPE_TAG.match(p))]
+    loc = [str(p)[:ECHO_CHARS] for p in err.get("loc", ())
+           if p != "body" and not (isinstance(p, str) and _TYPE_TAG.match(p))]
     param = ".".join(loc) or None
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if len(errs) > 1 and param == "prompt":
@@ -140,9 +148,10 @@ async def parse_request(state: ServerState, request: Request, cls: type[BaseMode
 
 
 def check_model(state: ServerState, name: str) -> None:
-    if name != state.model_name:
-        raise ApiError(400, f"model {name!r} is not served here; this server serves {state.model_name!r} "
-                            "(see GET /v1/models)", param="model", code="model_not_found")
+    if name not in state.model_names:
+        raise ApiError(400, f"model {shown(name)} is not served here; this server serves "
+                            f"{' or '.join(map(repr, state.model_names))} (see GET /v1/models)", param="model",
+                       code="model_not_found")
 
 
 def render_and_tokenize(state: ServerState, messages: list[dict[str, str]]) -> list[int]:
