@@ -12,7 +12,8 @@ builds in one folder (a process started without the venv on PATH finds the syste
 compiled the three kernels again. ``build_extension`` returns the module, or
 raises ``ExtensionBuildError`` with one readable line (the compiler's first
 complaint, not ninja's echo of the command) that callers log once before
-falling back to eager PyTorch.
+falling back to eager PyTorch. A cached build that does not load is deleted and built once more, and
+``extension_problems`` says which extensions are off, for /health and the server's start line.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -126,40 +127,97 @@ def clear_stale_lock(directory: Path, max_age_s: float = 600.0) -> None:
         pass
 
 
-def build_extension(name: str, source: Path) -> ModuleType:
-    """Compile (first call) or load (cached) ``source`` as the extension ``name``."""
-    try:
-        from torch.utils.cpp_extension import load
+Loader = Callable[..., ModuleType]  # torch.utils.cpp_extension.load's keywords: name, sources, ..., verbose
 
+# every extension build_extension was asked for: None once loaded, else why it is not (for /health)
+_STATUS: dict[str, Optional[str]] = {}
+
+
+def extension_problems() -> dict[str, str]:
+    """The extensions that failed to build or load in this process, with the reason (their callers
+    run eager PyTorch instead: slower, so the server says so)."""
+    return {name: why for name, why in _STATUS.items() if why is not None}
+
+
+def build_extension(name: str, source: Path, loader: Optional[Loader] = None) -> ModuleType:
+    """Compile (first call) or load (cached) ``source`` as the extension ``name``.
+
+    A cached library that fails to load (truncated by a full disk, overwritten, a killed build) is never
+    rebuilt by ninja, whose outputs look up to date: its outputs are deleted and it is built once more,
+    rather than every later process falling back to eager PyTorch for good. ``loader``: torch's ``load``
+    unless given (tests pass a stub)."""
+    try:
+        module = _build(name, source, loader)
+    except ExtensionBuildError as exc:
+        _STATUS[name] = str(exc)
+        raise
+    _STATUS[name] = None
+    return module
+
+
+def _build(name: str, source: Path, loader: Optional[Loader]) -> ModuleType:
+    cached = False
+    try:
         directory = build_dir(name, [source])
         directory.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(directory)
-        fresh = not any(directory.glob("*.so"))
-        if fresh:
-            logger.info("compiling %s into %s (first use of this source only)", source.name, directory)
-        t0 = time.perf_counter()
-        # keep torch's build chatter (compiler-ABI warnings etc.) out of the log
-        torch_log = logging.getLogger("torch.utils.cpp_extension")
-        level = torch_log.level
-        torch_log.setLevel(logging.ERROR)
-        path = os.environ.get("PATH")
-        ninja = ninja_path()
-        if ninja:  # torch runs whichever `ninja` PATH finds first: make it this one (the folder's key)
-            os.environ["PATH"] = os.path.dirname(ninja) + os.pathsep + (path or "")
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                module = load(name=name, sources=[str(stable_source(directory, source))], extra_cflags=list(CFLAGS),
-                              extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=False)
-        finally:
-            torch_log.setLevel(level)
-            if path is None:
-                os.environ.pop("PATH", None)
-            else:
-                os.environ["PATH"] = path
-        if fresh:
-            logger.info("compiled %s in %.1f s", source.name, time.perf_counter() - t0)
-        return module
-    except Exception as exc:  # no compiler / ninja / headers
-        raise ExtensionBuildError(
-            f"could not build the C++ extension {name} ({type(exc).__name__}: {summarise(exc)})") from exc
+        cached = any(directory.glob("*.so"))
+        return _load(name, source, directory, loader, fresh=not cached)
+    except Exception as exc:  # no compiler / ninja / headers, or a broken cached library
+        if not cached:
+            raise ExtensionBuildError(
+                f"could not build the C++ extension {name} ({type(exc).__name__}: {summarise(exc)})") from exc
+        logger.warning("the cached build of %s in %s does not load (%s: %s); deleting it and building it again",
+                       name, directory, type(exc).__name__, summarise(exc))
+    try:
+        for out in [*directory.glob("*.so"), *directory.glob("*.o")]:
+            out.unlink()
+        if loader is None:
+            _forget_build(name)
+        return _load(name, source, directory, loader, fresh=True)
+    except Exception as exc:
+        raise ExtensionBuildError(f"could not rebuild the C++ extension {name} after its cached build failed to "
+                                  f"load ({type(exc).__name__}: {summarise(exc)})") from exc
+
+
+def _forget_build(name: str) -> None:
+    """Make torch's next ``load`` of ``name`` run the build: it skips the build step for an extension this
+    process has already loaded (or tried to) with the same sources and flags."""
+    from torch.utils import cpp_extension
+
+    entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    if isinstance(entries, dict):
+        entries.pop(name, None)
+
+
+def _load(name: str, source: Path, directory: Path, loader: Optional[Loader], fresh: bool) -> ModuleType:
+    """torch's ``load`` into ``directory``, quietly, with this environment's ninja first on PATH."""
+    if loader is None:
+        from torch.utils.cpp_extension import load
+
+        loader = load
+    if fresh:
+        logger.info("compiling %s into %s (first use of this source only)", source.name, directory)
+    t0 = time.perf_counter()
+    # keep torch's build chatter (compiler-ABI warnings etc.) out of the log
+    torch_log = logging.getLogger("torch.utils.cpp_extension")
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)
+    path = os.environ.get("PATH")
+    ninja = ninja_path()
+    if ninja:  # torch runs whichever `ninja` PATH finds first: make it this one (the folder's key)
+        os.environ["PATH"] = os.path.dirname(ninja) + os.pathsep + (path or "")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module = loader(name=name, sources=[str(stable_source(directory, source))], extra_cflags=list(CFLAGS),
+                            extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=False)
+    finally:
+        torch_log.setLevel(level)
+        if path is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = path
+    if fresh:
+        logger.info("compiled %s in %.1f s", source.name, time.perf_counter() - t0)
+    return module

@@ -67,16 +67,20 @@ def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) 
     gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
     # the default drafter is prepared (its costs measured) on the engine thread once the server listens:
     # /health answers "warming" meanwhile, and requests queue
+    # a --target that names a model (a catalogue name, a hub id) rather than a path is a name requests may use;
+    # a path is not, so /v1/models never shows where the server's files are
+    aliases = (args.target,) if args.target and not os.path.exists(os.path.expanduser(args.target)) else ()
     with _phase("building the drafters and the decode core (cost measurement on first use)"):
         return make_state(target, draft, config, default_drafter=default_drafter, default_gamma=gamma,
                           draft_vocab=args.draft_vocab, options=options_from_args(args), artifacts=artifacts,
-                          prepare_in_background=True)
+                          prepare_in_background=True, aliases=aliases)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import torch
 
-    from .runner import make_server
+    from ..kernels.build import extension_problems
+    from .runner import make_server, raise_fd_limit
 
     # Only the engine thread runs parallel ops. An OpenMP team belongs to the thread that starts it, and a
     # team the main thread had started (loading the model) made the engine's 2-thread ops 2-3x slower: plain
@@ -85,11 +89,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()  # torch's default: $OMP_NUM_THREADS, else the physical cores
     torch.set_num_threads(1)
     state = build_state(args, engine_threads=threads)
+    raise_fd_limit()  # room for --max-connections sockets (make_server keeps the cap under the limit)
     server = make_server(state)
     config = state.config
     print(f"specdecode serve: {state.model_name} on http://{config.host}:{config.port}/ "
           f"(drafter {state.default_drafter}, gamma {state.default_gamma}, batch {config.max_batch_size}; "
           f"drafters: {', '.join(sorted(state.scheduler.drafters))})", flush=True)
+    failed = extension_problems()
+    if failed:  # a silent fall-back serves at about half the speed for good: say it where it is seen
+        print(f"specdecode serve: the fast path is OFF ({', '.join(sorted(failed))} did not build or load; eager "
+              "PyTorch runs instead, about half the speed; the log says why)", flush=True)
+        for _, why in sorted(failed.items()):
+            log.warning("fast path off: %s", why)
     server.run()
     return 0
 
