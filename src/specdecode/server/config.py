@@ -40,7 +40,7 @@ class ServerConfig:
                                        "acceptance (0 = plain decoding when drafting does not pay); "
                                        "always: draft the full gamma every step"))
     max_context: Optional[int] = field(
-        default=None, metadata=_help("cap on tokens per sequence (default: the model's context window)"))
+        default=None, metadata=_help("cap on tokens per sequence; unset: the model's context window"))
     max_body_bytes: int = field(
         default=4 * 1024 * 1024, metadata=_help("largest request body accepted; bigger ones get HTTP 413"))
     header_timeout: float = field(
@@ -58,8 +58,8 @@ class ServerConfig:
                                      "ones get HTTP 503 at once); past it they end with an error event"))
     openapi: bool = field(default=False, metadata=_help("serve the OpenAPI schema at /openapi.json"))
     threads: Optional[int] = field(
-        default=None, metadata=_help("CPU threads of the decode engine (default: torch's, i.e. "
-                                     "$OMP_NUM_THREADS, else the physical cores)"))
+        default=None, metadata=_help("CPU threads of the decode engine; unset: torch's, i.e. "
+                                     "$OMP_NUM_THREADS, else the physical cores"))
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
