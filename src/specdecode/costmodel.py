@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -374,12 +375,28 @@ def cached_costs(key: str) -> Optional[Costs]:
                       target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
                       context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)), key=key,
                       extras=tuple((str(k), float(x)) for k, x in d.get("extras", ())))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):
         return None  # a corrupt cache file is re-measured
-    if not costs.v or costs.v[0] != 1.0 or costs.c < 0 or any(not x >= 1.0 for x in costs.v):
-        return None  # figures no measurement can give: re-measured
+    if not sane_costs(costs):
+        log.warning("cost cache file %s holds figures no measurement can give (NaN, infinite, negative); "
+                    "measuring again", path)
+        return None
     _MEMO[key] = costs
     return costs
+
+
+def sane_costs(costs: Costs) -> bool:
+    """Whether ``costs`` could come from a measurement: every figure finite (a NaN passes ``c < 0`` and then
+    reaches /health's JSON), c >= 0, v(0) = 1 and v >= 1 (v is not monotonic: see ``Costs.from_times``),
+    positive times."""
+    figures = [costs.c, *costs.v, *costs.target_s, *(x for _, x in costs.extras)]
+    if costs.draft_s is not None:
+        figures.append(costs.draft_s)
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in figures):
+        return False
+    return (bool(costs.v) and costs.v[0] == 1.0 and costs.c >= 0 and all(x >= 1.0 for x in costs.v)
+            and all(t > 0 for t in costs.target_s) and (costs.draft_s is None or costs.draft_s > 0)
+            and all(x >= 0 for _, x in costs.extras) and costs.context_len >= 0 and costs.repeats >= 0)
 
 
 def store_costs(costs: Costs) -> None:
@@ -387,14 +404,17 @@ def store_costs(costs: Costs) -> None:
     re-measurement next time). The γ policy calls this with live figures that contradicted the file."""
     if not costs.key:
         return
+    if not sane_costs(costs):  # never kept: a later start would read it back (cached_costs refuses it anyway)
+        log.info("not caching costs no measurement can give (c=%r, v=%r)", costs.c, costs.v[:4])
+        return
     _MEMO[costs.key] = costs
     try:
         path = cache_dir() / f"{costs.key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(costs)))
+        tmp.write_text(json.dumps(asdict(costs), allow_nan=False))
         os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
-    except OSError:
+    except (OSError, ValueError):
         pass
 
 
