@@ -99,9 +99,7 @@ READ_CARD = """() => {
 
 # the page's own chunk handler fed the given stream chunks, as its reader would
 FEED = """(chunks) => {
-    const st = { tokens: 0, passes: 0, drafted: 0, accepted: 0, start: performance.now(), first: null,
-                 finish: null, pos: [] };
-    $("passes").textContent = ""; $("bars").textContent = ""; $("bar-labels").textContent = "";
+    const st = freshRun();
     for (const c of chunks) handleChunk(c, st, $("output"));
 }"""
 
