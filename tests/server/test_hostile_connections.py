@@ -10,7 +10,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -157,16 +157,18 @@ def test_at_the_cap_idle_sockets_make_room_and_busy_ones_get_a_clean_503(guarded
     assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records if r.exc_info]
 
 
-def test_refusals_are_one_log_line_per_period(caplog: pytest.LogCaptureFixture,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refusals_are_one_log_line_per_period(caplog: pytest.LogCaptureFixture) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
-    shared = runner._Shared(runner.ConnectionLimits(10.0, 30.0, 100))
+    scheduled: list[tuple[float, Callable[[], None]]] = []
+    shared = runner._Shared(runner.ConnectionLimits(10.0, 30.0, 100), clock=lambda: clock[0],
+                            call_later=lambda wait, fn: scheduled.append((wait, fn)))
     caplog.set_level(logging.WARNING, logger="specdecode.server")
     for _ in range(5000):
         shared.note("refused (every connection busy)")
-    clock[0] += runner.LOG_EVERY_S
     shared.note("timed out sending headers")
+    assert [w for w, _ in scheduled] == [runner.LOG_EVERY_S]  # one flush pending, not one per event
+    clock[0] += runner.LOG_EVERY_S
+    scheduled[0][1]()
     lines = [r.getMessage() for r in caplog.records if "connection guard" in r.getMessage()]
     assert len(lines) == 2, lines
     assert "1 refused" in lines[0] and "4999 refused" in lines[1] and "1 timed out sending headers" in lines[1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional, Union
@@ -37,6 +38,17 @@ log = logging.getLogger("specdecode.server")
 
 
 STATIC_DIR = Path(__file__).parent / "static"
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as None: strict JSON, which a health check must never fail to write."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def kernel_status() -> dict[str, Any]:
@@ -121,7 +133,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "active_rows": s.active_rows, "queue_depth": s.queue_depth, "max_batch_size": s.max_batch_size,
                 "forward_passes": s.forward_passes, "drafters": sorted(s.drafters),
                 "default_drafter": state.default_drafter, "default_gamma": state.default_gamma,
-                "context_length": s.context_len, "speculation": s.policy.snapshot(), "kernels": kernel_status()}
+                "context_length": s.context_len, "speculation": finite(s.policy.snapshot()), "kernels": kernel_status()}
         if s.draining:
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_DRAIN_S)})
         return JSONResponse(body)

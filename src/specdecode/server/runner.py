@@ -27,7 +27,7 @@ import resource
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import h11
 import uvicorn
@@ -53,25 +53,40 @@ class ConnectionLimits:
 
 class _Shared:
     """One server's connections that have no request in progress (oldest first: the ones a new
-    connection may close at the cap), and the counts behind the rate-limited log line."""
+    connection may close at the cap), and the counts behind the rate-limited log line: the first
+    event is logged at once, later ones summed into one line per ``LOG_EVERY_S``. ``clock`` and
+    ``call_later`` are the event loop's unless given (tests)."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, clock: Callable[[], float] = time.monotonic,
+                 call_later: Optional[Callable[[float, Callable[[], None]], object]] = None) -> None:
         self.limits = limits
         self.idle: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
         self.counts: collections.Counter[str] = collections.Counter()
         self.logged = -LOG_EVERY_S
+        self.clock, self.call_later = clock, call_later
+        self.pending = False
 
     def note(self, what: str) -> None:
         self.counts[what] += 1
-        now = time.monotonic()
-        if now - self.logged >= LOG_EVERY_S:
-            lim = self.limits
-            log.warning("connection guard: %s in the last %.0f s (at most %d connections, headers within %g s, "
-                        "bodies within %g s)", ", ".join(f"{n} {w}" for w, n in sorted(self.counts.items())),
-                        min(now - self.logged, LOG_EVERY_S), lim.max_connections, lim.header_timeout,
-                        lim.body_timeout)
-            self.counts.clear()
-            self.logged = now
+        if self.pending:
+            return
+        wait = self.logged + LOG_EVERY_S - self.clock()
+        if wait <= 0:
+            self.flush()
+            return
+        self.pending = True
+        (self.call_later or asyncio.get_running_loop().call_later)(wait, self.flush)
+
+    def flush(self) -> None:
+        self.pending = False
+        if not self.counts:
+            return
+        now, lim = self.clock(), self.limits
+        log.warning("connection guard: %s in the last %.0f s (at most %d connections, headers within %g s, "
+                    "bodies within %g s)", ", ".join(f"{n} {w}" for w, n in sorted(self.counts.items())),
+                    min(now - self.logged, LOG_EVERY_S), lim.max_connections, lim.header_timeout, lim.body_timeout)
+        self.counts.clear()
+        self.logged = now
 
 
 class GuardedH11(H11Protocol):
