@@ -40,3 +40,11 @@ def test_a_nan_cost_file_is_measured_again_and_health_stays_200(models: Models, 
     for f in files:
         d = _strict(f.read_text())
         assert d["c"] >= 0 and d["v"][1] < float("inf"), d
+
+
+def test_health_writes_what_is_not_finite_as_null() -> None:
+    from specdecode.server.app import finite
+
+    body = {"c": {"model": float("nan")}, "v": [1.0, float("inf"), -float("inf")], "n": 3, "s": "x"}
+    assert finite(body) == {"c": {"model": None}, "v": [1.0, None, None], "n": 3, "s": "x"}
+    _strict(json.dumps(finite(body)))
