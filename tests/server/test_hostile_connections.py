@@ -95,6 +95,24 @@ def test_a_slow_header_client_is_closed_with_a_408_within_the_timeout(guarded: R
     assert b"request_timeout" in data and b"Traceback" not in data
 
 
+def test_a_slow_second_request_on_a_kept_alive_connection_gets_a_408(guarded: Running) -> None:
+    with guarded.connect() as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        first = b""
+        while b"\r\n\r\n" not in first:
+            first += s.recv(65536)
+        head, _, body = first.partition(b"\r\n\r\n")
+        length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+        while len(body) < length:
+            body += s.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200")
+        t0 = time.monotonic()
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 12")  # and nothing more
+        data, _ = read_until_closed(s, HEADER_TIMEOUT + 5)
+        took = time.monotonic() - t0
+    assert data.startswith(b"HTTP/1.1 408") and took <= HEADER_TIMEOUT + 1.0, (data[:100], took)
+
+
 def test_an_idle_connection_is_closed_quietly_at_the_header_timeout(guarded: Running) -> None:
     with guarded.connect() as s:
         data, took = read_until_closed(s, HEADER_TIMEOUT + 5)

@@ -155,8 +155,8 @@ class GuardedH11(H11Protocol):
             self._close()  # an idle connection: nothing was asked, nothing to answer
             return
         self.shared.note(f"timed out sending {kind}")
-        if self.cycle is not None and self.cycle.response_started:
-            self._close()
+        if kind == "body" and self.cycle is not None and self.cycle.response_started:
+            self._close()  # answered already (a 413 before the body): only the rest of the body is late
             return
         limits = self.shared.limits
         wait = limits.header_timeout if kind == "headers" else limits.body_timeout
@@ -189,9 +189,10 @@ def raise_fd_limit() -> int:
     """Raise this process's soft open-file limit to its hard limit (a cap on sockets is then the only
     cap that matters); returns the soft limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # the kernel's usual nr_open
+    if soft != resource.RLIM_INFINITY and soft < want:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         except (ValueError, OSError):
             pass
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
