@@ -38,6 +38,7 @@ from .ops import argmax_list
 from .policy import GammaPolicy, RowPlan
 from .rows import Event, Failure, FinishEvent, Request, Row, StepEvent, coupled_noise
 from .text import IncrementalDetokenizer, Prompt, find_stop, prompt_ids, truncate_pieces
+from .threads import ThreadGovernor, governor
 from .verify import VerifyResult, tree_mask, verify_draft
 
 _NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
@@ -55,8 +56,9 @@ class DecodeCore:
 
     def __init__(self, target: Model, drafters: Mapping[str, BatchDrafter], max_rows: int = 1,
                  context_len: Optional[int] = None, policy: Optional[GammaPolicy] = None,
-                 prepare: Optional[Sequence[str]] = None) -> None:
+                 prepare: Optional[Sequence[str]] = None, threads: Optional[ThreadGovernor] = None) -> None:
         self.target = target
+        self.threads = threads  # None: the stepping thread's own governor (threads.py)
         self.drafters = dict(drafters)
         self.max_rows = max_rows
         self.context_len = min(target.max_seq_len, context_len or target.max_seq_len)
@@ -264,6 +266,7 @@ class DecodeCore:
         rows = self.rows
         if not rows:
             return []
+        (self.threads or governor()).tick()
         batch = len(rows)
         if self.drafters:
             drafts = self._propose(self._plan())
