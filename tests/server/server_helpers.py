@@ -13,9 +13,9 @@ import httpx
 import uvicorn
 
 from specdecode.models import Model
-from specdecode.server.app import ServerState, create_app, make_state
+from specdecode.server.app import ServerState, make_state
 from specdecode.server.config import ServerConfig
-from specdecode.server.runner import DrainingServer
+from specdecode.server.runner import make_server
 
 MODEL_NAME = "tiny-llama"
 
@@ -46,12 +46,12 @@ class RunningServer:
 
 
 def start_server(state: ServerState) -> RunningServer:
+    """``state`` served on a free loopback port from a background thread, once it listens."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = DrainingServer(uvicorn.Config(create_app(state), log_level="warning",
-                                           timeout_graceful_shutdown=int(state.config.drain_timeout) + 5), state)
+    server = make_server(state)  # as `specdecode serve` makes it: the connection guard included
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
