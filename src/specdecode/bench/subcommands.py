@@ -21,11 +21,12 @@ MODULES = (
     "ab",  # the same bench on this tree and on a git revision, alternating pair by pair
     "ladder",  # random-weight GGUFs at real shapes, quantized by llama.cpp: memory, load, speed beside it
     "coldstart",  # a first `specdecode serve` with an empty cost cache: /health, first answer, first requests
+    "busy",  # default threads against 1 thread and the Python API, idle and with other processes on the cores
 )
 
 
 def add_subcommands(bench: argparse.ArgumentParser) -> None:
     sub = bench.add_subparsers(dest="bench_command",
-                               metavar="{costs,variants,replay,load,kv-dtype,llamacpp-decode,kernel-ab,ab,ladder,coldstart}")
+                               metavar="{costs,variants,replay,load,kv-dtype,llamacpp-decode,kernel-ab,ab,ladder,coldstart,busy}")
     for name in MODULES:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)
