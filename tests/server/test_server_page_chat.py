@@ -44,7 +44,7 @@ def _send(page: Any, text: str) -> dict[str, Any]:
 
 def test_chat_mode_answers_from_chat_completions(server: RunningServer, browser: Any) -> None:
     page = open_page(browser, server)
-    assert page.input_value("#mode") == "completion"  # /health says nothing about a template: both offered
+    assert page.input_value("#mode") == "completion"  # /health: the tiny model has no chat template
     assert page.is_hidden("#new-chat") and page.is_hidden("#system-box")
     page.select_option("#mode", "chat")
     assert page.is_visible("#new-chat") and page.is_visible("#system-box")

@@ -28,7 +28,8 @@ The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 and cached under ``$TORCH_EXTENSIONS_DIR`` if set, else
 ``~/.cache/specdecode/torch_extensions``. If it cannot be built (no compiler, no
 ninja, a non-x86 CPU without AVX2), one warning is logged and everything falls
-back to ``F.linear``. ``SPECDECODE_FAST_LINEAR=0`` turns the fast path off.
+back to ``F.linear``. ``SPECDECODE_FAST_LINEAR=0`` turns the fast path off. Every fall-back is
+recorded for the server's /health (``build.extension_problems``).
 
 Which kernels a model runs with belongs to that model, not to the process:
 ``load_model(path, fast=..., matmul=...)`` picks a ``Kernels`` (``select_kernels``)
@@ -50,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .build import ExtensionBuildError, build_extension
+from .build import BUILD_FAILED, ExtensionBuildError, build_extension, report_fallback
 from .fused import fused_ops_available, load_fused_extension
 
 __all__ = [
@@ -71,10 +72,12 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "SPECDECODE_FAST_LINEAR"
 ISA_ENV_VAR = "SPECDECODE_KERNEL_ISA"  # read by the extension itself when it loads
 _SOURCE = Path(__file__).with_name("smallm_linear.cpp")
+EXTENSION = "specdecode_smallm_linear"
 
 _lock = threading.Lock()
 _ext: Optional[ModuleType] = None
 _load_error: Optional[str] = None  # set once a build failed: never retried in this process
+_load_reason = BUILD_FAILED  # /health's name for _load_error
 _warned = False
 
 
@@ -91,19 +94,20 @@ def _warn_once(msg: str) -> None:
 
 def load_extension() -> Optional[ModuleType]:
     """The compiled extension (built on first call, then cached), or None if it cannot be built."""
-    global _ext, _load_error
+    global _ext, _load_error, _load_reason
     if _ext is not None or _load_error is not None:
         return _ext
     with _lock:
         if _ext is not None or _load_error is not None:
             return _ext
         try:
-            ext = build_extension("specdecode_smallm_linear", _SOURCE)
+            ext = build_extension(EXTENSION, _SOURCE)
         except ExtensionBuildError as exc:  # no compiler / ninja / headers: fall back to eager, once
             _load_error = str(exc)
             return None
         if not ext.has_avx2():
-            _load_error = "this CPU has no AVX2/FMA"
+            _load_error, _load_reason = "this CPU has no AVX2/FMA", "no_avx2"
+            report_fallback(EXTENSION, _load_reason, _load_error)
             return None
         requested = os.environ.get(ISA_ENV_VAR, "").strip().lower().replace("_", "")
         quant_only = requested in ("avxvnni", "avx-vnni", "vnni256") and ext.isa() == "avx2"  # the int8/int4 path
@@ -115,12 +119,16 @@ def load_extension() -> Optional[ModuleType]:
 
 
 def fast_linear_available() -> bool:
-    """Whether the kernel is usable here (builds it on first call); logs one warning if not."""
+    """Whether the kernel is usable here (builds it on first call); logs one warning if not, and records
+    why for /health (``report_fallback``: the switch is read on every call, so it may turn back on)."""
     if _env_disabled():
+        report_fallback(EXTENSION, "disabled", f"{ENV_VAR}={os.environ.get(ENV_VAR, '')} turns it off")
         return False
     if load_extension() is None:
         _warn_once(_load_error or "unknown error")
+        report_fallback(EXTENSION, _load_reason, _load_error or "")
         return False
+    report_fallback(EXTENSION, None)
     return True
 
 

@@ -13,7 +13,8 @@ compiled the three kernels again. ``build_extension`` returns the module, or
 raises ``ExtensionBuildError`` with one readable line (the compiler's first
 complaint, not ninja's echo of the command) that callers log once before
 falling back to eager PyTorch. A cached build that does not load is deleted and built once more, and
-``extension_problems`` says which extensions are off, for /health and the server's start line.
+``extension_problems`` says which extensions are off, for /health and the server's start line: those that
+failed, and those whose callers fell back for another reason (``report_fallback``: no AVX2, switched off).
 """
 
 from __future__ import annotations
@@ -131,12 +132,35 @@ Loader = Callable[..., ModuleType]  # torch.utils.cpp_extension.load's keywords:
 
 # every extension build_extension was asked for: None once loaded, else why it is not (for /health)
 _STATUS: dict[str, Optional[str]] = {}
+# a short name for each problem in _STATUS that is not a failed build (/health shows it: the detail names paths)
+_REASONS: dict[str, str] = {}
+BUILD_FAILED = "build_failed"
 
 
 def extension_problems() -> dict[str, str]:
-    """The extensions that failed to build or load in this process, with the reason (their callers
-    run eager PyTorch instead: slower, so the server says so)."""
+    """The extensions that are off in this process (failed to build or load, or their caller fell back:
+    ``report_fallback``), with the reason (their callers run eager PyTorch instead: slower, so the server
+    says so)."""
     return {name: why for name, why in _STATUS.items() if why is not None}
+
+
+def extension_reasons() -> dict[str, str]:
+    """``extension_problems``'s extensions with a short reason name each, free of local paths: "build_failed",
+    or what a caller gave ``report_fallback`` ("no_avx2", "disabled")."""
+    return {name: _REASONS.get(name, BUILD_FAILED) for name in extension_problems()}
+
+
+def report_fallback(name: str, reason: Optional[str], detail: str = "") -> None:
+    """Record that the caller of extension ``name`` runs eager PyTorch although the extension built (``reason``
+    a short name such as "no_avx2" or "disabled", ``detail`` the log's line), or, ``reason`` None, that it runs
+    the extension (a switch read per call may turn it back on). /health's ``fast_path`` is then false whenever
+    eager PyTorch runs instead, at about half the speed, not only when a build failed."""
+    if reason is None:
+        _STATUS[name] = None
+        _REASONS.pop(name, None)
+        return
+    _STATUS[name] = detail or reason
+    _REASONS[name] = reason
 
 
 def build_extension(name: str, source: Path, loader: Optional[Loader] = None) -> ModuleType:
@@ -150,8 +174,9 @@ def build_extension(name: str, source: Path, loader: Optional[Loader] = None) ->
         module = _build(name, source, loader)
     except ExtensionBuildError as exc:
         _STATUS[name] = str(exc)
+        _REASONS.pop(name, None)
         raise
-    _STATUS[name] = None
+    report_fallback(name, None)
     return module
 
 

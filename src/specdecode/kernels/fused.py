@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from .build import ExtensionBuildError, build_extension
+from .build import BUILD_FAILED, ExtensionBuildError, build_extension, report_fallback
 
 __all__ = ["fused_ops_available", "load_fused_extension", "loaded_fused_extension"]
 
@@ -33,41 +33,48 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "SPECDECODE_FUSED_OPS"
 _SOURCE = Path(__file__).with_name("decode_ops.cpp")
+EXTENSION = "specdecode_decode_ops"
 _lock = threading.Lock()
 _ext: Optional[ModuleType] = None
 _error: Optional[str] = None  # set once a build failed: never retried in this process
+_reason = BUILD_FAILED  # /health's name for _error
 _warned = False
 
 
 def load_fused_extension() -> Optional[ModuleType]:
     """The compiled extension (built on first call, then cached), or None if it cannot be used here."""
-    global _ext, _error
+    global _ext, _error, _reason
     if _ext is not None or _error is not None:
         return _ext
     with _lock:
         if _ext is None and _error is None:
             try:
-                ext = build_extension("specdecode_decode_ops", _SOURCE)
+                ext = build_extension(EXTENSION, _SOURCE)
             except ExtensionBuildError as exc:
                 _error = str(exc)
                 return None
             if not ext.has_avx2():
-                _error = "this CPU has no AVX2/FMA/F16C"
+                _error, _reason = "this CPU has no AVX2/FMA/F16C", "no_avx2"
+                report_fallback(EXTENSION, _reason, _error)
                 return None
             _ext = ext
     return _ext
 
 
 def fused_ops_available() -> bool:
-    """Whether the fused ops can run here (builds them on first call); logs one warning if not."""
+    """Whether the fused ops can run here (builds them on first call); logs one warning if not, and records
+    why for /health (``report_fallback``: the switch is read on every call, so it may turn back on)."""
     global _warned
     if os.environ.get(ENV_VAR, "").strip().lower() in {"0", "false", "no", "off"}:
+        report_fallback(EXTENSION, "disabled", f"{ENV_VAR}={os.environ.get(ENV_VAR, '')} turns it off")
         return False
     if load_fused_extension() is None:
         if not _warned:
             _warned = True
             logger.warning("fused decode ops are off, using eager ops: %s", _error)
+        report_fallback(EXTENSION, _reason, _error or "")
         return False
+    report_fallback(EXTENSION, None)
     return True
 
 

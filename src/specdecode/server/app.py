@@ -52,12 +52,13 @@ def finite(obj: Any) -> Any:
 
 
 def kernel_status() -> dict[str, Any]:
-    """Whether every compiled kernel this process asked for loaded; the names of those that did not (the
-    reasons, which name local paths, stay in the log: /health needs no key)."""
-    from ..kernels.build import extension_problems
+    """Whether every compiled kernel this process asked for runs; the names of those that do not, each with
+    a reason name ("build_failed", "no_avx2", "disabled"): the details, which name local paths, stay in the
+    log, as /health needs no key."""
+    from ..kernels.build import extension_reasons
 
-    failed = sorted(extension_problems())
-    return {"fast_path": not failed, "failed": failed}
+    reasons = extension_reasons()
+    return {"fast_path": not reasons, "failed": sorted(reasons), "reasons": dict(sorted(reasons.items()))}
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -124,8 +125,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def health() -> JSONResponse:
         """200 while serving ("warming" while a drafter is being prepared, its costs measured: ``preparing``
         names it, and requests queue or run meanwhile); 503 "draining" once SIGTERM came, so a load balancer
-        stops sending. ``kernels.fast_path`` is false when a compiled kernel failed and eager PyTorch runs
-        instead (about half the speed)."""
+        stops sending. ``kernels.fast_path`` is false when a compiled kernel is off (failed, no AVX2, switched
+        off) and eager PyTorch runs instead (about half the speed). ``chat_template``: whether the model has its
+        own (else chat messages are rendered as plain lines); ``speculation_mode``: what a request without
+        ``gamma`` gets, "adaptive" (0..``default_gamma`` per step) or "fixed" (``default_gamma``)."""
         s = state.scheduler
         preparing = s.preparing
         status = "draining" if s.draining else "warming" if preparing is not None else "ok"
@@ -133,6 +136,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "active_rows": s.active_rows, "queue_depth": s.queue_depth, "max_batch_size": s.max_batch_size,
                 "forward_passes": s.forward_passes, "drafters": sorted(s.drafters),
                 "default_drafter": state.default_drafter, "default_gamma": state.default_gamma,
+                "speculation_mode": state.speculation_mode, "chat_template": state.chat_has_model_template,
                 "context_length": s.context_len, "speculation": finite(s.policy.snapshot()), "kernels": kernel_status()}
         if s.draining:
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_DRAIN_S)})
@@ -143,7 +147,9 @@ def create_app(state: ServerState) -> FastAPI:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def model_card(name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": state.created, "owned_by": "specdecode"}
+        """OpenAI's model object, plus whether chat requests get the model's own template."""
+        return {"id": name, "object": "model", "created": state.created, "owned_by": "specdecode",
+                "chat_template": state.chat_has_model_template}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

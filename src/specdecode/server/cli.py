@@ -79,7 +79,7 @@ def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) 
 def cmd_serve(args: argparse.Namespace) -> int:
     import torch
 
-    from ..kernels.build import extension_problems
+    from ..kernels.build import extension_problems, extension_reasons
     from .runner import make_server, raise_fd_limit
 
     # Only the engine thread runs parallel ops. An OpenMP team belongs to the thread that starts it, and a
@@ -93,12 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = make_server(state)
     config = state.config
     print(f"specdecode serve: {state.model_name} on http://{config.host}:{config.port}/ "
-          f"(drafter {state.default_drafter}, gamma {state.default_gamma}, batch {config.max_batch_size}; "
+          f"(drafter {state.default_drafter}, gamma {state.describe_gamma()}, batch {config.max_batch_size}; "
           f"drafters: {', '.join(sorted(state.scheduler.drafters))})", flush=True)
     failed = extension_problems()
     if failed:  # a silent fall-back serves at about half the speed for good: say it where it is seen
-        print(f"specdecode serve: the fast path is OFF ({', '.join(sorted(failed))} did not build or load; eager "
-              "PyTorch runs instead, about half the speed; the log says why)", flush=True)
+        off = ", ".join(f"{name} ({why})" for name, why in sorted(extension_reasons().items()))
+        print(f"specdecode serve: the fast path is OFF ({off}; eager PyTorch runs instead, about half the "
+              "speed; the log says why)", flush=True)
         for _, why in sorted(failed.items()):
             log.warning("fast path off: %s", why)
     server.run()

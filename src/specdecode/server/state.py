@@ -40,6 +40,19 @@ class ServerState:
         if self.model_name not in self.model_names:
             self.model_names = (self.model_name, *self.model_names)
 
+    @property
+    def speculation_mode(self) -> str:
+        """What a request without ``gamma`` gets: "adaptive" (the γ policy picks 0..``default_gamma`` each
+        step, under ``--speculation auto``) or "fixed" (``default_gamma`` every step); a client's ``gamma``
+        is always fixed. ``default_gamma`` alone reads as a fixed γ, which it is only in the second case."""
+        return "adaptive" if self.config.speculation == "auto" else "fixed"
+
+    def describe_gamma(self) -> str:
+        """``speculation_mode`` in words with its γ, e.g. "adaptive, at most 8", for the start line."""
+        if self.speculation_mode == "adaptive":
+            return f"adaptive, at most {self.default_gamma}"
+        return f"{self.default_gamma} every step"
+
 
 def make_state(target: "Model", draft_model: Optional["Model"], config: ServerConfig,
                default_drafter: Optional[str] = None, default_gamma: int = 4, model_name: Optional[str] = None,
