@@ -341,7 +341,11 @@ class DecodeCore:
                 r.drafter.acceptance.update(g, res.n_accepted)  # the drafter's history: the next rows' prior
                 if r.evidence is not None:
                     r.evidence.update(g, res.n_accepted)
-                r.stats.record_source(d.source or self._names[id(r.drafter)], g, res.n_accepted)
+                name = self._names[id(r.drafter)]
+                source = d.source or name  # a composite (auto) names the member that drafted: it only chose
+                r.stats.record_source(source, g, res.n_accepted, chooser=name if source != name else None)
+            elif g > 0:  # the grammar's forced tokens: judged like a draft, made by no drafter
+                r.stats.record_forced(g, res.n_accepted)
             if hidden is not None:
                 sel = kept if kept is not None else slice(0, res.n_accepted + 1)
                 r.hidden = hidden[i, sel]

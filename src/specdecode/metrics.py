@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Optional
+
+# the source of draft tokens a grammar forces (structured output): judged like a drafter's, made by none
+FORCED_SOURCE = "grammar"
 
 
 @dataclass
@@ -18,12 +21,22 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
-    drafted_by: dict[str, int] = field(default_factory=dict)  # draft tokens judged, per drafter that made them
-    accepted_by: dict[str, int] = field(default_factory=dict)  # accepted draft tokens, per drafter (auto: its members)
+    # per source of draft tokens (a drafter, auto's member, or FORCED_SOURCE): they sum to drafted and accepted
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
+    chooser: Optional[str] = None  # the drafter that chose among the sources (auto), never a source itself
 
-    def record_source(self, drafter: str, n_drafted: int, n_accepted: int) -> None:
-        self.drafted_by[drafter] = self.drafted_by.get(drafter, 0) + n_drafted
-        self.accepted_by[drafter] = self.accepted_by.get(drafter, 0) + n_accepted
+    def record_source(self, source: str, n_drafted: int, n_accepted: int, chooser: Optional[str] = None) -> None:
+        """One verified draft's tokens, to the source that made them; ``chooser``: the composite drafter that
+        picked that source, kept apart so the per-source counts hold only what was really drafted."""
+        self.drafted_by[source] = self.drafted_by.get(source, 0) + n_drafted
+        self.accepted_by[source] = self.accepted_by.get(source, 0) + n_accepted
+        if chooser is not None:
+            self.chooser = chooser
+
+    def record_forced(self, n_drafted: int, n_accepted: int) -> None:
+        """Draft tokens a grammar forced: counted in the totals, so counted here under their own source."""
+        self.record_source(FORCED_SOURCE, n_drafted, n_accepted)
 
     def record_step(self, n_drafted: int, n_accepted: int, n_emitted: int) -> None:
         self.target_passes += 1
@@ -77,4 +90,5 @@ class GenerationStats:
                 f"target passes {self.target_passes} | tau {self.tau:.2f} tokens/pass | "
                 f"alpha {self.alpha:.2f} ({self.accepted}/{self.drafted} drafted accepted)"
                 + (" | accepted by " + ", ".join(f"{k} {v}" for k, v in self.accepted_by.items())
-                   if len(self.accepted_by) > 1 else ""))
+                   + (f" (chosen by {self.chooser})" if self.chooser else "")
+                   if len(self.accepted_by) > 1 or self.chooser else ""))
