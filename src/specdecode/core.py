@@ -36,6 +36,7 @@ from .logprobs import check_logprobs, token_logprobs
 from .models import Model
 from .ops import argmax_list
 from .policy import GammaPolicy, RowPlan
+from .prefill import Filling
 from .rows import Event, Failure, FinishEvent, Request, Row, StepEvent, coupled_noise
 from .text import IncrementalDetokenizer, Prompt, find_stop, prompt_ids, truncate_pieces
 from .threads import ThreadGovernor, governor
@@ -66,6 +67,8 @@ class DecodeCore:
         self.cache = target.new_cache(max_rows, self.context_len)
         self.rows: list[Row] = []
         self.forward_passes = 0
+        self.filling: Optional[Filling] = None  # a prompt going in a chunk a step, in cache row len(rows)
+        self.prefill_slice_s = 0.1  # how long one chunk of it may hold the running rows' next pass
         self._cost_clock = cost_clock(target)  # online costs: the same clock as the offline ones
         self._clock = time.perf_counter
         self._names = {id(d): name for name, d in self.drafters.items()}
@@ -106,8 +109,11 @@ class DecodeCore:
         return d
 
     # -- rows ------------------------------------------------------------------------------------
-    def add(self, request: Request, owner: Any = None) -> Row:
-        """Prefill a request into the next free row. A failure leaves the core as it was."""
+    def add(self, request: Request, owner: Any = None, chunked: bool = False) -> Row:
+        """Prefill a request into the next free row. A failure leaves the core as it was. ``chunked``: while
+        other rows run, a long prompt goes in a chunk per ``step`` (``prefill.py``); one at a time."""
+        if self.filling is not None:
+            raise RuntimeError("a prompt is still being prefilled; add the next request once it is in")
         if len(self.rows) >= self.max_rows:
             raise RuntimeError(f"all {self.max_rows} rows are in use")
         drafter = None
@@ -132,42 +138,66 @@ class DecodeCore:
         self.cache.reset(i)
         for d in self._drafter_list:
             d.reset_row(i)
-        t0 = time.perf_counter()
+        filling = Filling(row, i, self.prefill_slice_s)
+        if chunked and self.rows and filling.todo > filling.chunk:
+            self.filling = filling  # prefilled a chunk a step (``step``), the running rows' passes in between
+            return row
         try:
-            if row.n_prompt > 1:
-                ids = torch.tensor([row.tokens[:-1]], dtype=torch.long, device=self.target.device)
-                if self._hidden_layers:
-                    # every position's states, but no logits worth computing (one output row stands in)
-                    out = self.target.run(ids, self.cache, rows=slice(i, i + 1), return_hidden=True,
-                                          hidden_layers=self._hidden_layers, head=self.target.stand_in_head())
-                    assert out.hidden is not None
-                    row.hidden, row.layers = out.hidden[0], {k: v[0] for k, v in out.layers.items()}
-                else:
-                    self.target.forward(ids, self.cache, rows=slice(i, i + 1), last_only=True)
+            filling.feed(self.target, self.cache, self._hidden_layers, everything=True)
         except BaseException:
             self.cache.reset(i)
             raise
-        row.decode_start = time.perf_counter()
-        row.stats.prefill_s = row.decode_start - t0
         self.rows.append(row)
         return row
 
+    def _fill(self) -> None:
+        """The next chunk of the prompt going in (all of it when no row is running); it joins the rows once in."""
+        f = self.filling
+        assert f is not None
+        try:
+            done = f.feed(self.target, self.cache, self._hidden_layers, everything=not self.rows)
+        except BaseException:
+            self.remove(f.row)
+            raise
+        if done:
+            self.filling = None
+            self.rows.append(f.row)
+
     def remove(self, row: Row) -> None:
-        """Free a row (finished, cancelled or failed): the last row moves into its place."""
+        """Free a row (finished, cancelled or failed, or still filling): the last row moves into its place,
+        and a prompt going in moves down after it, so the rows in use stay 0..n-1 and the filling one n."""
+        if self.filling is not None and row is self.filling.row:
+            self._free(self.filling.slot)
+            self.filling = None
+            return
         i = self.rows.index(row)
         last = len(self.rows) - 1
         if i != last:
-            self.cache.move_row(last, i)
-            for d in self._drafter_list:
-                d.move_row(last, i)
+            self._move(last, i)
             self.rows[i] = self.rows[last]
         self.rows.pop()
-        self.cache.reset(last)
-        for d in self._drafter_list:
-            d.reset_row(last)
+        self._free(last)
+        if self.filling is not None:
+            self._move(self.filling.slot, last)
+            self._free(self.filling.slot)
+            self.filling.slot = last
         for costs in self.policy.take_refined().values():  # cached costs the live passes contradicted
             store_costs(costs)
         self._refine_drafters()
+
+    def live_rows(self) -> list[Row]:
+        """Every request holding a row: the running ones, then the one whose prompt is still going in."""
+        return self.rows + ([self.filling.row] if self.filling is not None else [])
+
+    def _move(self, src: int, dst: int) -> None:
+        self.cache.move_row(src, dst)
+        for d in self._drafter_list:
+            d.move_row(src, dst)
+
+    def _free(self, slot: int) -> None:
+        self.cache.reset(slot)
+        for d in self._drafter_list:
+            d.reset_row(slot)
 
     def _refine_drafters(self) -> None:
         """Self-sizing drafters check their own measured costs against the live passes (``live_costs.py``),
@@ -184,6 +214,7 @@ class DecodeCore:
     def clear(self) -> None:
         """Drop every row (after an engine error: nothing in the caches is trusted)."""
         self.rows.clear()
+        self.filling = None
         self.cache.reset()
         for d in self._drafter_list:
             for r in range(self.max_rows):
@@ -263,10 +294,12 @@ class DecodeCore:
     def step(self) -> list[tuple[Row, Event]]:
         """Advance every row by one target pass; returns (row, event) pairs in order. Finished rows
         get their ``FinishEvent`` here and are removed."""
+        (self.threads or governor()).tick()
+        if self.filling is not None:
+            self._fill()
         rows = self.rows
         if not rows:
             return []
-        (self.threads or governor()).tick()
         batch = len(rows)
         if self.drafters:
             drafts = self._propose(self._plan())

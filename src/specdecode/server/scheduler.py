@@ -7,8 +7,9 @@ EOS, stop strings, detokenisation and the γ policy are the core's (``core.py``)
 ``specdecode generate`` runs, so a greedy request gives the same tokens alone or beside others.
 
 Events reach the HTTP side through the request's ``asyncio.Queue`` via
-``loop.call_soon_threadsafe``. Prefill is not chunked: a long prompt pauses the other rows for
-its prefill.
+``loop.call_soon_threadsafe``. While other rows run, a long prompt goes in a chunk per step
+(``prefill.py``), so its prefill never holds their next pass for long; the requests behind it wait
+until it is in.
 """
 
 from __future__ import annotations
@@ -217,29 +218,35 @@ class Scheduler:
         self._warm_up()
         while True:
             with self._cond:
-                while not self._pending and not core.rows and not self._stopping:
+                while not self._pending and not core.rows and core.filling is None and not self._stopping:
                     self._cond.wait()
                 refused: list[RequestHandle] = []
                 if self._stopping:  # draining: nothing waiting starts any more
                     refused = list(self._pending)
                     self._pending.clear()
                 admit: list[RequestHandle] = []
-                while self._pending and len(core.rows) + len(admit) < self.max_batch_size:
+                while (self._pending and core.filling is None
+                       and len(core.rows) + len(admit) < self.max_batch_size):
                     admit.append(self._pending.popleft())
-                stop = self._abort or (self._stopping and (not core.rows or time.monotonic() > self._drain_deadline))
+                stop = self._abort or (self._stopping and (not (core.rows or core.filling)
+                                                           or time.monotonic() > self._drain_deadline))
             for h in refused:
                 self._drop(h, "shutdown", "the server is shutting down and did not start this request; retry later")
             if stop:
                 break
-            for h in admit:
+            for k, h in enumerate(admit):
+                if core.filling is not None:  # a long prompt goes in a chunk a step: the rest wait their turn
+                    with self._cond:
+                        self._pending.extendleft(reversed(admit[k:]))
+                    break
                 self._admit(h)
             try:
                 self._reap()
-                if core.rows:
+                if core.rows or core.filling is not None:
                     self._step()
             except Exception as e:  # never leave clients hanging on an engine bug
                 log.exception("engine step failed: %s", e)
-                for r in list(core.rows):
+                for r in core.live_rows():
                     r.owner.emit(Failure("internal", "internal error in the engine; the request was stopped"))
                     self._finish_metrics("error", r)
                 core.clear()
@@ -249,7 +256,7 @@ class Scheduler:
             self._pending.clear()
         for h in leftovers:
             self._drop(h, "shutdown", "the server shut down before this request started; retry later")
-        for r in list(core.rows):
+        for r in core.live_rows():
             if not r.owner.cancelled:
                 r.owner.emit(Failure("shutdown", f"the server shut down during this request (drain timeout) after "
                                                  f"{len(r.generated)} tokens"))
@@ -274,7 +281,7 @@ class Scheduler:
             self._drop(h, "timeout", "the request timed out while waiting for a free slot")
             return
         try:
-            self.core.add(h.spec, owner=h)
+            self.core.add(h.spec, owner=h, chunked=True)
         except Exception as e:  # a request that cannot start fails alone
             log.exception("prefill failed: %s", e)
             self._drop(h, "error", "internal error while reading the prompt; the request was stopped")
@@ -282,7 +289,7 @@ class Scheduler:
     def _reap(self) -> None:
         """Free rows of cancelled or timed-out requests; fail waiting requests that timed out."""
         now = time.monotonic()
-        for r in list(self.core.rows):
+        for r in self.core.live_rows():
             h: RequestHandle = r.owner
             if h.cancelled:
                 self._finish_metrics("cancelled", r)
