@@ -86,6 +86,10 @@ class DecodeCore:
         self._hidden_layers = tuple(sorted({int(i) for d in self.drafters.values() if d.wants_hidden
                                             for i in getattr(d, "hidden_layers", ())}))
 
+    def unprepared(self) -> list[str]:
+        """The drafters no request or warm-up has prepared yet."""
+        return [n for n, d in self.drafters.items() if not any(d is p for p in self._drafter_list)]
+
     def prepare(self, name: str) -> None:
         """Prepare drafter ``name`` now rather than at its first request (a server warming up)."""
         self._prepare(name)

@@ -134,3 +134,19 @@ def test_warm_server_health_is_ok(models: Models, background: bool) -> None:
         assert h["code"] == 200 and h["status"] == "ok" and h["preparing"] is None
     finally:
         server.stop()
+
+
+def test_an_idle_server_prepares_every_other_drafter_so_no_first_request_measures_in_a_step(models: Models) -> None:
+    state = make_state(models.target, models.draft, ServerConfig(max_batch_size=2, request_timeout=60),
+                       default_drafter="model", model_name=MODEL_NAME, prepare_in_background=True)
+    core = state.scheduler.core
+    assert len(core.unprepared()) > 1
+    server = start_server(state)
+    try:
+        deadline = time.monotonic() + 120
+        while core.unprepared() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert core.unprepared() == []  # with no request sent
+        assert _wait_ok(server)["code"] == 200
+    finally:
+        server.stop()

@@ -94,6 +94,9 @@ class Scheduler:
         self.metrics = metrics
         # the drafters the engine thread prepares before it serves (a list read by /health from any thread)
         self._warmup: list[str] = list(prepare or []) if prepare_in_background else []
+        # then, whenever the engine is idle, the other drafters one by one: a drafter's first request would
+        # otherwise measure its costs inside a step and freeze every running stream for 0.5-4 s
+        self._idle_prepare = prepare_in_background
         # built here so a bad pair fails at startup (vocabulary, device), not at the first request
         self.core = DecodeCore(target, drafters, max_rows=max_batch_size,
                                context_len=min(target.max_seq_len, max_context or target.max_seq_len),
@@ -210,6 +213,18 @@ class Scheduler:
             finally:
                 self._warmup.pop(0)
 
+    def _idle_work(self) -> bool:
+        return self._idle_prepare and bool(self.core.unprepared())
+
+    def _prepare_one(self) -> None:
+        """Prepare one drafter no request has used yet; one that fails is left to fail at its first request."""
+        name = self.core.unprepared()[0]
+        try:
+            self.core.prepare(name)
+        except Exception as e:
+            log.warning("preparing drafter %r while idle failed (%s); its first request tries again", name, e)
+            self._idle_prepare = False
+
     def _run(self) -> None:
         core = self.core
         if self._threads is not None:
@@ -218,8 +233,10 @@ class Scheduler:
         self._warm_up()
         while True:
             with self._cond:
-                while not self._pending and not core.rows and core.filling is None and not self._stopping:
+                idle = not self._pending and not core.rows and core.filling is None and not self._stopping
+                while idle and not self._idle_work():
                     self._cond.wait()
+                    idle = not self._pending and not core.rows and core.filling is None and not self._stopping
                 refused: list[RequestHandle] = []
                 if self._stopping:  # draining: nothing waiting starts any more
                     refused = list(self._pending)
@@ -234,6 +251,9 @@ class Scheduler:
                 self._drop(h, "shutdown", "the server is shutting down and did not start this request; retry later")
             if stop:
                 break
+            if idle:
+                self._prepare_one()
+                continue
             for k, h in enumerate(admit):
                 if core.filling is not None:  # a long prompt goes in a chunk a step: the rest wait their turn
                     with self._cond:
