@@ -136,6 +136,7 @@ def test_warm_server_health_is_ok(models: Models, background: bool) -> None:
         server.stop()
 
 
+@pytest.mark.slow  # ~6 s: every bundled drafter's costs measured
 def test_an_idle_server_prepares_every_other_drafter_so_no_first_request_measures_in_a_step(models: Models) -> None:
     state = make_state(models.target, models.draft, ServerConfig(max_batch_size=2, request_timeout=60),
                        default_drafter="model", model_name=MODEL_NAME, prepare_in_background=True)
