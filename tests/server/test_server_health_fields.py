@@ -10,6 +10,7 @@ from typing import Iterator
 
 import pytest
 
+from specdecode.kernels import build
 from specdecode.server import cli, runner
 from specdecode.server.app import ServerState, make_state
 from specdecode.server.config import ServerConfig
@@ -77,6 +78,19 @@ def test_start_line_says_what_a_request_without_gamma_gets(models: Models, monke
     assert cli.cmd_serve(argparse.Namespace()) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith(f"specdecode serve: {MODEL_NAME} on http://") and said in line, line
+
+
+def test_start_line_names_each_kernel_that_is_off_and_why(models: Models, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    state = _state(models, "auto", template=False)
+    monkeypatch.setattr(cli, "build_state", lambda args, engine_threads=None: state)
+    monkeypatch.setattr(runner, "make_server", lambda s: _NoServer())
+    monkeypatch.setattr(runner, "raise_fd_limit", lambda: 0)
+    monkeypatch.setattr(build, "_STATUS", {})
+    monkeypatch.setattr(build, "_REASONS", {})
+    build.report_fallback("specdecode_decode_ops", "disabled", "SPECDECODE_FUSED_OPS=0 turns it off")
+    assert cli.cmd_serve(argparse.Namespace()) == 0
+    assert "the fast path is OFF (specdecode_decode_ops: disabled; eager PyTorch" in capsys.readouterr().out
 
 
 

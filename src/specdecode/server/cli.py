@@ -97,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"drafters: {', '.join(sorted(state.scheduler.drafters))})", flush=True)
     failed = extension_problems()
     if failed:  # a silent fall-back serves at about half the speed for good: say it where it is seen
-        off = ", ".join(f"{name} ({why})" for name, why in sorted(extension_reasons().items()))
+        off = ", ".join(f"{name}: {why}" for name, why in sorted(extension_reasons().items()))
         print(f"specdecode serve: the fast path is OFF ({off}; eager PyTorch runs instead, about half the "
               "speed; the log says why)", flush=True)
         for _, why in sorted(failed.items()):
