@@ -86,10 +86,12 @@ def test_a_fresh_build_that_fails_is_not_retried(tmp_path: Path, monkeypatch: py
 def test_health_says_when_the_fast_path_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from specdecode.server.app import kernel_status
 
+    monkeypatch.setattr(build, "_REASONS", {})  # no reason an earlier test recorded
     monkeypatch.setattr(build, "_STATUS", {"specdecode_decode_ops": None})
-    assert kernel_status() == {"fast_path": True, "failed": []}
+    assert kernel_status() == {"fast_path": True, "failed": [], "reasons": {}}
     monkeypatch.setattr(build, "_STATUS", {"specdecode_decode_ops": None, "specdecode_smallm_linear": "no compiler"})
-    assert kernel_status() == {"fast_path": False, "failed": ["specdecode_smallm_linear"]}
+    assert kernel_status() == {"fast_path": False, "failed": ["specdecode_smallm_linear"],
+                               "reasons": {"specdecode_smallm_linear": "build_failed"}}
 
 
 @pytest.mark.slow
