@@ -36,6 +36,14 @@ class ServerMetrics:
         self.forwards = Counter("specdecode_target_forwards", "Batched target forward passes (decode)", registry=r)
         self.drafted = Counter("specdecode_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specdecode_accepted_tokens", "Draft tokens accepted by the target", registry=r)
+        # per source, at a request's end (its stats hold them): a drafter, one of auto's members (chooser="auto")
+        # or "grammar" (tokens a response_format forced). Once no request runs, the drafted ones sum to
+        # specdecode_draft_tokens; the accepted ones also count accepted draft tokens after an EOS (as usage does)
+        self.drafted_by_source = Counter("specdecode_draft_tokens_by_source", "Draft tokens of ended requests, by "
+                                         "source (a drafter, auto's member, or grammar) and chooser (auto or empty)",
+                                         ["source", "chooser"], registry=r)
+        self.accepted_by_source = Counter("specdecode_accepted_tokens_by_source", "Accepted draft tokens of ended "
+                                          "requests, by source and chooser", ["source", "chooser"], registry=r)
         self.acceptance_by_position = Gauge("specdecode_acceptance_rate_by_position",
                                             "Accepted / drafted at each draft position (0-based)", ["position"],
                                             registry=r)
@@ -111,6 +119,10 @@ class ServerMetrics:
     def observe_finish(self, reason: str, stats: GenerationStats, seconds: float) -> None:
         self.requests.labels(finish_reason=reason).inc()
         self.prompt_tokens.inc(stats.prompt_tokens)
+        chooser = stats.chooser or ""
+        for source, n in stats.drafted_by.items():
+            self.drafted_by_source.labels(source=source, chooser=chooser).inc(n)
+            self.accepted_by_source.labels(source=source, chooser=chooser).inc(stats.accepted_by.get(source, 0))
         self.latency.observe(seconds)
 
     def observe_dropped(self, reason: str, seconds: float) -> None:

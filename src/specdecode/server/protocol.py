@@ -213,15 +213,18 @@ def error_body(message: str, type_: str = "invalid_request_error", param: Option
 
 
 def usage(prompt_tokens: int, completion_tokens: int, target_passes: int, drafted: int, accepted: int,
-          drafted_by: Optional[dict[str, int]] = None, accepted_by: Optional[dict[str, int]] = None) -> dict[str, Any]:
-    """OpenAI's usage plus ``speculative``: passes, drafted and accepted tokens, and per drafter (``auto``
-    says which of its members made them)."""
+          drafted_by: Optional[dict[str, int]] = None, accepted_by: Optional[dict[str, int]] = None,
+          chooser: Optional[str] = None) -> dict[str, Any]:
+    """OpenAI's usage plus ``speculative``: passes, drafted and accepted tokens, and both per source, which
+    sum to them: the drafter, or for ``auto`` the members it chose (``chooser``: "auto", null otherwise), and
+    ``grammar`` for the tokens a response_format forced."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "speculative": {"target_passes": target_passes, "drafted": drafted, "accepted": accepted,
-                        "drafted_by": dict(drafted_by or {}), "accepted_by": dict(accepted_by or {})},
+                        "drafted_by": dict(drafted_by or {}), "accepted_by": dict(accepted_by or {}),
+                        "chooser": chooser},
     }
 
 
