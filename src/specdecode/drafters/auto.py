@@ -30,8 +30,9 @@ far it beats (so a draft model still batches); a deterministic draft whose own p
 the next member's rate leaves its row to that member (and is used if nothing better comes). A row
 with nothing above the policy's margin over plain decoding decodes plainly.
 
-Each draft carries its member's name (``Draft.source``); the decode core counts accepted tokens
-per source into the request's stats (``GenerationStats.accepted_by``).
+Each draft carries its member's name (``Draft.source``); the decode core counts its drafted and accepted
+tokens under that member in the request's stats (``GenerationStats.drafted_by``/``accepted_by``) and
+records auto as the request's ``chooser``, never as a source beside its members.
 """
 
 from __future__ import annotations
