@@ -381,7 +381,7 @@ class ConstraintState:
         if n == len(draft.tokens):
             return draft, torch.stack(masks)
         probs = draft.probs[:n] if draft.probs is not None else None
-        return Draft(list(draft.tokens[:n]), probs), torch.stack(masks)
+        return Draft(list(draft.tokens[:n]), probs, source=draft.source), torch.stack(masks)
 
     def _check_tree(self, draft: "Draft") -> tuple["Draft", torch.Tensor]:
         from .drafters.base import Draft
@@ -404,7 +404,7 @@ class ConstraintState:
             self.rollback()
         tokens = [draft.tokens[k] for k in keep]
         parents = [new_index[draft.parents[k]] for k in keep]
-        return Draft(tokens, None, parents if tokens else None), torch.stack(masks)
+        return Draft(tokens, None, parents if tokens else None, draft.source), torch.stack(masks)
 
     def apply(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         """Target logits [n+1, V'] with forbidden tokens at -inf (V' may exceed the tokenizer's V)."""

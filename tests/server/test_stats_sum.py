@@ -117,9 +117,8 @@ def run(core: DecodeCore, reqs: list[Request]) -> list[tuple[str, GenerationStat
     return out
 
 
-def check_stats(drafter: str, s: GenerationStats, members: set[str], named: bool = True) -> None:
-    """The per-source counts sum to the totals; ``auto``'s tokens are its members' and it is the chooser.
-    ``named=False``: a member's draft the grammar cut may have lost its name (see the xfail below)."""
+def check_stats(drafter: str, s: GenerationStats, members: set[str]) -> None:
+    """The per-source counts sum to the totals; ``auto``'s tokens are its members' and it is the chooser."""
     shown = f"{drafter}: {s.drafted_by} {s.accepted_by} chooser={s.chooser} totals {s.drafted}/{s.accepted}"
     assert sum(s.drafted_by.values()) == s.drafted, shown
     assert sum(s.accepted_by.values()) == s.accepted, shown
@@ -127,8 +126,7 @@ def check_stats(drafter: str, s: GenerationStats, members: set[str], named: bool
     assert all(s.accepted_by[k] <= s.drafted_by[k] for k in s.drafted_by), shown
     drafters = set(s.drafted_by) - {FORCED_SOURCE}
     if drafter == "auto":
-        if named:
-            assert "auto" not in s.drafted_by, shown  # the chooser is never a source
+        assert "auto" not in s.drafted_by, shown  # the chooser is never a source
         assert drafters - {"auto"} <= members, shown
         assert s.chooser == ("auto" if drafters - {"auto"} else None), shown
     else:
@@ -143,7 +141,7 @@ def test_per_source_counts_sum_to_the_totals(core: DecodeCore, kind: str, sample
     assert isinstance(auto, AutoDrafter)
     results = run(core, requests(core, SPECS[kind], sampled, bias))
     for drafter, s in results:
-        check_stats(drafter, s, set(auto.names), named=False)
+        check_stats(drafter, s, set(auto.names))
     if SPECS[kind] is not None:  # the grammar forced something somewhere (schemas' keys, the regex's "(")
         assert any(s.drafted_by.get(FORCED_SOURCE, 0) > 0 for _, s in results), results
 
@@ -154,13 +152,11 @@ def test_a_grammar_forced_draft_is_the_grammars_and_auto_is_the_chooser(core: De
     assert isinstance(auto, AutoDrafter)
     results = run(core, requests(core, SPECS["json_schema"], False, False) + requests(core, None, False, False))
     for drafter, s in results:
-        check_stats(drafter, s, set(auto.names), named=False)
+        check_stats(drafter, s, set(auto.names))
     assert any(s.drafted_by.get(FORCED_SOURCE, 0) > 0 for _, s in results)
     assert any(d == "auto" and s.chooser == "auto" for d, s in results)
 
 
-@pytest.mark.xfail(strict=True, reason="constraints.ConstraintState.check_draft builds a new Draft when it cuts one "
-                   "and drops Draft.source, so the core can only name the chooser; passes once the cut keeps source")
 def test_a_member_draft_the_grammar_cuts_stays_the_members(models: Models) -> None:
     core = make_core(models.target, models.draft, loose_member=True)  # its own: the members' evidence starts afresh
     auto = core.drafters["auto"]
@@ -284,8 +280,6 @@ def test_usage_per_source_sums_to_the_totals(any_server: RunningServer, models: 
         sum(spec["drafted"] for spec in specs)
 
 
-@pytest.mark.xfail(strict=True, reason="translate.usage_all does not pass GenerationStats.chooser to "
-                   "protocol.usage yet; passes once it does")
 def test_auto_is_the_chooser_in_usage(chooser_server: RunningServer) -> None:
     specs = [speculative(chooser_server, body("auto", None, s, None)) for s in (False, True)]
     assert all("auto" not in spec["drafted_by"] for spec in specs), specs

@@ -323,7 +323,7 @@ def usage_all(fins: list[FinishEvent]) -> dict[str, Any]:
 
     return usage(st[0].prompt_tokens, sum(len(f.token_ids) for f in fins), sum(s.target_passes for s in st),
                  sum(s.drafted for s in st), sum(s.accepted for s in st), per_drafter("drafted_by"),
-                 per_drafter("accepted_by"))
+                 per_drafter("accepted_by"), chooser=next((s.chooser for s in st if s.chooser is not None), None))
 
 
 def summary(fin: FinishEvent, from_draft: list[bool]) -> dict[str, Any]:
