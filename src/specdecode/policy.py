@@ -58,18 +58,20 @@ class RowEvidence:
 
     α = (accepted + prior) / (judged + prior weight), judged = accepted tokens plus the one rejected
     per step (the maximum-likelihood estimate for i.i.d. acceptance) over about the last ``memory``
-    judged tokens. The prior is the drafter's own (``prior_alpha`` at ``prior_weight``) plus its
-    history across requests at weight ≤ ``HISTORY_WEIGHT``: a prior, never a verdict."""
+    judged tokens. The prior is the drafter's own (``prior_alpha`` at ``prior_weight``; ``prior``: the
+    reader's own instead, e.g. auto's optimistic one) plus its history across requests at weight ≤
+    ``HISTORY_WEIGHT``: a prior, never a verdict, so junk requests before this one barely move it."""
 
     __slots__ = ("accepted", "evaluated", "fresh_alpha", "memory", "plain", "gap", "started")
 
-    def __init__(self, history: History, memory: float = 100.0) -> None:
+    def __init__(self, history: History, memory: float = 100.0, prior: Optional[tuple[float, float]] = None) -> None:
+        alpha0, weight0 = prior if prior is not None else (history.prior_alpha, history.prior_weight)
         w = min(HISTORY_WEIGHT, history.evaluated)
         past = history.accepted / history.evaluated if history.evaluated > 0 else 0.0
-        self.fresh_alpha = history.prior_alpha
-        mean = (history.prior_alpha * history.prior_weight + past * w) / (history.prior_weight + w)
-        self.accepted = mean * history.prior_weight  # a fresh row's confidence; only the mean moves
-        self.evaluated = history.prior_weight
+        self.fresh_alpha = alpha0
+        mean = (alpha0 * weight0 + past * w) / (weight0 + w)
+        self.accepted = mean * weight0  # a fresh row's confidence; only the mean moves
+        self.evaluated = weight0
         self.memory = memory
         self.plain = 0  # plain passes since the row last drafted
         self.gap = PROBE_GAPS[0]

@@ -44,9 +44,9 @@ def test_junk_requests_do_not_switch_speculation_off(bundled: Models) -> None:
     fresh = _run(bundled, junk=0)
     after = _run(bundled, junk=3)
     assert fresh["accepted"] > 0
-    # γ follows live pass timings, so two servers differ by load noise (seen in CI: 12% fewer
-    # accepted, 24% more passes). Switched off, the 3 × 64 tokens would take ~190 passes against
-    # ~65: the bounds below still tell the two apart. The bounded effect of junk on a row's prior
-    # is pinned exactly in tests/unit/test_policy_poisoning.py.
-    assert after["accepted"] >= 0.7 * fresh["accepted"], (fresh, after)
+    # within 10% of a fresh server (issue 49; 131-132 against 132-133 accepted on a loaded 2-core EPYC). γ
+    # follows live pass timings, so two servers differ by load noise (seen in CI once: 12% fewer accepted, 24%
+    # more passes). Switched off, the 3 × 64 tokens would take ~190 passes against ~65. The bounded effect of
+    # junk on a row's prior is pinned exactly in tests/unit/test_policy_poisoning.py.
+    assert after["accepted"] >= 0.9 * fresh["accepted"], (fresh, after)
     assert after["target_passes"] <= 1.4 * fresh["target_passes"], (fresh, after)

@@ -125,9 +125,10 @@ def test_a_pessimistic_cost_cache_is_corrected_by_the_live_passes(pair: tuple[Mo
     key = files[0].stem
     assert core.policy.offline("model") is not None and core.policy.offline("model").c == 1.5  # type: ignore[union-attr]
     stats = [run(core, PROMPT, 64) for _ in range(8)]
-    # at least level with a fresh core, within live-timing noise: γ follows each machine's timings, so the 8th
-    # request may draft more than the fresh one did (48 accepted against 42 on CI's machine) or somewhat less
-    assert stats[7].accepted >= 0.75 * fresh.accepted, (stats[7], fresh)
+    # level with a fresh core within 10% (issue 49): γ follows each machine's timings, so the 8th request may
+    # draft more than the fresh one did (48 accepted against 42 on CI's machine) or a little less (49-52 against
+    # 49-51 on a loaded 2-core EPYC, from the 1st or 2nd request on)
+    assert stats[7].accepted >= 0.9 * fresh.accepted, (stats[7], fresh)
     assert stats[0].drafted > 0  # the first request already probes, and the probe's timing counts at once
     monkeypatch.setattr(cm, "_MEMO", {})
     rewritten = cached_costs(key)
