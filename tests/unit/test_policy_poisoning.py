@@ -133,3 +133,29 @@ def test_a_pessimistic_cost_cache_is_corrected_by_the_live_passes(pair: tuple[Mo
     monkeypatch.setattr(cm, "_MEMO", {})
     rewritten = cached_costs(key)
     assert rewritten is not None and rewritten.c < 0.5  # the live figure replaced the spoiled one on disk
+
+
+def test_a_cache_with_its_wider_passes_timed_under_load_is_corrected_by_the_narrow_ones(
+        pair: tuple[Model, Model], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every width from 2 tokens cached 3x too dear: only γ = 1 looks worth drafting, and a width never run is
+    never measured. The narrow widths' live timings show the overstatement, the untried widths are scaled alike
+    (``policy.overstated``) and so tried: by the 3rd request the core accepts within 10% of a fresh one's
+    (before: 30 against 51 for every request), and the file is rewritten."""
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "good"))
+    fresh = run(new_core(pair), PROMPT, 64)
+
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "bad"))
+    new_core(pair).drafters["model"].costs_for(pair[0])
+    (f,) = list((tmp_path / "bad" / "costs").glob("*.json"))
+    d = json.loads(f.read_text())
+    v = [1.0] + [3.0 * x for x in d["v"][1:]]
+    f.write_text(json.dumps(dict(d, v=v, target_s=[d["target_s"][0] * x for x in v])))
+    monkeypatch.setattr(cm, "_MEMO", {})
+    core = new_core(pair)
+    stats = [run(core, PROMPT, 64) for _ in range(3)]
+    assert stats[2].accepted >= 0.9 * fresh.accepted, (stats, fresh)
+    monkeypatch.setattr(cm, "_MEMO", {})
+    rewritten = cached_costs(f.stem)
+    assert rewritten is not None and rewritten.v[4] < 2.0  # the untried widths no longer 3x on disk
