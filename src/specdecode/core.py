@@ -298,7 +298,8 @@ class DecodeCore:
     def step(self) -> list[tuple[Row, Event]]:
         """Advance every row by one target pass; returns (row, event) pairs in order. Finished rows
         get their ``FinishEvent`` here and are removed."""
-        (self.threads or governor()).tick()
+        threads = self.threads or governor()
+        threads.tick()
         if self.filling is not None:
             self._fill()
         rows = self.rows
@@ -344,7 +345,7 @@ class DecodeCore:
         if any(r.sampling.greedy for r in rows):
             flat = argmax_list(logits.reshape(batch * width, -1))
             argmax = [flat[i * width : (i + 1) * width] for i in range(batch)]
-        if self._clock is self._cost_clock:
+        if self._clock is self._cost_clock and not threads.cut:  # a cut team's passes wait for other processes
             self.policy.record_target(batch, width, self._clock() - t0)
         self.forward_passes += 1
         if self.forward_passes % REFINE_EVERY == 0:

@@ -9,9 +9,11 @@ not save it (44-89) and costs half the speed on an idle machine; only a smaller 
 ``ThreadGovernor`` watches the run delay of this process's threads (time spent runnable but not running,
 ``/proc/self/task/*/schedstat``). A team whose threads wait for a core more than ``cut_share`` of the time is
 cut to one thread at once; the full team is tried again after a back-off that doubles while tries keep
-failing, and not while even one thread waits for a core. Where the kernel keeps no schedstat (not Linux),
-the count stays as set. The decode core ticks it once a step, on the thread that runs the step (a torch
-thread count belongs to the thread that sets it), so ``generate``, ``chat`` and the server all pass here.
+failing, and not while even one thread waits for a core. Before there is a run delay to read (the first
+tick, which ``load_model`` gives), the count of runnable tasks decides where it starts. Where the kernel
+keeps no schedstat (not Linux), the count stays as set. The decode core ticks it once a step, on the thread
+that runs the step (a torch thread count belongs to the thread that sets it), so ``generate``, ``chat`` and
+the server all pass here.
 
 Changing the count changes no output: every kernel splits work by whole output rows, never a sum.
 """
@@ -45,6 +47,23 @@ def run_delay_s() -> Optional[float]:
         return None
 
 
+def others_running() -> Optional[int]:
+    """Tasks runnable right now outside this thread (``/proc/loadavg``'s 4th field less the reader itself)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return max(0, int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass
 class ThreadGovernor:
     """The stepping thread's torch thread count: ``most`` (None: torch's count on that thread at the first
@@ -64,6 +83,8 @@ class ThreadGovernor:
     delay: Callable[[], Optional[float]] = run_delay_s
     set_threads: Callable[[int], None] = torch.set_num_threads
     get_threads: Callable[[], int] = torch.get_num_threads
+    others: Callable[[], Optional[int]] = others_running
+    cores: Callable[[], int] = cpus
     threads: int = field(default=0, init=False)  # the count set now (0 before the first tick)
     cuts: int = field(default=0, init=False)  # times the team was cut (a figure for the bench and logs)
     _t0: float = field(default=0.0, init=False)
@@ -106,13 +127,26 @@ class ThreadGovernor:
                 self._set(self.most or 1)
                 self._tried_at = now
 
+    @property
+    def cut(self) -> bool:
+        """The team is smaller than it may be: other processes hold cores (timings now are theirs too)."""
+        return 0 < self.threads < (self.most or 0)
+
     def _start(self) -> None:
         if self.most is None or self.threads != 0:
             self.most = self.get_threads()
-        self._set(self.most)
+        most = self.most
         self._t0, self._d0 = self.clock(), self.delay()
         if self._d0 is None:
             self.adaptive = False  # no schedstat here: the count stays as set
+        # no run delay to read yet: a machine whose cores other tasks fill now starts on one thread (a model
+        # loaded and measured by a waiting team took 2-4x the wall time), tried as a team after the back-off
+        others = self.others() if self.adaptive and most > 1 else None
+        if others is not None and others > self.cores() - most:
+            self._set(1)
+            self._next_try = self._t0 + self._wait
+        else:
+            self._set(most)
 
     def _set(self, n: int) -> None:
         if n != self.get_threads():

@@ -25,12 +25,13 @@ class Machine:
             self.delay += seconds / steps * share * self.count
             gov.tick()
 
-    def governor(self, most: int = 2, **kw: float) -> ThreadGovernor:
+    def governor(self, most: int = 2, others: int = 0, **kw: float) -> ThreadGovernor:
         def set_threads(n: int) -> None:
             self.count = n
 
         return ThreadGovernor(most=most, clock=lambda: self.now, delay=lambda: self.delay,
-                              set_threads=set_threads, get_threads=lambda: self.count, **kw)
+                              set_threads=set_threads, get_threads=lambda: self.count, others=lambda: others,
+                              cores=lambda: 2, **kw)
 
 
 def test_idle_machine_keeps_the_team() -> None:
@@ -73,6 +74,17 @@ def test_a_freed_machine_gets_the_team_back_and_failed_tries_back_off() -> None:
     assert g.threads == 2
 
 
+def test_a_machine_busy_at_the_first_tick_starts_on_one_thread_and_tries_the_team_later() -> None:
+    m = Machine()
+    g = m.governor(others=1)  # another task runnable when the model loads
+    g.tick()
+    assert g.threads == 1 and m.count == 1
+    m.run(0.3, 0.0, g, steps=30)
+    assert g.threads == 1
+    m.run(0.5, 0.0, g, steps=50)  # the back-off passed and one thread never waited: the team is tried
+    assert g.threads == 2
+
+
 def test_a_count_the_caller_sets_becomes_the_most() -> None:
     m = Machine()
     g = m.governor()
@@ -84,7 +96,8 @@ def test_a_count_the_caller_sets_becomes_the_most() -> None:
 
 def test_no_schedstat_leaves_the_count_alone() -> None:
     calls: list[int] = []
-    g = ThreadGovernor(most=2, delay=lambda: None, set_threads=calls.append, get_threads=lambda: 2)
+    g = ThreadGovernor(most=2, delay=lambda: None, set_threads=calls.append, get_threads=lambda: 2,
+                       others=lambda: 5, cores=lambda: 2)
     for _ in range(100):
         g.tick()
     assert g.threads == 2 and not calls and not g.adaptive

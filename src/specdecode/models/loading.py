@@ -19,6 +19,7 @@ from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_FIXED
                       check_weight_dtype)
 from ..kernels import Kernels, install_kernels, select_kernels
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
+from ..threads import governor
 from .config import ModelConfig
 from .gpt2 import GPT2Model
 from .llama import LlamaModel
@@ -283,6 +284,7 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     ``fixed_rows`` makes decode passes batch-invariant where the kernels are not (``resolve_fixed_rows``);
     ``cuda_graphs`` replays those passes as CUDA graphs (``models/graphs.py``; experimental).
     """
+    governor().tick()  # the thread count this load and what follows start with (threads.py)
     check_matmul(matmul)
     check_fixed_rows(fixed_rows)
     if not isinstance(kv_dtype, torch.dtype):
