@@ -107,6 +107,8 @@ def _accepted(run: list[tuple[str, dict[str, int]]]) -> int:
 def test_the_next_requests_accept_as_on_a_fresh_server(runs: dict[str, list[tuple[str, dict[str, int]]]],
                                                        mode: str) -> None:
     fresh, after = runs["fresh"], runs[mode]
-    assert [t for t, _ in after] == [t for t, _ in fresh]  # the same answers, whatever was drafted
+    differ = [i for i, ((a, _), (b, _)) in enumerate(zip(fresh, after)) if a != b]
+    assert not differ, f"answers {differ} differ from a fresh server's (greedy output must not depend on drafting)"
     assert _accepted(fresh) > 100  # the fresh server speculates (~250-290 of 576 tokens)
-    assert _accepted(after) >= 0.9 * _accepted(fresh), ([u for _, u in fresh], [u for _, u in after])
+    accepted = [[u["accepted"] for _, u in r] for r in (fresh, after)]
+    assert _accepted(after) >= 0.9 * _accepted(fresh), f"accepted: fresh {accepted[0]}, {mode} {accepted[1]}"
