@@ -324,7 +324,7 @@ class DecodeCore:
         ids = torch.tensor([[r.tokens[-1]] + d.tokens + [r.tokens[-1]] * (width - 1 - len(d.tokens))
                             for r, d in zip(rows, drafts)], dtype=torch.long, device=self.target.device)
         mask = tree_mask(drafts, width, ids.device) if tree else None
-        t0 = self._clock()
+        t0, tp = self._clock(), time.perf_counter()
         hidden, layers = None, None
         if self._want_hidden:
             out = self.target.run(ids, self.cache, rows=slice(0, batch), tree_mask=mask, return_hidden=True,
@@ -345,6 +345,7 @@ class DecodeCore:
         if any(r.sampling.greedy for r in rows):
             flat = argmax_list(logits.reshape(batch * width, -1))
             argmax = [flat[i * width : (i + 1) * width] for i in range(batch)]
+        threads.observe(width, time.perf_counter() - tp)
         if self._clock is self._cost_clock and not threads.cut:  # a cut team's passes wait for other processes
             self.policy.record_target(batch, width, self._clock() - t0)
         self.forward_passes += 1

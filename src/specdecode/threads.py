@@ -9,11 +9,12 @@ not save it (44-89) and costs half the speed on an idle machine; only a smaller 
 ``ThreadGovernor`` watches the run delay of this process's threads (time spent runnable but not running,
 ``/proc/self/task/*/schedstat``). A team whose threads wait for a core more than ``cut_share`` of the time is
 cut to one thread at once; the full team is tried again after a back-off that doubles while tries keep
-failing, and not while even one thread waits for a core. Before there is a run delay to read (the first
-tick, which ``load_model`` gives), the count of runnable tasks decides where it starts. Where the kernel
-keeps no schedstat (not Linux), the count stays as set. The decode core ticks it once a step, on the thread
-that runs the step (a torch thread count belongs to the thread that sets it), so ``generate``, ``chat`` and
-the server all pass here.
+failing, and not while even one thread waits for a core; a team tried after one thread ran is kept only if its
+passes are faster (low-priority work on the other core delays a team without much run delay). Before there is
+a run delay to read (the first tick, which ``load_model`` gives), the count of runnable tasks decides where it
+starts. Where the kernel keeps no schedstat (not Linux), the count stays as set. The decode core ticks it once
+a step, on the thread that runs the step (a torch thread count belongs to the thread that sets it), so
+``generate``, ``chat`` and the server all pass here.
 
 Changing the count changes no output: every kernel splits work by whole output rows, never a sum.
 """
@@ -77,6 +78,7 @@ class ThreadGovernor:
     adaptive: bool = True
     window_s: float = 0.05
     cut_share: float = 0.15
+    try_s: float = 0.25
     backoff_s: float = 0.5
     max_backoff_s: float = 16.0
     clock: Callable[[], float] = time.monotonic
@@ -92,6 +94,8 @@ class ThreadGovernor:
     _next_try: float = field(default=0.0, init=False)
     _wait: float = field(default=0.0, init=False)
     _tried_at: Optional[float] = field(default=None, init=False)
+    _judged: bool = field(default=True, init=False)  # the last try's speed was compared
+    _pass_s: dict[tuple[int, int], float] = field(default_factory=dict, init=False)  # (threads, width) -> s
 
     def __post_init__(self) -> None:
         if self.most is not None and self.most < 1:
@@ -114,7 +118,7 @@ class ThreadGovernor:
             return
         share = (d - self._d0) / (now - self._t0) / self.threads
         self._t0, self._d0 = now, d
-        if self.threads > 1 and share > self.cut_share:
+        if self.threads > 1 and (share > self.cut_share or self._team_no_faster(now)):
             self._set(1)
             self.cuts += 1
             failed_try = self._tried_at is not None and now - self._tried_at < 4 * self._wait
@@ -125,7 +129,24 @@ class ThreadGovernor:
                 self._next_try = max(self._next_try, now + self._wait)
             elif now >= self._next_try:
                 self._set(self.most or 1)
-                self._tried_at = now
+                self._tried_at, self._judged = now, False
+
+    def observe(self, width: int, seconds: float) -> None:
+        """A target pass over ``width`` tokens per row took ``seconds`` at the count set now."""
+        key = (self.threads, width)
+        old = self._pass_s.get(key)
+        self._pass_s[key] = seconds if old is None else old + 0.3 * (seconds - old)
+
+    def _team_no_faster(self, now: float) -> bool:
+        """A team tried after one thread ran passes no faster than it, for the widths both ran (low-priority
+        work on the other core makes a team wait without much run delay); judged once the try is a
+        ``try_s`` old."""
+        if self._judged or self._tried_at is None or now - self._tried_at < self.try_s:
+            return False
+        self._judged = True
+        pairs = [(t, self._pass_s[(1, w)]) for (n, w), t in self._pass_s.items()
+                 if n == self.threads and (1, w) in self._pass_s]
+        return bool(pairs) and sum(t for t, _ in pairs) > 0.95 * sum(one for _, one in pairs)
 
     @property
     def cut(self) -> bool:

@@ -85,6 +85,20 @@ def test_a_machine_busy_at_the_first_tick_starts_on_one_thread_and_tries_the_tea
     assert g.threads == 2
 
 
+@pytest.mark.parametrize("team_pass_s, kept", [(0.004, False), (0.002, True)])
+def test_a_tried_team_is_kept_only_if_its_passes_are_faster(team_pass_s: float, kept: bool) -> None:
+    """Low-priority work on the other core: no run delay to speak of, yet the team may be no faster."""
+    m = Machine()
+    g = m.governor(others=1)
+    g.tick()
+    assert g.threads == 1
+    for _ in range(200):  # 0.8 s of passes: one thread's, then the tried team's
+        m.now += 0.004
+        g.observe(1, 0.003 if g.threads == 1 else team_pass_s)
+        g.tick()
+    assert (g.threads == 2) == kept and g.cuts == (0 if kept else 1)
+
+
 def test_a_count_the_caller_sets_becomes_the_most() -> None:
     m = Machine()
     g = m.governor()
