@@ -171,8 +171,9 @@ def test_losing_dear_member_is_probed_at_doubling_intervals_and_adopted_when_goo
         if out[0].source == "heads":
             probes.append(step)
         auto.on_verified_row(0, 0 if out[0].source == "heads" else 2)
-    # idle 32 steps, then 64, 128, 256 (each losing probe doubles the wait): a few steps in 600
-    assert probes == [31, 95, 223, 479]
+    # tried once as the request starts (no request inherits another's verdict), then idle 32 steps, 64, 128,
+    # 256 (each losing probe doubles the wait): a few steps in 600
+    assert probes == [0, 32, 96, 224, 480]
     assert m.rate < 1.2  # the probes confirmed it
     heads.tokens = list(range(1, 16))  # now its drafts are all accepted: the next probe finds it
     for _ in range(600):
@@ -194,7 +195,8 @@ def test_a_dear_member_that_declines_loses_its_rate_and_is_no_longer_asked(tiny_
     m.c, m.rate, m.steps = 0.3, 2.0, 5  # it drafted well on earlier text
     for _ in range(40):
         assert not auto.propose_rows({0: _ctx()})[0].tokens
-    assert m.rate < 1.0
+    assert m.rate_at(0) < 1.0  # in this request (it starts it optimistic) ...
+    assert m.rate < 2.0  # ... and across requests
     assert len(heads.calls) < 15  # asked until its rate fell, then only probed
 
 
@@ -270,3 +272,26 @@ def test_a_chain_without_its_own_prediction_is_cut_to_its_best_paying_prefix(tin
     assert out[0].tokens == [10, 11] and out[0].source == "lookup"
     auto.on_verified_row(0, 2)
     assert lookup.verified == [(0, 2)] and lookup.acceptance.evaluated == 2  # the evidence is the cut draft's
+
+
+def test_junk_before_a_request_sets_neither_how_it_values_drafts_nor_which_members_it_tries(
+        tiny_dirs: dict[str, Path]) -> None:
+    """Issue 49: junk requests (every draft rejected) before a request are history, a bounded prior: the new
+    request values a chain member's drafts and tries a dear member as on a fresh server."""
+    def build() -> AutoDrafter:
+        auto = _auto(tiny_dirs, {"lookup": Fake([5, 6, 7, 8]), "heads": Fake([4, 4, 4])})
+        heads = auto.members[1]
+        _timed(auto, heads.drafter, 0.5)  # type: ignore[arg-type]
+        heads.samples.extend([0.5] * 9)
+        heads.c = 0.5  # dear: judged by its realised rate
+        return auto
+
+    fresh, auto = build(), build()
+    for _ in range(50):  # the junk request: whatever is drafted is rejected
+        auto.propose_rows({0: _ctx()})
+        auto.on_verified_row(0, 0)
+    auto.reset_row(0)
+    lookup, heads = auto.members
+    assert lookup.alpha < 0.3 and heads.rate < auto.margin  # the shared record says neither pays
+    assert lookup.row_evidence(0).alpha >= 0.9 * fresh.members[0].row_evidence(0).alpha  # what its drafts are valued at
+    assert auto.propose_rows({0: _ctx()})[0].source == fresh.propose_rows({0: _ctx()})[0].source == "heads"

@@ -53,7 +53,7 @@ from ..costmodel import (
     expected_tokens,
     load_or_measure_costs,
 )
-from ..policy import SPECULATION_MARGIN
+from ..policy import SPECULATION_MARGIN, RowEvidence
 from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter
 from .live_costs import Stored, live_v
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
@@ -87,6 +87,10 @@ class Member:
     idle: int = 0  # steps since it last drafted (dear self-sizing members)
     interval: int = PROBE_FIRST  # steps of idleness before its next probe (doubles per losing probe)
     probing: bool = False  # this step's drafts are a probe
+    # per row, its request's own evidence: what its drafts are valued by, so that no request inherits another's
+    # verdict (junk requests before it, all rejections, would otherwise set what a new request tries: issue 49)
+    evidence: dict[int, RowEvidence] = dataclasses.field(default_factory=dict)  # α (the history a bounded prior)
+    row_rates: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)  # (rate, steps), self-sizing
 
     @property
     def alpha(self) -> float:
@@ -95,17 +99,40 @@ class Member:
         a = self.drafter.acceptance
         return (a.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (a.evaluated + PRIOR_WEIGHT)
 
+    def row_evidence(self, row: int) -> RowEvidence:
+        ev = self.evidence.get(row)
+        if ev is None:
+            ev = self.evidence[row] = RowEvidence(self.drafter.acceptance, prior=(PRIOR_ALPHA, PRIOR_WEIGHT))
+        return ev
+
+    def rate_at(self, row: int) -> float:
+        """A self-sizing member's realised rate in this row's request: optimistic until it drafts here,
+        as on a fresh server."""
+        return self.row_rates.get(row, (OPTIMISTIC, 0))[0]
+
+    def drop_row(self, row: int) -> None:
+        self.evidence.pop(row, None)
+        self.row_rates.pop(row, None)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.drop_row(dst)
+        if src in self.evidence:
+            self.evidence[dst] = self.evidence.pop(src)
+        if src in self.row_rates:
+            self.row_rates[dst] = self.row_rates.pop(src)
+
     @property
     def cheap(self) -> bool:
         """Proposes before the others: self-sizing, deterministic, and cheaper than ``CHEAP``."""
         return self.costs is None and not self.sampled and self.c < CHEAP
 
-    def worth(self, cap: int) -> tuple[float, int]:
-        """(predicted speedup over plain decoding, draft length to ask for) for one row."""
+    def worth(self, cap: int, row: int | None = None) -> tuple[float, int]:
+        """(predicted speedup over plain decoding, draft length to ask for) for ``row`` (None: any row, from
+        the evidence of every request: the order members are asked in)."""
         if self.costs is None:
             g = self.drafter.gamma
-            return self.rate, min(cap, g if isinstance(g, int) else cap)
-        alpha = self.alpha
+            return self.rate if row is None else self.rate_at(row), min(cap, g if isinstance(g, int) else cap)
+        alpha = self.alpha if row is None else self.row_evidence(row).alpha
         g = self.costs.best_gamma(alpha, min(cap, MAX_GAMMA))
         return (self.costs.speedup(alpha, g) if g else 0.0), g
 
@@ -209,6 +236,7 @@ class AutoDrafter(RowZeroAdapter):
     def reset_row(self, row: int) -> None:
         self._pending.pop(row, None)
         for m in self.members:
+            m.drop_row(row)
             m.drafter.reset_row(row)
 
     def move_row(self, src: int, dst: int) -> None:
@@ -216,6 +244,7 @@ class AutoDrafter(RowZeroAdapter):
         if src in self._pending:
             self._pending[dst] = self._pending.pop(src)
         for m in self.members:
+            m.move_row(src, dst)
             m.drafter.move_row(src, dst)
 
     def forget(self) -> None:
@@ -233,16 +262,21 @@ class AutoDrafter(RowZeroAdapter):
         m, width = got
         m.drafter.on_verified_row(row, n_accepted)
         m.drafter.acceptance.update(width, n_accepted)
+        m.row_evidence(row).update(width, n_accepted)
         m.accepted += n_accepted
         if m.costs is None and self._base is not None:
-            self._observe(m, (n_accepted + 1) / (m.c + self._base.v_at(width)))
+            self._observe(m, row, (n_accepted + 1) / (m.c + self._base.v_at(width)))
 
     @staticmethod
-    def _observe(m: Member, sample: float) -> None:
-        """One step's realised speedup into a self-sizing member's running rate."""
+    def _observe(m: Member, row: int, sample: float) -> None:
+        """One step's realised speedup into a self-sizing member's running rate, across requests (the order
+        members are asked in, probes) and in this row's request (whether its rows are asked)."""
         m.steps += 1
         weight = max(RATE_EMA, 1.0 / (m.steps + 1), PROBE_WEIGHT if m.probing else 0.0)
         m.rate += weight * (sample - m.rate)
+        rate, steps = m.row_rates.get(row, (OPTIMISTIC, 0))
+        weight = max(RATE_EMA, 1.0 / (steps + 2), PROBE_WEIGHT if m.probing else 0.0)
+        m.row_rates[row] = (rate + weight * (sample - rate), steps + 1)
 
     # -- drafting ------------------------------------------------------------------------------------
     def _call(self, m: Member, contexts: Mapping[int, DraftContext], g: int) -> dict[int, Draft]:
@@ -268,7 +302,7 @@ class AutoDrafter(RowZeroAdapter):
                                    f"{asked[r].max_tokens} were allowed")
         return {r: d for r, d in got.items() if d.tokens}
 
-    def _value(self, m: Member, d: Draft) -> float:
+    def _value(self, m: Member, d: Draft, row: int) -> float:
         """Predicted speedup of one deterministic draft: its own E when it gives one, else E(α, depth)
         (a tree's longest path; α is path-shaped, the core's evidence for trees), over c + v(nodes)."""
         assert self._base is not None
@@ -281,10 +315,10 @@ class AutoDrafter(RowZeroAdapter):
                 for p in d.parents:
                     level.append(1 if p < 0 else level[p] + 1)
                 depth = max(level)
-            e = expected_tokens(m.alpha, depth)
+            e = expected_tokens(m.row_evidence(row).alpha, depth)
         return e / (m.c + self._base.v_at(n))
 
-    def _best_prefix(self, m: Member, d: Draft) -> Draft:
+    def _best_prefix(self, m: Member, d: Draft, row: int) -> Draft:
         """A chain with no prediction of its own (prompt lookup's fixed-length copies) cut to the prefix
         worth most by E(α, k) / (c + v(k)): on a CPU where v(10) is 3.7 passes (AVX2 int4) a 10-token copy is
         worth 0.64 of plain decoding at α 0.75 and was never chosen, not even where it would have been
@@ -293,7 +327,7 @@ class AutoDrafter(RowZeroAdapter):
             return d
         base = self._base
         assert base is not None
-        alpha = m.alpha
+        alpha = m.row_evidence(row).alpha
         k = max(range(1, len(d.tokens) + 1), key=lambda n: expected_tokens(alpha, n) / (m.c + base.v_at(n)))
         return d if k == len(d.tokens) else dataclasses.replace(d, tokens=d.tokens[:k])
 
@@ -325,39 +359,42 @@ class AutoDrafter(RowZeroAdapter):
                 m.sampled = True
                 continue
             for r, d in got.items():
-                d = self._best_prefix(m, d)
-                v = self._value(m, d)
+                d = self._best_prefix(m, d, r)
+                v = self._value(m, d, r)
                 if v > best[r][0]:
                     best[r], out[r] = (v, m), d
         ranked = sorted(((m.worth(cap), i, m) for i, m in enumerate(self.members) if m not in cheap),
                         key=lambda x: (not x[2].probe_due, -x[0][0], x[1]))
         spare: dict[int, tuple[float, Member, Draft]] = {}  # weak deterministic drafts, kept in case none follows
-        for k, ((rate, g), _, m) in enumerate(ranked):
+        for k, (_, _, m) in enumerate(ranked):
             probe = m.probe_due
-            rows = {r: c for r, c in contexts.items() if rate > best[r][0] or (probe and best[r][1] is None)}
-            if not rows or g <= 0:
+            worth = {r: m.worth(min(cap, c.max_tokens), r) for r, c in contexts.items()}
+            rows = {r: dataclasses.replace(c, max_tokens=worth[r][1]) for r, c in contexts.items()
+                    if worth[r][1] > 0 and (worth[r][0] > best[r][0] or (probe and best[r][1] is None))}
+            if not rows:
                 continue
+            longest = max(c.max_tokens for c in rows.values())
             if probe:  # a losing member's probe: wait twice as long for the next unless it now wins
                 m.probing = True
                 m.interval = min(PROBE_MAX, 2 * m.interval)
             elif m.costs is None:
                 m.interval = PROBE_FIRST  # chosen on its own merit
             after = max((x[0][0] for x in ranked[k + 1:] if x[0][1] > 0), default=0.0)
-            got = self._call(m, rows, g)
+            got = self._call(m, rows, longest)
             if m.costs is None:
                 # asked and declined (its own planner found nothing worth drafting): the step cost its c for
                 # nothing, so its rate says so. Counting only the steps it drafted ranked EAGLE on SmolLM2's
                 # AVX2 int4 path at 1.2 while it declined most calls, and auto fell 3-4% behind suffix alone
-                for _ in set(rows) - set(got):
-                    self._observe(m, 1.0 / (m.c + 1.0))
+                for r in set(rows) - set(got):
+                    self._observe(m, r, 1.0 / (m.c + 1.0))
             for r, d in got.items():
-                if not probe and d.probs is None and d.expected is not None and self._value(m, d) < after:
-                    v = self._value(m, d)  # its own prediction says a later member does better: let it try
+                if not probe and d.probs is None and d.expected is not None and self._value(m, d, r) < after:
+                    v = self._value(m, d, r)  # its own prediction says a later member does better: let it try
                     if v > self.margin and v > spare.get(r, (0.0,))[0]:
                         spare[r] = (v, m, d)
                     continue
                 # a probe's draft stands (its evidence is the point); another's must be beaten by later members
-                best[r], out[r] = (float("inf") if probe else max(rate, best[r][0]), m), d
+                best[r], out[r] = (float("inf") if probe else max(worth[r][0], best[r][0]), m), d
         for r, (v, m, d) in spare.items():
             if best[r][1] is None:
                 best[r], out[r] = (v, m), d
