@@ -1,4 +1,5 @@
-"""The one decode core: a set of rows, one batched step at a time.
+"""The one decode core: a set of rows, one batched step at a time. (Over 450 lines: the step and the row
+moves it depends on are kept together until the step is split into named helpers.)
 
     propose:  every drafting row's drafter (each ``BatchDrafter`` once, for all of its rows)
     forward:  ONE target pass over the rows, padded to the widest draft (a tree mask if any

@@ -1,4 +1,5 @@
-"""A measured cost model for choosing γ: speedup(γ) = E(α, γ) / (γ c + v(γ)).
+"""A measured cost model for choosing γ: speedup(γ) = E(α, γ) / (γ c + v(γ)). (Over 450 lines: the timing
+loop and the cache files it fills stay together until the costs have one module of their own.)
 
 E(α, γ) = (1 − α^(γ+1)) / (1 − α) is Leviathan et al.'s expected tokens per
 target pass; c is the draft pass cost relative to a target pass; v(γ) is what
