@@ -58,8 +58,9 @@ class ServerConfig:
                                      "ones get HTTP 503 at once); past it they end with an error event"))
     openapi: bool = field(default=False, metadata=_help("serve the OpenAPI schema at /openapi.json"))
     threads: Optional[int] = field(
-        default=None, metadata=_help("CPU threads of the decode engine; unset: torch's, i.e. "
-                                     "$OMP_NUM_THREADS, else the physical cores"))
+        default=None, metadata=_help("most CPU threads of the decode engine, which drops to one while other "
+                                     "processes hold the cores; unset: torch's, i.e. $OMP_NUM_THREADS, else "
+                                     "the physical cores"))
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
