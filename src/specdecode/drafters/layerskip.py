@@ -109,8 +109,12 @@ class LayerSkipDrafter:
         if found is not None:
             plan, self.calibration, path = found
             speedup = self.calibration.get("measured_speedup")
-            log.info("layerskip: calibrated for this target (%s): %s%s", path, plan.describe(),
-                     f", measured at {speedup:.2f}x plain decoding" if isinstance(speedup, (int, float)) else "")
+            # say it once here when the calibration found no paying layers, so auto leaving it out reads as a
+            # consequence, not a contradiction
+            verdict = ", so it does not pay here" if self.calibration.get("speculation_pays") is False else ""
+            log.info("layerskip: calibrated for this target (%s): %s%s%s", path, plan.describe(),
+                     f", measured at {speedup:.2f}x plain decoding" if isinstance(speedup, (int, float)) else "",
+                     verdict)
             return plan
         plan = DraftLayers.default(n)
         log.info("layerskip: uncalibrated for this target, so the default: %s; run `specdecode calibrate "

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from .. import measure_context
 from ..config import ConfigError
 from ..costmodel import CostSteps, Costs, Step, cost_clock, drafter_costs
-from ..policy import MIN_DELTA_C
+from ..policy import MIN_DELTA_C, SPECULATION_MARGIN
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .medusa_heads import MedusaConfig, check_fits, load_heads
@@ -133,6 +133,7 @@ class MedusaDrafter(RowZeroAdapter):
         self._plans: dict[tuple[int, int], tuple[int, TreePlan]] = {}
         self._steps_off = 0
         self._probe_gap = PROBE_FIRST  # steps off before the next probe of the heads
+        self._said_off = False  # whether the log already says why nothing is drafted (once per target)
         self.last_plan: TreePlan = NO_TREE
         self.vocab_rows = 0
 
@@ -169,6 +170,7 @@ class MedusaDrafter(RowZeroAdapter):
             if fmt is not None:
                 self._lin, self._w, self._out, self.runtime = kernels.linear, mats["w"], mats["out"], fmt
         self._target = target
+        self._said_off = False
         if self._costs is None and self._fixed is None:
             self._costs, self._tree_extra = load_or_measure_tree_costs(target, self)
             self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
@@ -289,6 +291,22 @@ class MedusaDrafter(RowZeroAdapter):
             got = self._plans[key] = (self.stats.version, plan)
         return got[1]
 
+    def _say_off(self, rows: int, cap: int) -> None:
+        """Once per target, why nothing is drafted: a user who asked for Medusa would otherwise see
+        0 tokens drafted and no reason (on AVX2 the shipped SmolLM2 heads never pay)."""
+        if self._said_off or self._costs is None:
+            return
+        self._said_off = True
+        best = plan_tree(self.stats.table(), self._costs, cap, chain=not self.tree, rows=rows, margin=0.0,
+                         tree_extra=self._tree_extra)
+        together = f" with {rows} rows drafting together" if rows > 1 else ""
+        predicted = f"predicted at {best.speedup:.2f}x" if best.paths else "no faster than"
+        log.info("%s: drafting nothing for now (its best draft is %s plain decoding on this target%s, under the "
+                 "%.2fx speculation needs: head 1 right %.0f%% of the time, the heads cost %.2f of a target "
+                 "pass); the heads are tried again every %d-%d steps", "medusa" if self.tree else "medusa-chain",
+                 predicted, together, SPECULATION_MARGIN, 100 * self.stats.table()[0][0], self._costs.c,
+                 PROBE_FIRST, PROBE_MAX)
+
     def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
         """Candidates for every row that has a hidden state, shaped by one plan for all of them."""
         if self._target is None:
@@ -302,6 +320,7 @@ class MedusaDrafter(RowZeroAdapter):
         cap = min(self.max_nodes, max(c.max_tokens for c in ready.values()))
         plan = self.last_plan = self._plan(len(ready), cap)
         if not plan.paths:
+            self._say_off(len(ready), cap)
             self._steps_off += 1
             if self._steps_off < self._probe_gap:
                 return drafts  # nothing pays: plain decoding, with a probe of the heads now and then
