@@ -33,6 +33,7 @@ from .config import ConfigError
 from .constraints import check_request
 from .costmodel import cost_clock, store_costs
 from .drafters.base import BatchDrafter, Draft, DraftContext
+from .gamma import Speculation, resolve_gamma
 from .logprobs import check_logprobs, token_logprobs
 from .models import Model
 from .ops import argmax_list
@@ -127,16 +128,15 @@ class DecodeCore:
                 raise ConfigError(f"drafter {request.drafter!r} is not loaded here; loaded: "
                                   f"{', '.join(sorted(self.drafters)) or 'none'}")
             drafter = self._prepare(request.drafter)
-        gamma = drafter.gamma if drafter is not None else 0
-        cap = request.gamma or (gamma if isinstance(gamma, int) else self.policy.max_gamma)
-        adaptive = request.adaptive if request.adaptive is not None else (gamma == "auto" and request.gamma is None)
+        spec = (resolve_gamma(request.gamma, drafter.gamma, request.adaptive) if drafter is not None
+                else Speculation(0, False))
         if request.constraint is not None or request.logit_bias:
             check_request(request, self.target)
         if request.logprobs is not None:
             check_logprobs(request.logprobs)
         i = len(self.rows)
         max_len = min(self.context_len, len(request.prompt_ids) + request.generation.max_new_tokens)
-        row = Row(request, self.target, max_len, drafter, cap, adaptive, owner)
+        row = Row(request, self.target, max_len, drafter, spec.cap, spec.adaptive, owner)
         if row.n_prompt >= self.context_len:
             raise ContextLengthError(f"prompt has {row.n_prompt} tokens but the context window is "
                                      f"{self.context_len}; shorten it so at least one token can be generated")
@@ -347,7 +347,7 @@ class DecodeCore:
             flat = argmax_list(logits.reshape(batch * width, -1))
             argmax = [flat[i * width : (i + 1) * width] for i in range(batch)]
         threads.observe(width, time.perf_counter() - tp)
-        if self._clock is self._cost_clock and not threads.cut:  # a cut team's passes wait for other processes
+        if self._clock is self._cost_clock:
             self.policy.record_target(batch, width, self._clock() - t0)
         self.forward_passes += 1
         if self.forward_passes % REFINE_EVERY == 0:

@@ -148,11 +148,6 @@ class ThreadGovernor:
                  if n == self.threads and (1, w) in self._pass_s]
         return bool(pairs) and sum(t for t, _ in pairs) > 0.95 * sum(one for _, one in pairs)
 
-    @property
-    def cut(self) -> bool:
-        """The team is smaller than it may be: other processes hold cores (timings now are theirs too)."""
-        return 0 < self.threads < (self.most or 0)
-
     def _start(self) -> None:
         if self.most is None or self.threads != 0:
             self.most = self.get_threads()
