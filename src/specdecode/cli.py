@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET, REPO_MODELS, default_model_dir  # noqa: F401 (re-exported)
 from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyConfig, add_dataclass_args, from_args
+from .gamma import DEFAULT_CAP
 
 if TYPE_CHECKING:
     from .drafters import DrafterOptions
-    from .drafters.base import BatchDrafter, Gamma
+    from .drafters.base import BatchDrafter
+    from .gamma import Gamma
     from .models import Model
 
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
@@ -39,8 +41,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help=f"how tokens are proposed (default: {PAIRED_DEFAULT} with the bundled target or --draft, else "
                         f"{ALONE_DEFAULT}): " + "; ".join(f"{name} = {spec.help}" for name, spec in REGISTRY.items()))
     p.add_argument("--gamma", type=parse_gamma, default="auto",
-                   help="draft tokens proposed per target pass, or 'auto': chosen each step from the measured "
-                        "cost model and the running acceptance rate (default: auto)")
+                   help=f"N: draft N tokens every target pass; 'auto': the cost policy picks 0 to {DEFAULT_CAP} "
+                        "(a drafter's own cap where it has one) each pass, from measured costs and acceptance "
+                        "(default: auto)")
     p.add_argument("--draft-vocab", type=parse_draft_vocab, default="auto",
                    help="tokens a draft model may propose: 'auto' = the cut recommended by the draft's "
                         "draft_vocab.json (its most frequent training tokens; full vocabulary without one), "
@@ -64,15 +67,14 @@ def parse_draft_vocab(text: str) -> object:
 
 
 def parse_gamma(text: str) -> "Gamma":
-    if text == "auto":
-        return "auto"
+    """``--gamma`` for argparse (the rule itself: ``gamma.py``)."""
+    from .config import ConfigError
+    from .gamma import parse_gamma as parse
+
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"gamma must be a positive integer or 'auto', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"gamma must be a positive integer or 'auto', got {text!r}")
-    return value
+        return parse(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def resolve_target(args: argparse.Namespace) -> str:
@@ -199,7 +201,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if not args.json and not args.stream:
             sys.stdout.write(prompt)
     finish: Optional[FinishEvent] = None
-    for ev in stream(target, ids, drafter, sampling, generation, verify, constraint):
+    for ev in stream(target, ids, drafter, sampling, generation, verify, constraint, gamma=args.gamma):
         if isinstance(ev, StepEvent):
             if args.json:
                 continue

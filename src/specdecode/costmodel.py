@@ -46,12 +46,13 @@ import torch
 
 from . import measure_context
 from .config import ConfigError
+from .gamma import DEFAULT_CAP
 
 if TYPE_CHECKING:
     from .cache import KVCache
     from .models import Model
 
-MAX_GAMMA = 15
+MAX_GAMMA = DEFAULT_CAP  # widest draft timed: "auto"'s cap (gamma.py), so every γ it may pick is measured
 DEFAULT_CONTEXT = measure_context.CONTEXT  # context tokens when no real prompt is given (see measure_costs)
 DRAFT_RUN = 4  # draft steps per timing sample (a typical γ)
 WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches

@@ -15,6 +15,7 @@ from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from .core import (DecodeCore, Event, Failure, FinishEvent, IncrementalDetokenizer, Prompt, Request, StepEvent,
                    find_stop, prompt_ids, truncate_pieces)
 from .drafters.base import BatchDrafter, Drafter, as_batch_drafter
+from .gamma import Gamma
 from .metrics import GenerationStats
 from .models import Model
 
@@ -44,9 +45,12 @@ def stream(
     constraint: Optional[Constraint] = None,
     logit_bias: Optional[Mapping[int, float]] = None,
     logprobs: Optional[int] = None,
+    gamma: Optional[Gamma] = None,
 ) -> Iterator[StepEvent | FinishEvent]:
     """Generate from ``target``, yielding a ``StepEvent`` per target pass and a final ``FinishEvent``.
     ``verify`` picks the sampled rule (default: the Gumbel-max coupling when seeded, else block verification).
+    ``gamma``: N drafts N tokens a pass, "auto" lets the cost policy pick 0..cap, None keeps the drafter's
+    own γ (``gamma.resolve_gamma``, the rule ``--gamma`` follows in every command).
     A constraint the grammar engine gives up on partway raises ConfigError (``constraints.GrammarLimitError``)."""
     sampling = sampling or SamplingConfig()
     generation = generation or GenerationConfig()
@@ -55,7 +59,7 @@ def stream(
     drafters = {_DRAFTER: as_batch_drafter(drafter)} if drafter is not None else {}
     core = DecodeCore(target, drafters, max_rows=1,
                       context_len=min(target.max_seq_len, len(ids) + generation.max_new_tokens))
-    core.add(Request(ids, sampling, generation, _DRAFTER if drafter is not None else None, verify=verify,
+    core.add(Request(ids, sampling, generation, _DRAFTER if drafter is not None else None, gamma=gamma, verify=verify,
                      constraint=constraint, logit_bias=parse_logit_bias(logit_bias, target.vocab_size),
                      logprobs=logprobs))
     while core.rows:
@@ -85,6 +89,7 @@ def generate(
     grammar: Optional[str] = None,
     logit_bias: Optional[Mapping[int, float]] = None,
     logprobs: Optional[int] = None,
+    gamma: Optional[Gamma] = None,
 ) -> GenerationResult:
     """Run ``stream`` to the end and collect tokens, text and stats. ``accept_rule``: "auto" (the
     Gumbel-max coupling when ``seed`` is set: the same text for a seed whatever the drafter or γ;
@@ -95,7 +100,7 @@ def generate(
     included, so speculation stays exact; the output ends with EOS once the grammar is complete.
     ``logit_bias`` ({token id: bias in [-100, 100]}) shifts the target's and the draft's logits alike.
     ``logprobs`` = k reports each token's log-probability under the target's law and its k most
-    likely alternatives (``GenerationResult.logprobs``), exact under speculation."""
+    likely alternatives (``GenerationResult.logprobs``), exact under speculation. ``gamma``: as ``stream``'s."""
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     generation = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=tuple(stop))
     verify = VerifyConfig(chain_rule=chain_rule, accept_rule=accept_rule)
@@ -103,7 +108,8 @@ def generate(
     constraint = bind(spec, target) if spec is not None else None
     flags: list[bool] = []
     lps: list[TokenLogprob] = []
-    for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint, logit_bias, logprobs):
+    for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint, logit_bias, logprobs,
+                     gamma):
         if isinstance(ev, StepEvent):
             flags.extend(ev.from_draft)
             lps.extend(ev.logprobs or ())

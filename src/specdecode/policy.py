@@ -136,7 +136,7 @@ class RowPlan:
 
     drafter: Optional[str]  # the row's drafter name (None: plain decoding)
     cap: int  # most draft tokens the row may take now (γ of the request, room, context)
-    auto: bool  # False: a fixed γ, drafted whenever there is room
+    auto: bool  # the row's ``Speculation.adaptive`` (gamma.py); False: the cap, drafted whenever there is room
     alpha: float  # the row's acceptance estimate
     # the drafter sizes its own drafts (trees from its own cost model): an auto row gets its whole cap
     # or nothing, since a chain γ from chain-shaped α would cut a tree the drafter sized to pay

@@ -12,6 +12,7 @@ import torch
 from .config import GenerationConfig, SamplingConfig, VerifyConfig
 from .constraints import row_state
 from .drafters.base import BatchDrafter
+from .gamma import Gamma
 from .logprobs import TokenLogprob
 from .metrics import GenerationStats
 from .models import Model
@@ -67,10 +68,9 @@ Event = Union[StepEvent, FinishEvent, Failure]
 class Request:
     """What one sequence asks of the core (already validated).
 
-    ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` is the draft
-    length (None: the drafter's own γ, or the policy's maximum when that is "auto"). ``adaptive``
-    lets the γ policy choose up to that length each step (None: when the drafter's γ is "auto" and
-    the request names no ``gamma``: an explicit γ is honoured); False drafts it whenever there is room.
+    ``drafter`` names one of the core's drafters (None: plain decoding). ``gamma`` (N, "auto", or
+    None for the drafter's own) and ``adaptive`` (None: adaptive exactly for "auto") are resolved to a
+    cap and whether the policy may draft fewer by ``gamma.resolve_gamma``, as every command's are.
     ``verify`` picks the sampled rule (by default the Gumbel-max coupling for a seeded request, else
     block verification)."""
 
@@ -78,7 +78,7 @@ class Request:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     drafter: Optional[str] = None
-    gamma: Optional[int] = None
+    gamma: Optional[Gamma] = None
     adaptive: Optional[bool] = None
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     constraint: Optional["Constraint"] = None  # structured output (constraints.py): a token mask per step

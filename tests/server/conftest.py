@@ -31,5 +31,7 @@ def server(models: Models) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def auto_server(models: Models) -> Iterator[RunningServer]:
-    """A separate random draft (acceptance ~0) under the cost-based policy, as deployed by default."""
-    yield from serve(models, models.draft, ServerConfig(max_batch_size=16, max_queue=32, request_timeout=60))
+    """A separate random draft (acceptance ~0) under the cost-based policy (``--speculation auto``), which
+    picks 0 to 4 tokens a pass for a request without its own γ."""
+    yield from serve(models, models.draft, ServerConfig(max_batch_size=16, max_queue=32, request_timeout=60,
+                                                        speculation="auto"))

@@ -12,6 +12,7 @@ from typing import Iterator, Optional
 import httpx
 import uvicorn
 
+from specdecode.gamma import Gamma
 from specdecode.models import Model
 from specdecode.server.app import ServerState, make_state
 from specdecode.server.config import ServerConfig
@@ -63,7 +64,7 @@ def start_server(state: ServerState) -> RunningServer:
 
 
 def serve(models: Models, draft: Optional[Model], config: ServerConfig, drafter: str = "model",
-          gamma: int = 4) -> Iterator[RunningServer]:
+          gamma: Gamma = 4) -> Iterator[RunningServer]:
     state = make_state(models.target, draft, config, default_drafter=drafter, default_gamma=gamma,
                        model_name=MODEL_NAME)
     running = start_server(state)

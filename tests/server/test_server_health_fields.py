@@ -1,15 +1,16 @@
 """/health and /v1/models say whether the model has its own chat template (the page opens in chat mode then),
 and /health and serve's start line say what a request without ``gamma`` gets (issue 49): "adaptive, at most
-γ" under ``--speculation auto``, a fixed γ under ``always``."""
+γ" under ``--speculation auto`` (unset: with ``--gamma auto``), a fixed γ under ``always`` (unset: with a number)."""
 
 from __future__ import annotations
 
 import argparse
 import copy
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
+from specdecode.gamma import Gamma
 from specdecode.kernels import build
 from specdecode.server import cli, runner
 from specdecode.server.app import ServerState, make_state
@@ -20,7 +21,7 @@ from server_helpers import MODEL_NAME, Models, RunningServer, start_server
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
 
 
-def _state(models: Models, speculation: str, template: bool, gamma: int = 8) -> ServerState:
+def _state(models: Models, speculation: Optional[str], template: bool, gamma: Gamma = 8) -> ServerState:
     target = models.target
     if template:  # a copy: the session's model is shared by every server test
         target = copy.copy(target)
@@ -67,10 +68,13 @@ class _NoServer:
 
 
 @pytest.mark.parametrize("speculation,gamma,said", [("auto", 8, "gamma adaptive, at most 8,"),
-                                                    ("always", 5, "gamma 5 every step,")])
+                                                    ("always", 5, "gamma 5 every step,"),
+                                                    (None, 5, "gamma 5 every step,"),  # --gamma N alone: fixed
+                                                    (None, "auto", "gamma adaptive, at most 10,")])  # lookup's cap
 def test_start_line_says_what_a_request_without_gamma_gets(models: Models, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str], speculation: str,
-                                                           gamma: int, said: str) -> None:
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           speculation: Optional[str], gamma: Gamma,
+                                                           said: str) -> None:
     state = _state(models, speculation, template=False, gamma=gamma)
     monkeypatch.setattr(cli, "build_state", lambda args, engine_threads=None: state)
     monkeypatch.setattr(runner, "make_server", lambda s: _NoServer())

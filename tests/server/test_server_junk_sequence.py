@@ -30,7 +30,8 @@ def bundled() -> Models:
 
 
 def _run(models: Models, junk: int) -> dict[str, int]:
-    for running in serve(models, models.draft, ServerConfig(max_batch_size=4, max_queue=8, request_timeout=120)):
+    config = ServerConfig(max_batch_size=4, max_queue=8, request_timeout=120, speculation="auto")  # the policy's
+    for running in serve(models, models.draft, config):
         for _ in range(junk):
             _spec(running.url, {"prompt": "x", "max_tokens": 2})
         real = {"prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}

@@ -235,8 +235,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     ap.add_argument("--modes", nargs="+", default=["off", "on"],
                     help="what each cell runs: off (no drafter), on (the server's default) or a drafter name sent "
                          "per request; ratios are against the first (default: off on)")
-    ap.add_argument("--gamma", default="4", help="the server's --gamma: a draft length cap, or auto (default: 4)")
-    ap.add_argument("--speculation", default="auto", help="server policy: auto or always (default: auto)")
+    ap.add_argument("--gamma", default="4", help="the server's --gamma: N or auto, the most tokens a pass (default: 4)")
+    ap.add_argument("--speculation", default="auto",
+                    help="the server's --speculation: auto (the cost policy may draft fewer than --gamma, as "
+                         "earlier load figures did) or always (default: auto)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16], help="(default: 1 4 16)")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of load per cell (default: 10)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: 64)")

@@ -307,6 +307,7 @@ def step_cost(costs: "Costs", t1: float, nodes: int, draft_s: float) -> float:
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
+    from ..gamma import resolve_gamma
 
     run = setup(args)
     target, prompts = run.target, run.prompts
@@ -344,7 +345,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         forget = getattr(d, "forget", None)
         if callable(forget):
             forget()
-        cap = d.gamma if isinstance(d.gamma, int) else MAX_GAMMA
+        cap = resolve_gamma(None, d.gamma).cap  # what generate caps this drafter's passes at
         traces[label] = [replay_prompt(d, p.ids, a, answer_end(a, eos, args.stop_at_eos), p.max_new_tokens, cap, h,
                                        sampling, target.vocab_size)
                          for p, a, h in zip(prompts, answers, st)]

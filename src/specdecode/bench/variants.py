@@ -71,7 +71,8 @@ def add_variant_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model (default: the bundled one)")
     p.add_argument("--draft", help="draft model directory, for drafters that take one (default: the bundled one "
                                    "beside the bundled target)")
-    p.add_argument("--gamma", default="auto", help="draft length cap, or auto (default: auto)")
+    p.add_argument("--gamma", default="auto", help="as generate's --gamma: N tokens every pass, or auto (the cost "
+                                                   "policy picks 0 to each drafter's cap) (default: auto)")
     p.add_argument("--workload", help="JSONL file or a shipped workload's name (default: stdlib)")
     p.add_argument("--per-category", type=parse_per_category, default=3,
                    help="first N prompts of each category, or 'all' (default: 3)")
@@ -120,16 +121,18 @@ class Setup:
     target: Any  # Model
     drafters: dict[str, Any]  # label -> BatchDrafter (None: plain decoding, under PLAIN)
     prompts: list[Any]  # PreparedPrompt (ids, workload, max_new_tokens)
+    gamma: Any = None  # --gamma as a Gamma: every variant runs by the rule generate's --gamma follows
 
 
 def setup(args: argparse.Namespace) -> Setup:
     """Load the models, build each variant's drafter (plain first) and render the prompts."""
     import torch
 
-    from ..cli import model_loader, parse_gamma, resolve_draft_path, resolve_target
+    from ..cli import model_loader, resolve_draft_path, resolve_target
     from ..config import ModelLoadConfig, from_args
     from ..drafters.plugin import DrafterOptions
     from ..drafters.registry import artifacts_from_args, build_drafter, get_spec, options_from_args
+    from ..gamma import parse_gamma
     from .real import prepare_real_prompts
     from .workloads import load_workloads, resolve_workload, select
 
@@ -152,7 +155,7 @@ def setup(args: argparse.Namespace) -> Setup:
     workloads = select(load_workloads(resolve_workload(args.workload)), args.per_category or None,
                        args.max_new_tokens)
     prompts, _ = prepare_real_prompts(workloads, target, draft)
-    return Setup(target, drafters, prompts)
+    return Setup(target, drafters, prompts, gamma)
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
@@ -163,7 +166,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
     ignore_eos = not args.stop_at_eos
     categories = list(dict.fromkeys(p.workload.category for p in prompts))
     for d in drafters.values():  # untimed: builds kernels and measures each drafter's costs once (cached on disk)
-        generate(target, prompts[0].ids, drafter=d, max_new_tokens=8, ignore_eos=True)
+        generate(target, prompts[0].ids, drafter=d, max_new_tokens=8, ignore_eos=True, gamma=run.gamma)
     stat = {(v, c): Tally() for v in drafters for c in categories}
     mismatches = 0
     for rep in range(args.reps):
@@ -176,7 +179,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
             for label in (list(drafters) if rep % 2 == 0 else list(reversed(drafters))):
                 t0 = time.perf_counter()
                 r = generate(target, p.ids, drafter=drafters[label], max_new_tokens=p.max_new_tokens,
-                             ignore_eos=ignore_eos)
+                             ignore_eos=ignore_eos, gamma=run.gamma)
                 s = stat[(label, p.workload.category)]
                 s.seconds += time.perf_counter() - t0
                 s.tokens += len(r.token_ids)

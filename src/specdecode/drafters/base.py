@@ -14,20 +14,18 @@ drafter is written once and works in ``generate``, the server and the bench alik
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal, Mapping, Optional, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Union, runtime_checkable
 
 import torch
 
 from ..config import ConfigError, SamplingConfig
+from ..gamma import Gamma
 from ..sampling import CoupledNoise, draw
 
 if TYPE_CHECKING:
     from ..cache import KVCache
     from ..costmodel import Costs
     from ..models import Model
-
-Gamma = Union[int, Literal["auto"]]
-
 
 class VocabularyMismatchError(ValueError):
     """Draft and target do not share a vocabulary, so draft tokens mean nothing to the target."""
@@ -202,7 +200,8 @@ class Drafter(Protocol):
 class BatchDrafter(Protocol):
     """Every row of a batch at once; what the decode core runs.
 
-    ``gamma`` is the default draft length ("auto": the core's γ policy picks it each step).
+    ``gamma`` is the drafter's own γ: its cap, or "auto" for ``DEFAULT_CAP``; what a request without a
+    γ of its own gets (``gamma.resolve_gamma``).
     ``acceptance`` is the drafter's evidence for that policy. ``wants_hidden`` asks the core
     for the target's hidden states (``DraftContext.hidden``). ``on_verified_row`` gets how many
     draft tokens the target accepted (for a tree: the accepted path's length). A drafter that plans

@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("specdecode.server")
 
-# `--gamma auto`: requests may draft up to this many tokens; the scheduler's policy picks 0..AUTO_GAMMA each step.
-AUTO_GAMMA = 8
-
 
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from ..cli import add_model_args
@@ -64,14 +61,13 @@ def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) 
     if draft_path:
         with _phase(f"loading the draft {draft_path}"):
             draft = load(draft_path)
-    gamma = AUTO_GAMMA if args.gamma == "auto" else int(args.gamma)
     # the default drafter is prepared (its costs measured) on the engine thread once the server listens:
     # /health answers "warming" meanwhile, and requests queue
     # a --target that names a model (a catalogue name, a hub id) rather than a path is a name requests may use;
     # a path is not, so /v1/models never shows where the server's files are
     aliases = (args.target,) if args.target and not os.path.exists(os.path.expanduser(args.target)) else ()
     with _phase("building the drafters and the decode core (cost measurement on first use)"):
-        return make_state(target, draft, config, default_drafter=default_drafter, default_gamma=gamma,
+        return make_state(target, draft, config, default_drafter=default_drafter, default_gamma=args.gamma,
                           draft_vocab=args.draft_vocab, options=options_from_args(args), artifacts=artifacts,
                           prepare_in_background=True, aliases=aliases)
 

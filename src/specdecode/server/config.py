@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from ..config import ConfigError, _help
-
-SPECULATION_MODES = ("auto", "always")
+from ..gamma import speculation_flag
 API_KEY_ENV = "SPECDECODE_API_KEY"
 
 
@@ -35,10 +34,11 @@ class ServerConfig:
         default=64, metadata=_help("requests waiting for a free row; more are refused with HTTP 429"))
     request_timeout: float = field(
         default=300.0, metadata=_help("seconds a request may take from arrival to its last token"))
-    speculation: str = field(
-        default="auto", metadata=_help("auto: pick the draft length per step from measured costs and "
-                                       "acceptance (0 = plain decoding when drafting does not pay); "
-                                       "always: draft the full gamma every step"))
+    speculation: Optional[str] = field(
+        default=None, metadata=_help("whether a request without its own gamma may draft fewer than the --gamma "
+                                     "cap: auto = the cost policy picks 0..cap each step (0 = plain decoding "
+                                     "when drafting does not pay), always = the full cap every step; unset = "
+                                     "auto with --gamma auto, always with --gamma N"))
     max_context: Optional[int] = field(
         default=None, metadata=_help("cap on tokens per sequence; unset: the model's context window"))
     max_body_bytes: int = field(
@@ -71,8 +71,7 @@ class ServerConfig:
             raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
         if not self.request_timeout > 0:
             raise ConfigError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
-        if self.speculation not in SPECULATION_MODES:
-            raise ConfigError(f"speculation must be one of {', '.join(SPECULATION_MODES)}; got {self.speculation!r}")
+        speculation_flag(self.speculation)  # auto, always or unset: else a ConfigError naming the choices
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         for name in ("header_timeout", "body_timeout"):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..config import ConfigError
+from ..gamma import Gamma, Speculation, resolve_gamma, speculation_flag
 from .chat import PLAIN_TEMPLATE, ChatFormatter
 from .config import ServerConfig, resolve_api_key
 from .metrics import ServerMetrics
@@ -31,7 +32,7 @@ class ServerState:
     chat: ChatFormatter
     chat_has_model_template: bool
     default_drafter: str
-    default_gamma: int
+    default_gamma: Gamma  # what a request without ``gamma`` asks for: the server's --gamma, N or "auto"
     created: int
     max_token_chars: int = 0  # longest vocabulary entry, for the early context-length check
     model_names: tuple[str, ...] = ()  # what a request's ``model`` may say (``served_names``); model_name first
@@ -41,21 +42,31 @@ class ServerState:
             self.model_names = (self.model_name, *self.model_names)
 
     @property
+    def default_speculation(self) -> Speculation:
+        """What a request to the default drafter without ``gamma`` gets, by the rule ``generate`` follows
+        (``gamma.resolve_gamma``); a client's ``gamma`` N is N every step, as ``--gamma N`` is."""
+        d = self.scheduler.drafters.get(self.default_drafter)
+        return resolve_gamma(self.default_gamma, d.gamma if d is not None else "auto",
+                             speculation_flag(self.config.speculation))
+
+    @property
+    def default_cap(self) -> int:
+        """The most draft tokens a pass of a request to the default drafter without ``gamma``."""
+        return self.default_speculation.cap
+
+    @property
     def speculation_mode(self) -> str:
-        """What a request without ``gamma`` gets: "adaptive" (the γ policy picks 0..``default_gamma`` each
-        step, under ``--speculation auto``) or "fixed" (``default_gamma`` every step); a client's ``gamma``
-        is always fixed. ``default_gamma`` alone reads as a fixed γ, which it is only in the second case."""
-        return "adaptive" if self.config.speculation == "auto" else "fixed"
+        """What a request without ``gamma`` gets: "adaptive" (the γ policy picks 0..``default_cap`` each
+        step) or "fixed" (``default_cap`` every step)."""
+        return "adaptive" if self.default_speculation.adaptive else "fixed"
 
     def describe_gamma(self) -> str:
-        """``speculation_mode`` in words with its γ, e.g. "adaptive, at most 8", for the start line."""
-        if self.speculation_mode == "adaptive":
-            return f"adaptive, at most {self.default_gamma}"
-        return f"{self.default_gamma} every step"
+        """``speculation_mode`` in words with its cap, e.g. "adaptive, at most 15", for the start line."""
+        return self.default_speculation.describe()
 
 
 def make_state(target: "Model", draft_model: Optional["Model"], config: ServerConfig,
-               default_drafter: Optional[str] = None, default_gamma: int = 4, model_name: Optional[str] = None,
+               default_drafter: Optional[str] = None, default_gamma: Gamma = "auto", model_name: Optional[str] = None,
                draft_vocab: "VocabSpec" = "auto", options: Optional[Mapping[str, object]] = None,
                artifacts: Optional[Mapping[str, str]] = None, prepare_in_background: bool = False,
                aliases: Sequence[str] = ()) -> ServerState:
@@ -63,11 +74,15 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
     that can run with what is loaded (a draft model's only when one is given; each trained artifact
     from its own directory in ``artifacts``, by artifact name). ``options``: the drafters' declared
     options by key; ``default_drafter``: the registry's paired default unless given; ``aliases``: more
-    names requests may give the target by (``served_names``)."""
+    names requests may give the target by (``served_names``). ``default_gamma`` and ``config.speculation``
+    mean what ``--gamma`` and ``--speculation`` do (``gamma.resolve_gamma``)."""
     from ..drafters.crosstok import shares_vocabulary
     from ..drafters.registry import PAIRED_DEFAULT, REGISTRY, DrafterOptions, get_spec, missing, with_defaults
 
     config = resolve_api_key(config, {})  # a key file given to the config is read here, never ignored
+    # unset --speculation follows --gamma (auto: adaptive, N: fixed); set here so every reader sees it
+    adaptive = resolve_gamma(default_gamma, "auto", speculation_flag(config.speculation)).adaptive
+    config = replace(config, speculation="auto" if adaptive else "always")
     default_drafter = default_drafter or PAIRED_DEFAULT
     opts = DrafterOptions(draft=draft_model, gamma="auto", vocab=draft_vocab, options=dict(options or {}),
                           artifacts=dict(artifacts or {}))
