@@ -22,11 +22,12 @@ MODULES = (
     "ladder",  # random-weight GGUFs at real shapes, quantized by llama.cpp: memory, load, speed beside it
     "coldstart",  # a first `specdecode serve` with an empty cost cache: /health, first answer, first requests
     "busy",  # default threads against 1 thread and the Python API, idle and with other processes on the cores
+    "ops",  # aten:: operators and host time per plain decode step on the eager path (a GPU step's launches)
 )
 
 
 def add_subcommands(bench: argparse.ArgumentParser) -> None:
     sub = bench.add_subparsers(dest="bench_command",
-                               metavar="{costs,variants,replay,load,kv-dtype,llamacpp-decode,kernel-ab,ab,ladder,coldstart,busy}")
+                               metavar="{costs,variants,replay,load,kv-dtype,llamacpp-decode,kernel-ab,ab,ladder,coldstart,busy,ops}")
     for name in MODULES:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)
