@@ -136,7 +136,7 @@ class DecodeCore:
             check_logprobs(request.logprobs)
         i = len(self.rows)
         max_len = min(self.context_len, len(request.prompt_ids) + request.generation.max_new_tokens)
-        row = Row(request, self.target, max_len, drafter, spec.cap, spec.adaptive, owner)
+        row = Row(request, self.target, max_len, drafter, spec, owner)
         if row.n_prompt >= self.context_len:
             raise ContextLengthError(f"prompt has {row.n_prompt} tokens but the context window is "
                                      f"{self.context_len}; shorten it so at least one token can be generated")
@@ -238,9 +238,10 @@ class DecodeCore:
             if d is None or r.evidence is None:
                 plans.append(_PLAIN)
                 continue
-            cap = max(0, min(r.gamma_cap, r.room() - 1, room_ctx))
-            alpha = r.evidence.alpha if r.adaptive else 0.0
-            plans.append(RowPlan(self._names[id(d)], cap, r.adaptive, alpha, getattr(d, "sizes_itself", False)))
+            spec = r.speculation
+            cap = max(0, min(spec.cap, r.room() - 1, room_ctx))
+            alpha = r.evidence.alpha if spec.adaptive else 0.0
+            plans.append(RowPlan(self._names[id(d)], cap, spec.adaptive, alpha, getattr(d, "sizes_itself", False)))
         # online costs only feed the policy's choice for adaptive rows; a clock read is a syscall
         self._clock = self._cost_clock if any(p.auto for p in plans) else time.perf_counter
         lengths = self.policy.choose(plans)

@@ -12,7 +12,7 @@ import torch
 from .config import GenerationConfig, SamplingConfig, VerifyConfig
 from .constraints import row_state
 from .drafters.base import BatchDrafter
-from .gamma import Gamma
+from .gamma import Gamma, Speculation
 from .logprobs import TokenLogprob
 from .metrics import GenerationStats
 from .models import Model
@@ -90,7 +90,7 @@ class Row:
     """A running sequence: its tokens, generator, detokenizer and stats (one cache row)."""
 
     def __init__(self, request: Request, target: Model, max_len: int, drafter: Optional[BatchDrafter],
-                 gamma_cap: int, adaptive: bool, owner: Any) -> None:
+                 speculation: Speculation, owner: Any) -> None:
         self.request = request
         self.owner = owner  # whatever the caller ties to the row (the server: its request handle)
         self.tokens = list(request.prompt_ids)
@@ -98,8 +98,7 @@ class Row:
         self.max_len = max_len
         self.sampling = request.sampling
         self.drafter = drafter
-        self.gamma_cap = gamma_cap
-        self.adaptive = adaptive
+        self.speculation = speculation  # its γ, resolved (gamma.resolve_gamma): a cap and whether it adapts
         self.gen = make_generator(request.sampling.seed, target.device)
         self.noise = coupled_noise(request, target.vocab_size, self.gen)
         self.detok = IncrementalDetokenizer(target, self.tokens) if target.tokenizer is not None else None

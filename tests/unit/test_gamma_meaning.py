@@ -87,7 +87,7 @@ def rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[Specu
 
     def recording(self: core_module.DecodeCore, request: Any, owner: Any = None, chunked: bool = False) -> Any:
         row = add(self, request, owner, chunked)
-        seen.append(Speculation(row.gamma_cap, row.adaptive))
+        seen.append(row.speculation)
         return row
 
     monkeypatch.setattr(core_module.DecodeCore, "add", recording)
