@@ -62,9 +62,9 @@ if TYPE_CHECKING:
 
 QUANT = "int8"  # the heads' and output rows' format at run time on the fast CPU path (drafts only)
 REPLAN_EVERY = 8  # proposals between tree re-plans (a plan costs ~0.1 ms)
-# while no tree pays, the heads still run now and then to keep evidence fresh: after PROBE_FIRST steps, then twice
-# as long after each probe, up to PROBE_MAX (a probe every 8 steps cost 3% of plain decoding on SmolLM2, AVX2, where
-# the shipped heads never pay)
+# while no tree pays, the heads still run now and then to keep evidence fresh (and, with measured costs, draft the
+# best plan, so its width gets timed): after PROBE_FIRST steps, then twice as long after each probe, up to PROBE_MAX
+# (a probe every 8 steps cost 3% of plain decoding on SmolLM2, AVX2, where the shipped heads never paid)
 PROBE_FIRST, PROBE_MAX = 8, 256
 __all__ = ["MAX_NODES", "NO_TREE", "MedusaDrafter", "RankAcceptance", "TreePlan", "best_first", "fixed_plan",
            "load_or_measure_tree_costs", "plan_tree"]
@@ -134,6 +134,7 @@ class MedusaDrafter(RowZeroAdapter):
         self._steps_off = 0
         self._probe_gap = PROBE_FIRST  # steps off before the next probe of the heads
         self._said_off = False  # whether the log already says why nothing is drafted (once per target)
+        self._probe_nodes: Optional[int] = None  # nodes a probe drafts (fixed per target: see _probe_plan)
         self.last_plan: TreePlan = NO_TREE
         self.vocab_rows = 0
 
@@ -170,7 +171,7 @@ class MedusaDrafter(RowZeroAdapter):
             if fmt is not None:
                 self._lin, self._w, self._out, self.runtime = kernels.linear, mats["w"], mats["out"], fmt
         self._target = target
-        self._said_off = False
+        self._said_off, self._probe_nodes = False, None
         if self._costs is None and self._fixed is None:
             self._costs, self._tree_extra = load_or_measure_tree_costs(target, self)
             self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
@@ -291,19 +292,34 @@ class MedusaDrafter(RowZeroAdapter):
             got = self._plans[key] = (self.stats.version, plan)
         return got[1]
 
+    def _best_plan(self, rows: int, cap: int) -> TreePlan:
+        """The plan with the best predicted speedup, whatever the margin (probes, and why nothing pays)."""
+        if self._fixed is not None:
+            return self._fixed
+        assert self._costs is not None
+        return plan_tree(self.stats.table(), self._costs, cap, chain=not self.tree, rows=rows, margin=0.0,
+                         tree_extra=self._tree_extra)
+
+    def _probe_plan(self, rows: int, cap: int) -> TreePlan:
+        """The best-first tree of the size the first probe's best plan had: one width every probe, so its live
+        timing gets trusted (``policy.TRUST`` passes) while the best plan's size drifts with the evidence."""
+        if self._probe_nodes is None:
+            self._probe_nodes = max(1, len(self._best_plan(rows, cap).paths))
+        nodes = best_first(self.stats.table(), min(self._probe_nodes, cap), chain=not self.tree)
+        return fixed_plan([path for _, path in nodes]) if nodes else NO_TREE
+
     def _say_off(self, rows: int, cap: int) -> None:
         """Once per target, why nothing is drafted: a user who asked for Medusa would otherwise see
         0 tokens drafted and no reason (on AVX2 the shipped SmolLM2 heads never pay)."""
         if self._said_off or self._costs is None:
             return
         self._said_off = True
-        best = plan_tree(self.stats.table(), self._costs, cap, chain=not self.tree, rows=rows, margin=0.0,
-                         tree_extra=self._tree_extra)
+        best = self._best_plan(rows, cap)
         together = f" with {rows} rows drafting together" if rows > 1 else ""
         predicted = f"predicted at {best.speedup:.2f}x" if best.paths else "no faster than"
         log.info("%s: drafting nothing for now (its best draft is %s plain decoding on this target%s, under the "
                  "%.2fx speculation needs: head 1 right %.0f%% of the time, the heads cost %.2f of a target "
-                 "pass); the heads are tried again every %d-%d steps", "medusa" if self.tree else "medusa-chain",
+                 "pass); a probe every %d-%d steps checks it", "medusa" if self.tree else "medusa-chain",
                  predicted, together, SPECULATION_MARGIN, 100 * self.stats.table()[0][0], self._costs.c,
                  PROBE_FIRST, PROBE_MAX)
 
@@ -325,6 +341,11 @@ class MedusaDrafter(RowZeroAdapter):
             if self._steps_off < self._probe_gap:
                 return drafts  # nothing pays: plain decoding, with a probe of the heads now and then
             self._steps_off, self._probe_gap = 0, min(PROBE_MAX, 2 * self._probe_gap)
+            if self._steps is not None:
+                # with measured costs a probe drafts below the margin too: its pass times a width that a cache timed
+                # under load overstates and nothing else would run (Medusa on SmolLM2 drafted 0 tokens for good);
+                # ``refine_costs`` then follows the live figure
+                plan = self._probe_plan(len(ready), cap)
         else:
             self._steps_off, self._probe_gap = 0, PROBE_FIRST
         rows = list(ready)
