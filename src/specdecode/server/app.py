@@ -136,7 +136,7 @@ def create_app(state: ServerState) -> FastAPI:
         stops sending. ``kernels.fast_path`` is false when a compiled kernel is off (failed, no AVX2, switched
         off) and eager PyTorch runs instead (about half the speed). ``chat_template``: whether the model has its
         own (else chat messages are rendered as plain lines); ``speculation_mode``: what a request without
-        ``gamma`` gets, "adaptive" (0..``default_gamma`` per step) or "fixed" (``default_gamma``)."""
+        ``gamma`` gets, "adaptive" (0..``default_cap`` per step) or "fixed" (``default_cap`` every step)."""
         s = state.scheduler
         preparing = s.preparing
         status = "draining" if s.draining else "warming" if preparing is not None else "ok"
@@ -144,7 +144,8 @@ def create_app(state: ServerState) -> FastAPI:
                 "active_rows": s.active_rows, "queue_depth": s.queue_depth, "max_batch_size": s.max_batch_size,
                 "forward_passes": s.forward_passes, "drafters": sorted(s.drafters),
                 "default_drafter": state.default_drafter, "default_gamma": state.default_gamma,
-                "speculation_mode": state.speculation_mode, "chat_template": state.chat_has_model_template,
+                "default_cap": state.default_cap, "speculation_mode": state.speculation_mode,
+                "chat_template": state.chat_has_model_template,
                 "context_length": s.context_len, "speculation": finite(s.policy.snapshot()), "kernels": kernel_status()}
         if s.draining:
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_DRAIN_S)})
