@@ -281,3 +281,18 @@ def test_cli_generate_and_bench_methods(deep: dict[str, Path], tmp_path: Path, m
                               peer_gammas=None, reps=None, per_category=None, max_new_tokens=None, cost_repeats=None,
                               threads=None)
     assert resolve_settings(args).families == ["plain", "layerskip-adapter", "layerskip-adapter-auto"]
+
+
+
+@pytest.mark.slow  # writes a GGUF file and packs it
+def test_a_target_with_no_dense_matrix_prepares(tmp_path: Path) -> None:
+    """A GGUF target packed as stored (Q8_0 tables too) has no float matrix to take a dtype from: the draft's
+    unquantized matrices take the target's compute dtype (``next`` over its parameters raised StopIteration)."""
+    from gguf_util import tiny_gguf
+
+    _, path = tiny_gguf(tmp_path, "Q8_0")
+    m = sd.load_model(path)
+    assert not any(p.dim() == 2 and p.dtype.is_floating_point for p in m.module.parameters())
+    drafter = ExitAdapterDrafter(random_adapter(m, exit_layer=1, vocab=m.vocab_size // 2), gamma=3, quant=None)
+    ref = sd.generate(m, PROMPTS[0], max_new_tokens=24, ignore_eos=True).token_ids
+    assert sd.generate(m, PROMPTS[0], drafter=drafter, max_new_tokens=24, ignore_eos=True).token_ids == ref

@@ -132,17 +132,19 @@ class ExitAdapterDrafter(LayerSkipDrafter):
                 log.warning("layerskip-adapter: the draft keeps %s weights (%s)", target.weight_dtype, e)
                 fmt, kernels = None, target.kernels
         own = cast("LlamaBlock", module.layers[0])
-        dense = next(p for p in target.module.parameters() if p.dim() == 2 and p.dtype.is_floating_point)
+        # the dtype of the target's dense matrices (a GGUF target packed as stored has none: its compute dtype)
+        dense = next((p.dtype for p in target.module.parameters() if p.dim() == 2 and p.dtype.is_floating_point),
+                     target.dtype)
 
-        def stored(w: torch.Tensor, like: torch.Tensor) -> nn.Parameter:
+        def stored(w: torch.Tensor, like: torch.dtype) -> nn.Parameter:
             w = w.detach().to(target.device)
-            packed = quantize(w, fmt) if fmt is not None and w.dim() == 2 else w.to(like.dtype)
+            packed = quantize(w, fmt) if fmt is not None and w.dim() == 2 else w.to(like)
             return nn.Parameter(packed.contiguous(), requires_grad=False)
 
         block = LlamaBlock(self.config.block_config(), layer=self.config.n_layers)
         with torch.no_grad():
             for name, p in mine.block.named_parameters():
-                setattr(block, name, stored(p, dense if p.dim() == 2 else getattr(own, name)))
+                setattr(block, name, stored(p, dense if p.dim() == 2 else getattr(own, name).dtype))
         block.kernels = kernels
         packed_head = quantize(head, fmt) if fmt is not None else head
         if target.quant is not None or fmt is None:  # the target's own module and layers

@@ -222,7 +222,7 @@ class Scheduler:
         try:
             self.core.prepare(name)
         except Exception as e:
-            log.warning("preparing drafter %r while idle failed (%s); its first request tries again", name, e)
+            log.warning("preparing drafter %r while idle failed (%r); its first request tries again", name, e)
             self._idle_prepare = False
 
     def _run(self) -> None:
