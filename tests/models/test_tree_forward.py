@@ -20,7 +20,7 @@ from tiny import build_model
 
 import specdecode as sd
 from specdecode.cache import KVCache
-from specdecode.models.loading import Model
+from specdecode.models.model import Model
 
 PARENTS = [-1, 0, 0, 1, 1, 2, 5]  # 7 nodes: depths 0, 1, 1, 2, 2, 2, 3
 PREFIX = 6

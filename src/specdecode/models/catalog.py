@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Optional
 
+from .config import ModelNotFoundError
+
 
 @dataclass(frozen=True)
 class CatalogEntry:
@@ -86,8 +88,6 @@ def resolve_named_model(name: str) -> Optional[Path]:
     f = model_file(name)
     if f.is_file():
         return f
-    from .loading import ModelNotFoundError
-
     raise ModelNotFoundError(f"model {name!r} is not downloaded yet; run `specdecode pull {name}` (about "
                              f"{CATALOG[name].about.rsplit('(', 1)[-1].rstrip(')')}, once, into {models_dir()})")
 

@@ -10,6 +10,10 @@ class UnsupportedModelError(ValueError):
     """The checkpoint's architecture or one of its options is not implemented."""
 
 
+class ModelNotFoundError(FileNotFoundError):
+    """No checkpoint at the path or name given (this tool never downloads by itself)."""
+
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",

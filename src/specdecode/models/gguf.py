@@ -20,6 +20,8 @@ the mapping onto our runtime:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -30,9 +32,10 @@ import numpy as np
 import torch
 
 from ..kernels.quant import QUANT_FORMATS, pack_blocks, pack_gguf, pack_q4k, pack_q6k, quantize
+from .assemble import PackedWeights, assemble_model, assemble_packed
 from .config import ModelConfig, UnsupportedModelError
+from .gguf_tokenizer import tokenizer_from_gguf
 from .llama import LlamaModel
-from .loading import PackedWeights
 from .tables import StoredRows, decode_rows
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -182,7 +185,7 @@ class _Cursor:
 
 
 def _parse(path: Path) -> tuple[dict[str, Any], list[_Tensor]]:
-    import gguf
+    import gguf  # lazy: the package (~20 ms) is read for GGUF files only
 
     with path.open("rb") as f:
         try:
@@ -346,7 +349,7 @@ def _dense(t: _Tensor) -> torch.Tensor:
         return torch.from_numpy(np.array(t.data))
     if name == "BF16":
         return torch.from_numpy(np.array(t.data).view(np.int16)).view(torch.bfloat16)
-    import gguf
+    import gguf  # lazy: the package (~20 ms) is read for GGUF files only
 
     try:
         arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
@@ -517,9 +520,6 @@ def _return_freed_memory() -> None:
     stayed resident, 250 MB of a 1.7B model's 1.6 GB peak."""
     global _libc
     if _libc is None:
-        import ctypes
-        import ctypes.util
-
         name = ctypes.util.find_library("c")
         try:
             lib = ctypes.CDLL(name) if name else False
@@ -585,9 +585,6 @@ def load_gguf_model(path: Path, device: str, dtype: str | torch.dtype, weight_dt
 
     ``weight_dtype`` "auto" (the default) keeps Q8_0/Q4_0 files in int8/int4 as stored, holds other block
     types in int8 (``GGUFCheckpoint.default_weight_format``) and dense files as ``load_model`` would."""
-    from .gguf_tokenizer import tokenizer_from_gguf
-    from .loading import assemble_model, assemble_packed
-
     ckpt, tensors = read_gguf(path)
     cfg = ModelConfig.from_hf(ckpt.hf_config)
     if weight_dtype in (None, "auto") and torch.device(device).type == "cpu":

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
+from torch import nn
 
 from ..cache import AttentionMeta, KVCache
-
-if TYPE_CHECKING:
-    from .model import Model
 
 
 @dataclass
@@ -50,7 +48,7 @@ class PassGraphs:
         self._passes: OrderedDict[tuple, _Pass] = OrderedDict()
         self._pool: Any = None
 
-    def run(self, model: "Model", tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
+    def run(self, module: nn.Module, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
             head: Optional[torch.Tensor], layers: Optional[tuple[int, ...]]) -> Optional[torch.Tensor]:
         """The [B, F, V] logits of the padded ``tokens`` (``meta.fixed`` = F), replayed; meta.hidden and
         meta.layer_states set as the eager pass sets them. None when the padding would not fit in the cache:
@@ -61,7 +59,7 @@ class PassGraphs:
         key = (id(cache), meta.rows.start, meta.rows.stop, f, layers, None if head is None else id(head), meta.capture)
         p = self._passes.get(key)
         if p is None:
-            p = self._new(model, tokens, meta, cache, head, layers)
+            p = self._new(module, tokens, meta, cache, head, layers)
             self._passes[key] = p
             if len(self._passes) > self.limit:
                 self._passes.popitem(last=False)
@@ -71,7 +69,7 @@ class PassGraphs:
         if p.graph is not None:
             p.graph.replay()
         else:
-            self._body(model, p, cache, head, layers)
+            self._body(module, p, cache, head, layers)
         meta.hidden = None if p.meta.hidden is None else p.meta.hidden.clone()
         meta.layer_states = {i: h.clone() for i, h in (p.meta.layer_states or {}).items()}
         assert p.logits is not None
@@ -86,14 +84,14 @@ class PassGraphs:
         p.slots.copy_(starts + torch.arange(tokens.shape[1], device=tokens.device))
 
     @staticmethod
-    def _body(model: "Model", p: _Pass, cache: KVCache, head: Optional[torch.Tensor],
+    def _body(module: nn.Module, p: _Pass, cache: KVCache, head: Optional[torch.Tensor],
               layers: Optional[tuple[int, ...]]) -> None:
         if layers is None:
-            p.logits = model.module(p.tokens, p.meta, cache, head=head)
+            p.logits = module(p.tokens, p.meta, cache, head=head)
         else:
-            p.logits = model.module(p.tokens, p.meta, cache, head=head, layers=layers)
+            p.logits = module(p.tokens, p.meta, cache, head=head, layers=layers)
 
-    def _new(self, model: "Model", tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
+    def _new(self, module: nn.Module, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
              head: Optional[torch.Tensor], layers: Optional[tuple[int, ...]]) -> _Pass:
         """Static inputs shaped as this pass's, then (on CUDA) a warm-up on a side stream and the capture."""
         mask = meta.mask
@@ -111,11 +109,11 @@ class PassGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._body(model, p, cache, head, layers)
+                self._body(module, p, cache, head, layers)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         p.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(p.graph, pool=self._pool):
-            self._body(model, p, cache, head, layers)
+            self._body(module, p, cache, head, layers)
         return p

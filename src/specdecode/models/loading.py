@@ -1,110 +1,33 @@
-"""Load a Hugging Face checkpoint directory into our runtime: config, weights, tokenizer, EOS; and
-quantized weights (``QuantState``, ``quantized_copy``). ``Model`` itself is in ``model.py`` (re-exported)."""
+"""Load a checkpoint (a Hugging Face directory, a cached hub id, a catalogued name or a GGUF file) into our
+runtime: config, weights, tokenizer, EOS, chat template; the per-model pass settings; and ``quantized_copy``."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence, cast
+from typing import Optional, cast
 
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
-from torch import nn
 
+from ..chat import read_chat_template
 from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_FIXED_ROWS, DEFAULT_KV_DTYPE,
                       DEFAULT_MATMUL, DEFAULT_WEIGHT_DTYPE, ConfigError, check_fixed_rows, check_kv_dtype, check_matmul,
                       check_weight_dtype)
-from ..kernels import Kernels, install_kernels, select_kernels
-from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
+from ..kernels import Kernels, install_kernels
+from ..kernels.quant import QUANT_FORMATS
 from ..threads import governor
-from .config import ModelConfig
+from .assemble import assemble_model, checked_quant_kernels, quantize_module, resolve_dtype
+from .catalog import resolve_named_model
+from .config import ModelConfig, ModelNotFoundError
+from .gguf import load_gguf_model, load_tensors, pack_layers, read_gguf
 from .gpt2 import GPT2Model
+from .graphs import PassGraphs
 from .llama import LlamaModel
-from .model import ForwardOutput, Model
-from .tables import StoredRows
-
-# RoPE/position tables and caches are sized to this many tokens at most, so a
-# 128k-context config does not allocate 128k-row tables on a laptop.
-MAX_RUNTIME_CONTEXT = 16384
-
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16,
-}
-
-
-class ModelNotFoundError(FileNotFoundError):
-    pass
-
-
-@dataclass
-class QuantState:
-    """A model whose layer matrices are packed ``fmt`` blocks (``kernels/quant.py``).
-
-    ``head``: the output matrix, packed, which forward multiplies by when no ``head`` is passed
-    (the dense table stays for the embedding lookup and for drafters that take rows of it).
-    ``logical``: each packed parameter's weight count, for ``num_parameters``."""
-
-    fmt: str
-    head: torch.Tensor
-    logical: dict[str, int] = field(default_factory=dict)
-
-
-def quantize_module(module: LlamaModel | GPT2Model, fmt: str, sources: Optional[dict[str, torch.Tensor]] = None,
-                    packed: Optional[dict[str, torch.Tensor]] = None) -> QuantState:
-    """Pack every matrix of the decoder layers (``layers.*``) and a copy of the output matrix as ``fmt``.
-
-    ``sources`` (parameter name -> dense matrix) quantizes from those instead of the module's own
-    weights (a quantized copy of a model whose matrices are already packed). ``packed`` (parameter
-    name, or "head" for the output matrix -> packed ``fmt`` tensor) is used as it is: a GGUF's
-    Q8_0/Q4_0 blocks, which must not be rounded twice. Embeddings, norms and biases stay as they are."""
-    packed = packed or {}
-    logical: dict[str, int] = {}
-    for name, p in list(module.named_parameters()):
-        if not name.startswith("layers.") or p.dim() != 2:
-            continue
-        dense = sources[name] if sources is not None else p
-        owner = module.get_submodule(name.rsplit(".", 1)[0])
-        w = packed[name] if name in packed else quantize(dense, fmt)
-        setattr(owner, name.rsplit(".", 1)[1], nn.Parameter(w, requires_grad=False))
-        logical[name] = dense.numel()
-    head = packed["head"] if "head" in packed else quantize(module.output_matrix(), fmt)
-    return QuantState(fmt, head, logical)
-
-
-@dataclass
-class PackedWeights:
-    """A checkpoint read straight into its runtime form, tensor by tensor (a GGUF's load): no dense copy
-    of any matrix is ever held, so loading peaks near the file's size.
-
-    ``params``: our parameter names -> final tensors (packed ``fmt`` matrices, dense norms and biases);
-    ``tables``: "embed" (and "lm_head") kept as stored, whose parameters hold the stored bytes;
-    ``head``: the packed output matrix the model multiplies by; ``logical``: weight counts of packed
-    and stored parameters."""
-
-    fmt: str
-    params: dict[str, torch.Tensor]
-    tables: dict[str, StoredRows]
-    head: torch.Tensor
-    logical: dict[str, int]
-
-
-def _quant_kernels(kernels: Kernels, fmt: str, device: torch.device, dtype: torch.dtype) -> Kernels:
-    """The kernels for ``fmt`` weights, or a ConfigError naming what to change."""
-    if device.type != "cpu":
-        raise ConfigError(f"weight_dtype {fmt} runs on the CPU only (device {device}); use --device cpu or "
-                          "--weight-dtype bf16")
-    if dtype != torch.float32:
-        raise ConfigError(f"weight_dtype {fmt} needs fp32 activations (dtype {str(dtype).replace('torch.', '')}); "
-                          "use --dtype fp32 (or auto)")
-    try:
-        return quantized_kernels(kernels, fmt)
-    except QuantUnavailableError as exc:
-        raise ConfigError(f"weight_dtype {fmt}: {exc}; use --weight-dtype bf16") from exc
+from .model import Model
 
 
 def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> "Model":
@@ -117,7 +40,7 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
     if fmt not in QUANT_FORMATS:
         raise ConfigError(f"quantized format must be one of {', '.join(QUANT_FORMATS)}, got {fmt!r}")
     cls = GPT2Model if model.config.family == "gpt2" else LlamaModel
-    kernels = _quant_kernels(model.kernels if model.quant is None else _dense_kernels(model), fmt, model.device,
+    kernels = checked_quant_kernels(model.kernels if model.quant is None else _dense_kernels(model), fmt, model.device,
                              model.dtype)
     cfg = model.config if n_layers is None else replace(model.config, n_layers=n_layers)
 
@@ -127,8 +50,6 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
     sources: Optional[dict[str, torch.Tensor]] = None
     packed: Optional[dict[str, torch.Tensor]] = None
     if model.quant is not None and Path(model.path).suffix == ".gguf":  # from the file, a matrix at a time
-        from .gguf import pack_layers
-
         packed = pack_layers(Path(model.path), cfg, fmt)
     elif model.quant is not None:
         raw = cls.convert_hf_state_dict(_load_weights(Path(model.path)), model.config)
@@ -173,8 +94,6 @@ def resolve_model_path(path_or_id: str) -> Path:
     p = Path(path_or_id).expanduser()
     if p.is_dir() or (p.is_file() and p.suffix == ".gguf"):
         return p
-    from .catalog import resolve_named_model
-
     named = resolve_named_model(path_or_id)
     if named is not None:
         return named
@@ -199,8 +118,6 @@ def resolve_model_path(path_or_id: str) -> Path:
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".gguf":
-        from .gguf import load_tensors, read_gguf
-
         ckpt, tensors = read_gguf(path)
         return load_tensors(ckpt, tensors, None)[0]
     index = path / "model.safetensors.index.json"
@@ -228,34 +145,6 @@ def _eos_ids(path: Path, cfg: ModelConfig) -> list[int]:
         if isinstance(eos, list):
             return [int(e) for e in eos]
     return list(cfg.eos_token_ids)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, fp32, bf16, fp16")
-    return _DTYPES[dtype]
-
-
-def resolve_weight_dtype(weight_dtype: str | torch.dtype | None, dtype: torch.dtype, stored: torch.dtype,
-                         device: torch.device, fast: bool) -> torch.dtype:
-    """Storage dtype of the weight matrices.
-
-    "auto" keeps a bf16 checkpoint's matrices in bf16 under fp32 compute when the
-    model runs the small-M CPU kernel (``fast``): it reads bf16 weights directly (half the memory
-    traffic of fp32, which is what a decode step costs) and loses nothing, since
-    those weights were bf16 to begin with. Otherwise weights follow ``dtype``.
-    """
-    if weight_dtype is None or weight_dtype == "same":
-        return dtype
-    if weight_dtype == "auto":
-        if device.type == "cpu" and dtype == torch.float32 and stored == torch.bfloat16 and fast:
-            return torch.bfloat16
-        return dtype
-    return resolve_dtype(weight_dtype, device)
 
 
 def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype: str | torch.dtype = DEFAULT_DTYPE,
@@ -293,8 +182,6 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
         check_weight_dtype(weight_dtype)
     root = resolve_model_path(str(path))
     if root.is_file():
-        from .gguf import load_gguf_model
-
         model = load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul)
         model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
         return with_pass_settings(model, fixed_rows, cuda_graphs)
@@ -306,8 +193,6 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
     tokenizer = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
     model = assemble_model(cfg, _load_weights(root), str(root), tokenizer, _eos_ids(root, cfg), device, dtype,
                            weight_dtype, fast=fast, matmul=matmul)
-    from ..chat import read_chat_template
-
     model.chat_template, model.bos_token, model.eos_token = read_chat_template(root)
     model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
     return with_pass_settings(model, fixed_rows, cuda_graphs)
@@ -329,8 +214,6 @@ def with_pass_settings(model: Model, fixed_rows: str | int | None, cuda_graphs: 
             raise ConfigError(f"cuda_graphs needs a CUDA device (the model is on {model.device}); drop --cuda-graphs")
         if model.fixed_rows is None:
             raise ConfigError("cuda_graphs replays fixed-shape passes: use --fixed-rows auto or a number of rows")
-        from .graphs import PassGraphs
-
         model.graphs = PassGraphs()
     return model
 
@@ -378,69 +261,3 @@ def resolve_kv_dtype(kv_dtype: str | torch.dtype, model: Model) -> torch.dtype:
                  and isinstance(model.module, LlamaModel))
         return torch.float16 if fused else model.dtype
     return resolve_dtype(kv_dtype, model.device)
-
-
-def assemble_model(cfg: ModelConfig, raw: dict[str, torch.Tensor], path: str, tokenizer: Optional[Tokenizer],
-                   eos_ids: Sequence[int], device: str, dtype: str | torch.dtype,
-                   weight_dtype: str | torch.dtype | None, *, fast: bool, matmul: str,
-                   packed: Optional[dict[str, torch.Tensor]] = None) -> Model:
-    """A ``Model`` from transformers-named weights ``raw`` (any source: safetensors, GGUF).
-
-    ``packed``: matrices already packed as ``weight_dtype``'s blocks (see ``quantize_module``)."""
-    fmt = weight_dtype if isinstance(weight_dtype, str) and weight_dtype in QUANT_FORMATS else None
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but no CUDA GPU is available; use --device cpu")
-    dt = resolve_dtype(dtype, dev)
-    kernels = select_kernels(fast, matmul, dev)
-    if fmt is not None:
-        kernels = _quant_kernels(kernels, fmt, dev, dt)
-    max_len = min(cfg.max_position_embeddings, MAX_RUNTIME_CONTEXT)
-    cls = GPT2Model if cfg.family == "gpt2" else LlamaModel
-    with torch.device("meta"):
-        module = cls(cfg, max_len)
-    stored = next(v for v in raw.values() if v.dim() == 2).dtype
-    wdt = resolve_weight_dtype("auto" if fmt else weight_dtype, dt, stored, dev, kernels.fast)
-    sd = cls.convert_hf_state_dict(raw, cfg)
-    sd = {k: v.to(device=dev, dtype=wdt if v.dim() == 2 else dt) for k, v in sd.items()}
-    module.load_state_dict(sd, strict=False, assign=True)
-    missing = [n for n, p in module.named_parameters() if p.is_meta]
-    if missing:
-        raise ValueError(f"checkpoint {path} lacks weights for {missing[:5]}")
-    if cfg.family == "llama":  # the RoPE tables were built on the CPU (``rope_inv_freq``)
-        module.rope_cos, module.rope_sin = module.rope_cos.to(dev), module.rope_sin.to(dev)
-    module.eval().requires_grad_(False)
-    quant = quantize_module(module, fmt, packed=packed) if fmt is not None else None
-    install_kernels(module, kernels)
-    return Model(module, cfg, tokenizer, eos_ids, path, max_len, dt, quant)
-
-
-def assemble_packed(cfg: ModelConfig, weights: PackedWeights, path: str, tokenizer: Optional[Tokenizer],
-                    eos_ids: Sequence[int], dtype: str | torch.dtype, *, fast: bool, matmul: str) -> Model:
-    """A CPU ``Model`` from ``weights`` as they are (see ``PackedWeights``); same kernels as ``assemble_model``."""
-    dev = torch.device("cpu")
-    dt = resolve_dtype(dtype, dev)
-    kernels = _quant_kernels(select_kernels(fast, matmul, dev), weights.fmt, dev, dt)
-    max_len = min(cfg.max_position_embeddings, MAX_RUNTIME_CONTEXT)
-    if cfg.family != "llama":
-        raise ValueError(f"stored weights are read for Llama-family models only, not {cfg.family}")
-    with torch.device("meta"):
-        module = LlamaModel(cfg, max_len)
-    for name, t in weights.params.items():
-        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
-        value = t if t.dim() == 2 and not t.dtype.is_floating_point else t.to(dt)
-        setattr(owner, name.rsplit(".", 1)[-1], nn.Parameter(value, requires_grad=False))
-    missing = [n for n, p in module.named_parameters() if p.is_meta]
-    if missing:
-        raise ValueError(f"checkpoint {path} lacks weights for {missing[:5]}")
-    module.tables = dict(weights.tables)
-    module.eval().requires_grad_(False)
-    install_kernels(module, kernels)
-    return Model(module, cfg, tokenizer, eos_ids, path, max_len, dt, QuantState(weights.fmt, weights.head,
-                                                                               dict(weights.logical)))
-
-
-__all__ = ["MAX_RUNTIME_CONTEXT", "ForwardOutput", "Model", "ModelNotFoundError", "PackedWeights", "QuantState",
-           "assemble_model", "assemble_packed",
-           "load_model", "quantize_module", "quantized_copy", "resolve_dtype", "resolve_kv_dtype", "resolve_model_path",
-           "resolve_weight_dtype"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence, cast
+from typing import Optional, Sequence, cast
 
 import torch
 from tokenizers import Tokenizer
@@ -15,10 +15,20 @@ from torch import nn
 from ..cache import KVCache
 from ..kernels import Kernels, install_kernels
 from .config import ModelConfig
+from .graphs import PassGraphs
 
-if TYPE_CHECKING:
-    from .graphs import PassGraphs
-    from .loading import QuantState
+
+@dataclass
+class QuantState:
+    """A model whose layer matrices are packed ``fmt`` blocks (``kernels/quant.py``).
+
+    ``head``: the output matrix, packed, which forward multiplies by when no ``head`` is passed
+    (the dense table stays for the embedding lookup and for drafters that take rows of it).
+    ``logical``: each packed parameter's weight count, for ``num_parameters``."""
+
+    fmt: str
+    head: torch.Tensor
+    logical: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -35,7 +45,7 @@ class Model:
 
     def __init__(self, module: nn.Module, config: ModelConfig, tokenizer: Optional[Tokenizer],
                  eos_token_ids: Sequence[int], path: str, max_seq_len: int, dtype: torch.dtype,
-                 quant: Optional["QuantState"] = None, *, kv_dtype: Optional[torch.dtype] = None) -> None:
+                 quant: Optional[QuantState] = None, *, kv_dtype: Optional[torch.dtype] = None) -> None:
         self.module = module
         self.config = config
         self.tokenizer = tokenizer
@@ -59,7 +69,7 @@ class Model:
         # (load_model; see with_pass_settings). False: the core verifies a greedy row's tree as its first path
         self.exact_trees = True
         # those passes replayed as CUDA graphs (load_model's cuda_graphs); None: run eagerly
-        self.graphs: Optional["PassGraphs"] = None
+        self.graphs: Optional[PassGraphs] = None
         # the checkpoint's chat template (GGUF metadata, or tokenizer_config.json / chat_template.jinja),
         # None when it has none; bos/eos texts are what templates may print
         self.chat_template: Optional[str] = None
@@ -198,7 +208,7 @@ class Model:
             last_only, real_last = False, last_only
         logits = None
         if self.graphs is not None and meta.fixed is not None:
-            logits = self.graphs.run(self, tokens, meta, cache, head, layers)
+            logits = self.graphs.run(self.module, tokens, meta, cache, head, layers)
         if logits is None and layers is None:
             logits = self.module(tokens, meta, cache, last_only=last_only, head=head)
         elif logits is None:

@@ -63,7 +63,7 @@ def decode_rows(raw: torch.Tensor, kind: str, dim: int) -> torch.Tensor:
         return raw.contiguous().view(torch.float16).float()
     if kind == "BF16":
         return raw.contiguous().view(torch.bfloat16).float()
-    import gguf
+    import gguf  # lazy: the package (~20 ms) is read for GGUF tables only
 
     qtype = gguf.GGMLQuantizationType[kind]
     arr = gguf.quants.dequantize(np.ascontiguousarray(raw.numpy()), qtype)
