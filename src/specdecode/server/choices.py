@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from ..core import Event, Failure
+from ..core import Event, Failure, FinishEvent
 from ..logprobs import TokenLogprob
 from .scheduler import RequestHandle
 
@@ -32,6 +33,15 @@ def choice_seed(seed: Optional[int], index: int) -> Optional[int]:
         return None
     s = seed + index
     return s - 2**64 if s > UINT64_MAX else s
+
+
+@dataclass
+class Choice:
+    """One finished choice of a non-streaming request, as the relay collected it."""
+
+    fin: FinishEvent
+    flags: list[bool]  # per token: whether it came from the draft
+    logprobs: list[dict[str, Any]]  # formatted per step event
 
 
 class ChoiceGroup:

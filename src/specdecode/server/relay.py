@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 from fastapi import Request
@@ -21,18 +20,11 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..engine import FinishEvent, StepEvent
 from .card import card_fields
-from .choices import ChoiceGroup
+from .choices import Choice, ChoiceGroup
 from .protocol import error_body
 from .translate import ClientGone, failure_error, summary, usage_all, usage_one
 
 log = logging.getLogger("specdecode.server")
-
-
-@dataclass
-class Choice:
-    fin: FinishEvent
-    flags: list[bool]
-    logprobs: list[dict[str, Any]]  # formatted per step event
 
 
 LogprobFormat = Callable[[int, StepEvent], Optional[dict[str, Any]]]

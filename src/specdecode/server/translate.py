@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -20,18 +20,15 @@ from pydantic import BaseModel, ValidationError
 
 from ..cache import ContextLengthError
 from ..config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
-from ..constraints import Constraint, constraint_from_response_format, parse_logit_bias
+from ..constraints import Constraint, constraint_from_response_format, grammar_tokenizer, parse_logit_bias
 from ..engine import FinishEvent, prompt_ids
 from .chat import ChatTemplateError
-from .choices import ChoiceGroup, choice_seed
+from .choices import Choice, ChoiceGroup, choice_seed
 from .guard import ECHO_CHARS, BadBody, check_content_type, check_item_count, parse_json_object, shown
 from .protocol import NOT_HONOURED, NOT_SUPPORTED_YET, error_body, refused_parameter, usage
 from .scheduler import Failure, QueueFullError, RequestHandle, SchedulerClosedError
 from .scheduler import Request as DecodeRequest
 from .state import ServerState
-
-if TYPE_CHECKING:
-    from .relay import Choice
 
 log = logging.getLogger("specdecode.server")
 
@@ -332,7 +329,7 @@ def summary(fin: FinishEvent, from_draft: list[bool]) -> dict[str, Any]:
             "decode_tokens_per_s": s.decode_tokens_per_s}
 
 
-def summaries(results: list["Choice"]) -> dict[str, Any]:
+def summaries(results: list[Choice]) -> dict[str, Any]:
     """Choice 0's summary at the top level (the web page reads it); with n > 1 every choice's in ``choices``."""
     out = summary(results[0].fin, results[0].flags)
     if len(results) > 1:
@@ -361,8 +358,6 @@ def token_text(state: ServerState, token: int) -> str:
 def token_bytes_fn(state: ServerState) -> Callable[[int], Optional[bytes]]:
     """A token's raw bytes from llguidance's view of the tokenizer (built once per model; runs in a
     worker thread); a function giving None when that is not available (no tokenizer.json or extra)."""
-    from ..constraints import grammar_tokenizer
-
     try:
         tok = grammar_tokenizer(state.scheduler.target)
     except (ConfigError, ImportError, ValueError):
