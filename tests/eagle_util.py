@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.eagle_model import EagleConfig, EagleNet, save_eagle
 
 FLAT = Costs(c=0.0, v=(1.0,) * 64)  # every node free: the cost model always drafts a big tree

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.medusa_heads import MedusaConfig, MedusaHeads, save_heads
 
 FLAT = Costs(c=0.0, v=(1.0,) * 64)  # every node free: the cost model always drafts a full tree

@@ -237,7 +237,7 @@ class KVCache:
     def repeat_to(self, length: int, row: int = 0) -> None:
         """Grow ``row`` to ``length`` entries by repeating its written ones in order. Why: a cost measurement's
         pass attends over every entry whatever it holds, and computing them all was most of a cold start's
-        measurement (``measure_context.py``)."""
+        measurement (``sizing/measure_context.py``)."""
         if self.k is None:
             raise TypeError("a layer view (KVCache.over_layers) cannot grow rows; grow the caches it views")
         n = self.lengths[row]

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET, REPO_MODELS, default_model_dir  # noqa: F401 (re-exported)
 from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyConfig, add_dataclass_args, from_args
-from .gamma import DEFAULT_CAP
+from .sizing.gamma import DEFAULT_CAP
 
 if TYPE_CHECKING:
     from .drafters import DrafterOptions
     from .drafters.base import BatchDrafter
-    from .gamma import Gamma
+    from .sizing.gamma import Gamma
     from .models import Model
 
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
@@ -67,9 +67,9 @@ def parse_draft_vocab(text: str) -> object:
 
 
 def parse_gamma(text: str) -> "Gamma":
-    """``--gamma`` for argparse (the rule itself: ``gamma.py``)."""
+    """``--gamma`` for argparse (the rule itself: ``sizing/gamma.py``)."""
     from .config import ConfigError
-    from .gamma import parse_gamma as parse
+    from .sizing.gamma import parse_gamma as parse
 
     try:
         return parse(text)

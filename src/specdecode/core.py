@@ -27,17 +27,17 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from . import measure_context
+from .sizing import measure_context
 from .cache import ContextLengthError
 from .config import ConfigError
 from .constraints import check_request
-from .costmodel import cost_clock, store_costs
+from .sizing.costs import cost_clock, store_costs
 from .drafters.base import BatchDrafter, Draft, DraftContext
-from .gamma import Speculation, resolve_gamma
+from .sizing.gamma import Speculation, resolve_gamma
 from .logprobs import check_logprobs, token_logprobs
 from .models import Model
 from .ops import argmax_list
-from .policy import GammaPolicy, RowPlan
+from .sizing.policy import GammaPolicy, RowPlan
 from .prefill import Filling
 from .rows import Event, Failure, FinishEvent, Request, Row, StepEvent, coupled_noise
 from .text import IncrementalDetokenizer, Prompt, find_stop, prompt_ids, truncate_pieces
@@ -205,7 +205,7 @@ class DecodeCore:
             d.reset_row(slot)
 
     def _refine_drafters(self) -> None:
-        """Self-sizing drafters check their own measured costs against the live passes (``live_costs.py``),
+        """Self-sizing drafters check their own measured costs against the live passes (``sizing/live.py``),
         when a request ends and every ``REFINE_EVERY`` passes (a long request does not run on a spoiled file)."""
         passes = self.policy.trusted_passes()
         if not passes:

@@ -15,7 +15,7 @@ from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from .core import (DecodeCore, Event, Failure, FinishEvent, IncrementalDetokenizer, Prompt, Request, StepEvent,
                    find_stop, prompt_ids, truncate_pieces)
 from .drafters.base import BatchDrafter, Drafter, as_batch_drafter
-from .gamma import Gamma
+from .sizing.gamma import Gamma
 from .metrics import GenerationStats
 from .models import Model
 

@@ -12,11 +12,11 @@ import torch
 from .config import GenerationConfig, SamplingConfig, VerifyConfig
 from .constraints import row_state
 from .drafters.base import BatchDrafter
-from .gamma import Gamma, Speculation
+from .sizing.gamma import Gamma, Speculation
 from .logprobs import TokenLogprob
 from .metrics import GenerationStats
 from .models import Model
-from .policy import RowEvidence
+from .sizing.policy import RowEvidence
 from .sampling import CoupledNoise, make_generator
 from .text import IncrementalDetokenizer
 

@@ -11,7 +11,7 @@ import pytest
 from gguf_util import tiny_gguf
 from specdecode import generate, load_model
 from specdecode.bench.ladder import Shape, markdown, measure_first_token, predicted, write_f16
-from specdecode.costmodel import predicted_speedup
+from specdecode.sizing.costs import predicted_speedup
 
 
 def test_the_written_file_has_the_shape_and_decodes(tmp_path: Path) -> None:

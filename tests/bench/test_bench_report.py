@@ -10,7 +10,7 @@ import pytest
 from specdecode.bench.report import format_table, summarize
 from specdecode.bench.runners import MethodFailure, PreparedPrompt, RunOutput, RunRecord, Skipped
 from specdecode.bench.theory import expected_tokens
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.bench.workloads import Workload
 
 

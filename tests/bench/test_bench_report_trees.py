@@ -8,7 +8,7 @@ import pytest
 from specdecode.bench.report import format_table, summarize
 from specdecode.bench.runners import PreparedPrompt, RunOutput, RunRecord
 from specdecode.bench.workloads import Workload
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 
 from test_bench_report import Fake
 

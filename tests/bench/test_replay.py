@@ -13,7 +13,7 @@ import specdecode as sd
 from specdecode.bench.replay import Trace, answer_end, replay_prompt, report, target_choices, teacher_forced
 from specdecode.cli import main
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.costmodel import MAX_GAMMA, Costs
+from specdecode.sizing.costs import MAX_GAMMA, Costs
 from specdecode.drafters.base import Draft
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.rows import StepEvent

@@ -8,7 +8,7 @@ from tiny import build_model
 
 import specdecode as sd
 from specdecode.config import SamplingConfig
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.suffix import SuffixDrafter
 
 from .chi2 import gof_pvalue

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode import costmodel
-from specdecode.costmodel import Costs
+from specdecode.sizing import costs as costmodel
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.registry import DrafterOptions, build_drafter
 from specdecode.drafters.suffix import SuffixDrafter
 

@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 import httpx
 import uvicorn
 
-from specdecode.gamma import Gamma
+from specdecode.sizing.gamma import Gamma
 from specdecode.models import Model
 from specdecode.server.app import ServerState, make_state
 from specdecode.server.config import ServerConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import specdecode.costmodel as cm
+import specdecode.sizing.costs as cm
 from specdecode.server.config import ServerConfig
 
 from server_helpers import Models, serve

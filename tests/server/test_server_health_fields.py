@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 
 import pytest
 
-from specdecode.gamma import Gamma
+from specdecode.sizing.gamma import Gamma
 from specdecode.kernels import build
 from specdecode.server import cli, runner
 from specdecode.server.app import ServerState, make_state

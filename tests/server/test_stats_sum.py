@@ -28,7 +28,7 @@ from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.constraint_spec import ConstraintSpec, json_schema_spec
 from specdecode.constraints import bind
 from specdecode.core import DecodeCore, FinishEvent, Request
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters import Draft, DraftContext, DrafterOptions, build_drafter
 from specdecode.drafters.auto import AutoDrafter
 from specdecode.drafters.suffix import SuffixDrafter

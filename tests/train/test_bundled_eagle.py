@@ -15,7 +15,7 @@ MODELS = Path(__file__).resolve().parents[2] / "models"
 @pytest.mark.skipif(not (MODELS / "code-eagle" / "config.json").is_file(), reason="bundled EAGLE draft not present")
 def test_bundled_eagle_fits_the_target_and_stays_exact(tmp_path: Path) -> None:
     from specdecode import generate
-    from specdecode.costmodel import Costs
+    from specdecode.sizing.costs import Costs
     from specdecode.drafters.eagle import EagleDrafter
     from specdecode.train.export_engines import export_eagle
 

@@ -40,7 +40,7 @@ def test_bundled_pair_is_compatible_and_small() -> None:
 @pytest.mark.skipif(not (MODELS / "code-medusa" / "medusa_config.json").is_file(), reason="bundled heads not present")
 def test_bundled_medusa_heads_fit_the_target_and_stay_exact() -> None:
     from specdecode import generate
-    from specdecode.costmodel import Costs
+    from specdecode.sizing.costs import Costs
     from specdecode.drafters.medusa import MedusaDrafter
 
     heads_dir = MODELS / "code-medusa"

@@ -11,7 +11,7 @@ import torch
 
 import specdecode as sd
 from specdecode.config import SamplingConfig
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.auto import PROBE_FIRST, AutoDrafter
 from specdecode.drafters.base import Acceptance, Draft, DraftContext
 

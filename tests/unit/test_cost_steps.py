@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import specdecode as sd
-import specdecode.costmodel as cm
-from specdecode.costmodel import CostSteps, Step, measure_steps, time_steps
+import specdecode.sizing.costs as cm
+from specdecode.sizing.costs import CostSteps, Step, measure_steps, time_steps
 from specdecode.drafters.eagle import EagleDrafter, load_or_measure_eagle_costs
 from specdecode.drafters.medusa import MedusaDrafter, load_or_measure_tree_costs
 
@@ -131,7 +131,7 @@ def test_every_measurement_of_a_preparation_shares_one_prefill(tiny_dirs: dict[s
     """The target's v(n), EAGLE's, Medusa's and a tree step's measurements prefill the synthetic context
     once between them (four prefills were 0.4 s of a cold server's first request), each hands the cache
     back at its length, and the core frees it once the drafter is prepared."""
-    from specdecode import measure_context
+    from specdecode.sizing import measure_context
     from specdecode.drafters.auto import AutoDrafter
 
     _fresh_cache(tmp_path, monkeypatch)

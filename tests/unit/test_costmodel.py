@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode.costmodel import Costs, expected_tokens, load_or_measure_costs, predicted_speedup
+from specdecode.sizing.costs import Costs, expected_tokens, load_or_measure_costs, predicted_speedup
 from specdecode.drafters.base import Acceptance
-from specdecode.policy import GammaPolicy, RowPlan
+from specdecode.sizing.policy import GammaPolicy, RowPlan
 
 
 class OneRow:
@@ -100,7 +100,7 @@ def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
 
 def test_costs_are_measured_once_and_cached(tiny_dirs: dict[str, Path], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import specdecode.costmodel as cm
+    import specdecode.sizing.costs as cm
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     monkeypatch.setattr(cm, "_MEMO", {})

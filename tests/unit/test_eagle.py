@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specdecode import generate
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.eagle_model import EagleError, default_aux_layers, is_eagle_dir, load_eagle
 from specdecode.models import load_model

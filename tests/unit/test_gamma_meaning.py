@@ -16,7 +16,7 @@ from specdecode import core as core_module
 from specdecode import engine
 from specdecode.cli import build_parser, main
 from specdecode.config import ConfigError
-from specdecode.gamma import DEFAULT_CAP, Gamma, Speculation, parse_gamma, resolve_gamma, speculation_flag
+from specdecode.sizing.gamma import DEFAULT_CAP, Gamma, Speculation, parse_gamma, resolve_gamma, speculation_flag
 from specdecode.server.cli import build_state
 from specdecode.server.config import ServerConfig
 

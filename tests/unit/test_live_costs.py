@@ -11,15 +11,15 @@ from typing import Callable
 import pytest
 
 import specdecode as sd
-import specdecode.costmodel as cm
+import specdecode.sizing.costs as cm
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core import REFINE_EVERY, DecodeCore, FinishEvent, Request
-from specdecode.costmodel import Costs, cached_costs
+from specdecode.sizing.costs import Costs, cached_costs
 from specdecode.drafters.eagle import EagleCosts, EagleDrafter
 from specdecode.drafters.eagle_sizing import refined_eagle_costs
-from specdecode.drafters.live_costs import Stored, StepTimings, costs_differ, live_v
+from specdecode.sizing.live import Stored, StepTimings, costs_differ, live_v
 from specdecode.drafters.medusa import MedusaDrafter
-from specdecode.policy import DISAGREE, TRUST
+from specdecode.sizing.policy import DISAGREE, TRUST
 
 from eagle_util import make_eagle
 from medusa_util import make_heads

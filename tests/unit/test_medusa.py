@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdecode.config import ConfigError
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.medusa import (MAX_NODES, NO_TREE, MedusaDrafter, RankAcceptance, best_first, fixed_plan,
                                         plan_tree)
 from specdecode.drafters.medusa_heads import CONFIG_FILE, MedusaHeadsError, load_heads

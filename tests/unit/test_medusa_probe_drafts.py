@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdecode.config import SamplingConfig
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.base import DraftContext
 from specdecode.drafters.medusa import PROBE_FIRST, MedusaDrafter
 from specdecode.models import load_model

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.costmodel import Costs, expected_tokens
+from specdecode.sizing.costs import Costs, expected_tokens
 from specdecode.drafters.base import Acceptance
-from specdecode.policy import GammaPolicy, RowPlan
+from specdecode.sizing.policy import GammaPolicy, RowPlan
 
 
 def plans(n: int, cap: int = 4, alpha: float = 0.8, drafter: str = "model", auto: bool = True) -> list[RowPlan]:
@@ -127,7 +127,7 @@ def test_self_sizing_rows_get_their_cap_or_nothing() -> None:
 
 # -- issue #30: live timings over cached ones, evidence per row, probes per request ------------------
 def test_a_spike_of_load_never_sets_an_estimate() -> None:
-    from specdecode.policy import WINDOW, Timings
+    from specdecode.sizing.policy import WINDOW, Timings
 
     t = Timings()
     for i in range(WINDOW - 1):
@@ -166,7 +166,7 @@ def test_an_optimistic_cached_c_gives_way_to_trusted_live_timings() -> None:
 
 
 def test_a_rows_evidence_takes_the_drafters_history_as_a_bounded_prior() -> None:
-    from specdecode.policy import RowEvidence
+    from specdecode.sizing.policy import RowEvidence
 
     fresh = RowEvidence(Acceptance())
     assert fresh.alpha == pytest.approx(0.7)
@@ -182,7 +182,7 @@ def test_a_rows_evidence_takes_the_drafters_history_as_a_bounded_prior() -> None
 
 
 def test_a_row_probes_on_its_own_schedule() -> None:
-    from specdecode.policy import PROBE_GAPS, RowEvidence
+    from specdecode.sizing.policy import PROBE_GAPS, RowEvidence
 
     row = RowEvidence(Acceptance())
     assert row.probe_due()  # its first pass, whatever came before
@@ -208,7 +208,7 @@ def test_a_probe_drafts_what_a_fresh_drafter_would() -> None:
 
 
 def test_load_inflated_widths_are_bounded_by_their_neighbours() -> None:
-    from specdecode.costmodel import plausible
+    from specdecode.sizing.costs import plausible
 
     measured_under_load = [1.0, 7.51, 2.28, 3.15, 1.0, 3.25, 3.25]  # a 3-sample minimum on a busy 2-core machine
     assert plausible(measured_under_load) == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 1.4])

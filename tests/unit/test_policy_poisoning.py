@@ -10,14 +10,14 @@ from typing import Iterator, Sequence, Union
 
 import pytest
 
-import specdecode.costmodel as cm
+import specdecode.sizing.costs as cm
 import specdecode.drafters.model as drafter_module
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core import DecodeCore, FinishEvent, Request
-from specdecode.costmodel import Costs, cached_costs
+from specdecode.sizing.costs import Costs, cached_costs
 from specdecode.metrics import GenerationStats
 from specdecode.models import Model, load_model
-from specdecode.policy import GammaPolicy
+from specdecode.sizing.policy import GammaPolicy
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 PROMPT = "def fib(n):"

@@ -8,7 +8,7 @@ from pathlib import Path
 import specdecode as sd
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core import DecodeCore, FinishEvent, Request
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.suffix import SuffixDrafter
 

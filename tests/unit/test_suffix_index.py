@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdecode.config import SamplingConfig
-from specdecode.costmodel import Costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.base import DraftContext
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.drafters.suffix_index import SuffixIndex, continuation_tree

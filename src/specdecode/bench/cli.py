@@ -326,7 +326,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from ..cli import model_loader, resolve_draft_path, resolve_target
     from ..drafters.registry import DrafterOptions, artifacts_from_args, options_from_args, with_defaults
-    from ..costmodel import cpu_name, measure_costs
+    from ..sizing.costs import cpu_name, measure_costs
     from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
     from .real import prepare_real_prompts
     from .runners import BenchContext, build_methods, method_table, run_all, warm_up

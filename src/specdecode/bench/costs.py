@@ -1,7 +1,7 @@
 """`specdecode bench costs`: v(n) of the target's verify pass per weight format, kernel path and thread count.
 
 v(n) = time of a target pass over n new tokens / time of a one-token pass (a decode step), with the
-engine's own forward calls on a warm cache (``costmodel.measure_costs``, the figures ``gamma="auto"``
+engine's own forward calls on a warm cache (``sizing.costs.measure_costs``, the figures ``gamma="auto"``
 uses). Speculation pays only while v stays low: verifying a draft of gamma tokens costs v(gamma + 1)
 decode steps. So anyone can check on their own CPU how the bf16, int8 and int4 paths, and each SIMD
 path the kernels offer there (``--isas``), price a verification pass. Paths are timed round by round in
@@ -112,7 +112,7 @@ def measure(target: str, formats: list[str], isas: Optional[list[str]], threads:
     """One row per (format, path, threads): median seconds of passes over 1..max_tokens new tokens and v(n)
     (with ``draft``: also its step's median seconds and c; with ``floor``: int8/int4 rows also give
     ``arithmetic_floor`` and the bound n * floor / one-token pass on v(n))."""
-    from ..costmodel import measure_costs
+    from ..sizing.costs import measure_costs
     from ..drafters.vocab import draft_vocab_for
     from ..models import load_model
 

@@ -158,10 +158,10 @@ def _theirs_cmd(bin_dir: Path, gguf: Path, threads: int) -> list[str]:
 
 def costs(target: str, draft: Optional[str], context: int, max_gamma: int = 8) -> dict[str, Any]:
     """v(1..max_gamma) of the target's verify pass and c of a draft model's step (the child side): the
-    engine's own cost measurement (``costmodel.measure_costs``) after a ``context``-token prompt."""
+    engine's own cost measurement (``sizing.costs.measure_costs``) after a ``context``-token prompt."""
     import torch
 
-    from ..costmodel import measure_costs
+    from ..sizing.costs import measure_costs
     from ..models.loading import load_model
 
     t = load_model(target)
@@ -174,7 +174,7 @@ def costs(target: str, draft: Optional[str], context: int, max_gamma: int = 8) -
 def predicted(c: float, v: list[float]) -> dict[str, dict[str, float]]:
     """The speedup the theory predicts (Leviathan et al.: E(α, γ) / (γc + v(γ)), the best γ of 1..len(v)) at
     α = 0.6, 0.7, 0.8: a prediction from measured costs, since random weights say nothing about α."""
-    from ..costmodel import predicted_speedup
+    from ..sizing.costs import predicted_speedup
 
     out = {}
     for alpha in (0.6, 0.7, 0.8):

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from ..cache import KVCache
     from ..config import SamplingConfig
-    from ..costmodel import Costs
+    from ..sizing.costs import Costs
     from ..drafters.base import BatchDrafter, Draft
     from ..models import Model
 
@@ -306,8 +306,8 @@ def step_cost(costs: "Costs", t1: float, nodes: int, draft_s: float) -> float:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..config import ConfigError
-    from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
-    from ..gamma import resolve_gamma
+    from ..sizing.costs import MAX_GAMMA, Costs, load_or_measure_costs
+    from ..sizing.gamma import resolve_gamma
 
     run = setup(args)
     target, prompts = run.target, run.prompts

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..costmodel import Costs, expected_tokens, predicted_speedup
+from ..sizing.costs import Costs, expected_tokens, predicted_speedup
 from ..drafters.registry import PAIRED_DEFAULT, PLAIN, get_spec
 from .positions import by_output_position, format_output_position, plot_output_position
 from .runners import Method, MethodFailure, PreparedPrompt, RunRecord, Skipped

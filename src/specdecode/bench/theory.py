@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from ..config import ConfigError
-from ..costmodel import expected_tokens, predicted_speedup
+from ..sizing.costs import expected_tokens, predicted_speedup
 
 VFunction = Callable[[int], float]
 

@@ -132,7 +132,7 @@ def setup(args: argparse.Namespace) -> Setup:
     from ..config import ModelLoadConfig, from_args
     from ..drafters.plugin import DrafterOptions
     from ..drafters.registry import artifacts_from_args, build_drafter, get_spec, options_from_args
-    from ..gamma import parse_gamma
+    from ..sizing.gamma import parse_gamma
     from .real import prepare_real_prompts
     from .workloads import load_workloads, resolve_workload, select
 

@@ -46,16 +46,16 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..costmodel import (
+from ..sizing.costs import (
     MAX_GAMMA,
     Costs,
     cost_clock,
     expected_tokens,
     load_or_measure_costs,
 )
-from ..policy import SPECULATION_MARGIN, RowEvidence
+from ..sizing.policy import SPECULATION_MARGIN, RowEvidence
 from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter
-from .live_costs import Stored, live_v
+from ..sizing.live import Stored, live_v
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class AutoDrafter(RowZeroAdapter):
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
         """The target's v(n) (what auto weighs its members with) and each member's own figures following the
-        live passes (``live_costs``); returns the figures to write back to the cost cache (past ``DISAGREE``×)."""
+        live passes (``sizing/live.py``); returns the figures to write back to the cost cache (past ``DISAGREE``×)."""
         out: list[Costs] = []
         new = live_v(self._base, passes) if self._base is not None else None
         if new is not None:

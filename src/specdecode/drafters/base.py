@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Union, 
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..gamma import Gamma
+from ..sizing.gamma import Gamma
 from ..sampling import CoupledNoise, draw
 
 if TYPE_CHECKING:
     from ..cache import KVCache
-    from ..costmodel import Costs
+    from ..sizing.costs import Costs
     from ..models import Model
 
 class VocabularyMismatchError(ValueError):
@@ -210,7 +210,7 @@ class BatchDrafter(Protocol):
     its rows between drafting up to the cap and plain steps (load), and never shortens the draft.
     Such a drafter may also define ``refine_costs(passes) -> list[Costs]`` (optional): the core hands it
     the live single-row pass seconds by width after each finished request, and writes back to the cost
-    cache what it returns (``live_costs.py``)."""
+    cache what it returns (``sizing/live.py``)."""
 
     gamma: Gamma
     acceptance: Acceptance

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import torch
 
 from ..config import ConfigError
-from ..costmodel import cost_clock, cpu_name, measure_costs
+from ..sizing.costs import cost_clock, cpu_name, measure_costs
 from ..jsonl import read_jsonl
 from .layerskip import DraftLayers, LayerSkipDrafter, check_family, save_calibration
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from ..cache import KVCache
-    from ..costmodel import Costs
+    from ..sizing.costs import Costs
     from ..models import Model
 
 DEFAULT_GAMMA = 6  # target tokens per step when γ is "auto" (no offline cost model for a pair of tokenizers)

@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Mapping, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from .. import measure_context
-from ..costmodel import CostSteps, Costs, Step, cost_clock
+from ..sizing import measure_context
+from ..sizing.costs import CostSteps, Costs, Step, cost_clock
 from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
-from ..policy import SPECULATION_MARGIN
+from ..sizing.policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, load_eagle, rope_table
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
                            load_or_measure_eagle_costs, refined_eagle_costs)
-from .live_costs import Stored, StepTimings
+from ..sizing.live import Stored, StepTimings
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .tree_steps import PROBE, one_token_pass
 
@@ -185,7 +185,7 @@ class EagleDrafter(RowZeroAdapter):
         self._level_one = got.level_one
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
-        """Follow the live passes and this drafter's own timed steps (``live_costs``); returns the figures to
+        """Follow the live passes and this drafter's own timed steps (``sizing/live.py``); returns the figures to
         write back to the cost cache (when they moved past ``DISAGREE``× from it)."""
         if self._steps is None or self._costs is None:
             return []
@@ -209,13 +209,13 @@ class EagleDrafter(RowZeroAdapter):
         return None
 
     def cost_key(self, target: "Model") -> str:
-        """What changes this drafter's timed steps beyond the target (``costmodel.CostTimed``)."""
+        """What changes this drafter's timed steps beyond the target (``sizing.costs.CostTimed``)."""
         c = self.cfg
         return (f"eagle-tree|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={self.expand}|topk={self.topk}"
                 f"|layers={c.aux_layers}|{self.runtime}")
 
     def cost_steps(self, target: "Model") -> CostSteps:
-        """``costmodel.CostTimed``: the one-token tree pass with this drafter's hidden layers captured
+        """``sizing.costs.CostTimed``: the one-token tree pass with this drafter's hidden layers captured
         (``tree_steps``; wider passes: the target's shared v(n)); the ingestion of three positions right
         after a pass ("ingest", the draft's weights cold), then one tree level of ``expand`` nodes ("draft":
         c) and the next level of a chain, one node ("level_one"), as ``grow`` runs them (a tree step's extra

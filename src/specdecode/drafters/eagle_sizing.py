@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from ..costmodel import Costs, drafter_costs
-from ..policy import MIN_DELTA_C
-from .live_costs import FOLLOW, StepTimings, differ, live_v, unit_seconds
+from ..sizing.costs import Costs, drafter_costs
+from ..sizing.policy import MIN_DELTA_C
+from ..sizing.live import FOLLOW, StepTimings, differ, live_v, unit_seconds
 from .tree_steps import measured_tree_extra
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class EagleCosts:
 def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int, float], expand: int
                         ) -> Optional[EagleCosts]:
     """``cur`` with the trusted live figures that differ from it by more than ``FOLLOW`` put in (None: none
-    does): v(n) from the passes, the ingestion and the levels over the live one-token pass (``live_costs.py``).
+    does): v(n) from the passes, the ingestion and the levels over the live one-token pass (``sizing/live.py``).
     A level of one node does less than an ingestion (one position, no feature projection) and a level of
     ``expand`` nodes no more than ``expand`` levels of one, so a pessimistic level figure not yet timed is
     bounded by them: the tree then runs such levels, and times them."""

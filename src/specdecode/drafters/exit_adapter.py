@@ -34,7 +34,7 @@ from torch import nn
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..costmodel import Costs, Step, cached_costs, cost_clock, costs_key, store_costs, time_steps
+from ..sizing.costs import Costs, Step, cached_costs, cost_clock, costs_key, store_costs, time_steps
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from ..models.llama import LlamaBlock, rope_tables
 from .base import Gamma

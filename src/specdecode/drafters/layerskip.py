@@ -37,7 +37,7 @@ import torch
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..costmodel import Costs, load_or_measure_costs
+from ..sizing.costs import Costs, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
 from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, check_gamma, draft_rows, draw_token

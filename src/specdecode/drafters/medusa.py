@@ -43,16 +43,16 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from .. import measure_context
+from ..sizing import measure_context
 from ..config import ConfigError
-from ..costmodel import CostSteps, Costs, Step, cost_clock, drafter_costs
-from ..policy import MIN_DELTA_C, SPECULATION_MARGIN
+from ..sizing.costs import CostSteps, Costs, Step, cost_clock, drafter_costs
+from ..sizing.policy import MIN_DELTA_C, SPECULATION_MARGIN
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
-from .live_costs import FOLLOW, Stored, StepTimings, differ, live_v, unit_seconds
+from ..sizing.live import FOLLOW, Stored, StepTimings, differ, live_v, unit_seconds
 from .tree_steps import PROBE, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
@@ -178,7 +178,7 @@ class MedusaDrafter(RowZeroAdapter):
         self._plans.clear()
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
-        """Follow the live passes and the heads' own timings (``live_costs``); returns the figures to write
+        """Follow the live passes and the heads' own timings (``sizing/live.py``); returns the figures to write
         back to the cost cache (when they moved past ``DISAGREE``× from it)."""
         if self._steps is None or self._costs is None:
             return []
@@ -217,13 +217,13 @@ class MedusaDrafter(RowZeroAdapter):
         return None
 
     def cost_key(self, target: "Model") -> str:
-        """What changes this drafter's timed steps beyond the target (``costmodel.CostTimed``)."""
+        """What changes this drafter's timed steps beyond the target (``sizing.costs.CostTimed``)."""
         return f"medusa-tree|heads={self.num_heads}x{self.dim}|vocab={self.vocab_rows}|{self.runtime}"
 
     def cost_steps(self, target: "Model") -> CostSteps:
         """The one-token tree pass as the core runs it (``tree_steps``; wider passes: the target's shared
         v(n)) and one row's heads (all K, with their top candidates) as the step named "draft"
-        (``costmodel.CostTimed``)."""
+        (``sizing.costs.CostTimed``)."""
         shared = measure_context.borrow(target)
         h = shared.hidden[-1:]  # the heads read one hidden state (its values barely matter)
         return CostSteps(one_token_pass(target, shared.cache, shared.probe(PROBE)), 1, len(shared.ids),

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..config import ConfigError
-from ..costmodel import Costs
-from ..policy import SPECULATION_MARGIN
+from ..sizing.costs import Costs
+from ..sizing.policy import SPECULATION_MARGIN
 
 MAX_NODES = 63  # the pending token plus 63 nodes = 64 new tokens, the fused path's tree-mask limit
 RANKS = 10  # candidates per head whose acceptance is tracked (trees use at most these)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 
 from ..config import ConfigError, VerifyConfig
-from ..costmodel import MAX_GAMMA, Costs, load_or_measure_costs
+from ..sizing.costs import MAX_GAMMA, Costs, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
 from .base import (Acceptance, BatchDrafter, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma,

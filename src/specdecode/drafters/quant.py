@@ -24,7 +24,7 @@ import torch
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..costmodel import Costs, load_or_measure_costs
+from ..sizing.costs import Costs, load_or_measure_costs
 from .base import Acceptance, Gamma
 from .layerskip import DraftLayers, LayerSkipDrafter, check_family
 from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec

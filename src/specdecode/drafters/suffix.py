@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..costmodel import Costs, cost_clock, expected_tokens, load_or_measure_costs
-from ..policy import SPECULATION_MARGIN
+from ..sizing.costs import Costs, cost_clock, expected_tokens, load_or_measure_costs
+from ..sizing.policy import SPECULATION_MARGIN
 from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
-from .live_costs import Stored, live_v
+from ..sizing.live import Stored, live_v
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .suffix_index import DEFAULT_MAX_TOKENS, SuffixIndex, SuffixTree, continuation_tree, top_chain
 from .suffix_store import StoreIndex, is_store_dir, load_store
@@ -155,7 +155,7 @@ class SuffixDrafter(RowZeroAdapter):
         return None
 
     def refine_costs(self, passes: Mapping[int, float]) -> list[Costs]:
-        """The target's v(n) following the live passes (``live_costs``; this drafter's own cost is timed on
+        """The target's v(n) following the live passes (``sizing/live.py``; this drafter's own cost is timed on
         every step already); returns the figures to write back to the cost cache (past ``DISAGREE``×)."""
         new = live_v(self._costs, passes) if self._costs is not None and not self._costs_fixed else None
         if new is None:

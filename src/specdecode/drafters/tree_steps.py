@@ -1,4 +1,4 @@
-"""What a tree drafter (Medusa, EAGLE) hands the cost model besides its own steps (``costmodel.CostSteps``):
+"""What a tree drafter (Medusa, EAGLE) hands the cost model besides its own steps (``sizing.costs.CostSteps``):
 the target's one-token pass as a tree step runs it (the unit of the drafter's steps), and, measured once
 per target and shared by every tree drafter, a tree step's extra cost over a chain step (``TreeStep``).
 
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from .. import measure_context
-from ..costmodel import CostSteps, Step, drafter_costs
+from ..sizing import measure_context
+from ..sizing.costs import CostSteps, Step, drafter_costs
 from ..verify import tree_mask
 from .base import Draft
 
@@ -45,7 +45,7 @@ def one_token_pass(target: "Model", cache: "KVCache", probe: torch.Tensor, hidde
 
 
 class TreeStep:
-    """``costmodel.CostTimed`` for a tree step's extra over a chain step on a target: a chain step and a
+    """``sizing.costs.CostTimed`` for a tree step's extra over a chain step on a target: a chain step and a
     tree step of the same six tokens ("chain", "tree"); their difference is the core building the
     mask and compacting the accepted path with ``cache.keep``, the same for every tree drafter."""
 

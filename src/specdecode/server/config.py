@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from ..config import ConfigError, _help
-from ..gamma import speculation_flag
+from ..sizing.gamma import speculation_flag
 API_KEY_ENV = "SPECDECODE_API_KEY"
 
 

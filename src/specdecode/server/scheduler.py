@@ -27,7 +27,7 @@ import torch
 from ..core import DecodeCore, Event, Failure, FinishEvent, Request, Row, StepEvent
 from ..drafters.base import BatchDrafter
 from ..models import Model
-from ..policy import GammaPolicy
+from ..sizing.policy import GammaPolicy
 from .card import pass_view
 
 if TYPE_CHECKING:

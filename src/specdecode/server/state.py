@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..config import ConfigError
-from ..gamma import Gamma, Speculation, resolve_gamma, speculation_flag
+from ..sizing.gamma import Gamma, Speculation, resolve_gamma, speculation_flag
 from .chat import PLAIN_TEMPLATE, ChatFormatter
 from .config import ServerConfig, resolve_api_key
 from .metrics import ServerMetrics

@@ -1,0 +1,97 @@
+"""A self-sizing drafter's measured costs checked against the live steps (issue #30: no measurement, taken
+under whatever load the machine had, stays authoritative).
+
+EAGLE, Medusa, suffix drafting and ``auto`` size their own drafts from the target's v(n) and their own
+step costs, measured once per machine and cached; the γ policy, which checks a chain drafter's figures
+against every pass, only caps them. So the decode core hands each of them the target's live single-row
+pass timings after every finished request and every 64 passes (``refine_costs(passes)``: seconds by width,
+each a low quantile of at least ``policy.TRUST`` passes), and a drafter times its own steps as they run
+(``StepTimings``). As in the γ policy, a trusted live figure then counts instead of the measured one (when
+they differ by more than ``FOLLOW``, so that noise does not re-plan every tree); a pessimistic step cost is
+also bounded by a cheaper step that does more work, so it gets run and measured. Past ``policy.DISAGREE``×
+the drafter returns its figures for the core to write back to the cache. A drafter given fixed costs keeps
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Mapping, Optional
+
+from .costs import Costs, plausible
+from .policy import DISAGREE, MIN_DELTA_C, TRUST, Timings
+
+FOLLOW = 1.1  # a trusted live figure replaces the one in use (in memory) when they differ by more than this
+
+
+def differ(a: float, b: float, floor: float = 0.0, factor: float = DISAGREE) -> bool:
+    """Whether two cost figures disagree: by more than ``factor``× and by more than ``floor``."""
+    return abs(a - b) > floor and max(a, b) > factor * max(1e-12, min(a, b))
+
+
+def costs_differ(a: Costs, b: Costs, factor: float = DISAGREE) -> bool:
+    """Whether any of v, c or a drafter's own step figures differ by more than ``factor``× (c and the steps
+    also by more than ``MIN_DELTA_C``: noise on tiny figures)."""
+    if any(differ(x, y, 0.0, factor) for x, y in zip(a.v, b.v)) or differ(a.c, b.c, MIN_DELTA_C, factor):
+        return True
+    steps = dict(b.extras)
+    return any(differ(x, steps.get(k, 0.0), MIN_DELTA_C, factor) for k, x in a.extras)
+
+
+def unit_seconds(costs: Costs, passes: Mapping[int, float]) -> Optional[float]:
+    """Seconds of a one-token pass: the live one, else the trusted widths through ``costs``'s v (None: no
+    trusted pass yet)."""
+    if 1 in passes:
+        return passes[1]
+    return min((s / costs.v_at(w - 1) for w, s in passes.items()), default=None)
+
+
+def live_v(costs: Costs, passes: Mapping[int, float], factor: float = FOLLOW) -> Optional[Costs]:
+    """``costs`` with v(n) from the live passes, if one differs by more than ``factor``× (None: none does, or
+    the one-token pass, their unit, is not trusted yet). The widths not run are bounded by those run
+    (``plausible``)."""
+    t1 = passes.get(1)
+    if not t1:
+        return None
+    v, fixed = list(costs.v), [True] + [False] * (len(costs.v) - 1)
+    for w, s in passes.items():
+        if 1 < w <= len(v):
+            v[w - 1], fixed[w - 1] = max(1.0, s / t1), True
+    v = plausible(v, fixed)
+    if not any(differ(a, b, 0.0, factor) for a, b in zip(v, costs.v)):
+        return None
+    return replace(costs, v=tuple(v), target_s=tuple(t1 * x for x in v))
+
+
+class StepTimings:
+    """A drafter's own steps timed as they run, by name, on the cost clock (``sizing.costs.cost_clock``)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._t: dict[str, Timings] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        t = self._t.get(name)
+        if t is None:
+            t = self._t[name] = Timings()
+        t.add(seconds)
+
+    def ratio(self, name: str, unit: float) -> Optional[float]:
+        """The step's trusted estimate over ``unit`` seconds (None: fewer than ``TRUST`` timings)."""
+        t = self._t.get(name)
+        return t.estimate / unit if t is not None and t.n >= TRUST and unit > 0 else None
+
+
+class Stored:
+    """The figures a drafter's cache file holds, to rewrite it only when the ones in use have moved past
+    ``DISAGREE``× from them."""
+
+    def __init__(self, costs: Optional[Costs]) -> None:
+        self.costs = costs
+
+    def changed(self, now: Costs) -> list[Costs]:
+        """``[now]`` to write (and remembered as written) when it differs from the file by ``DISAGREE``×."""
+        if self.costs is not None and not costs_differ(now, self.costs):
+            return []
+        self.costs = now
+        return [now]
