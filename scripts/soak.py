@@ -6,7 +6,7 @@ in a temporary folder) or one already running (``--url``), then checks: no 5xx, 
 (every one completed, refused or cancelled, and /metrics agrees), RSS growth after warm-up, rows
 back to zero, greedy outputs identical to lone requests. Writes a JSON summary with ``--out``.
 
-    python scripts/soak.py --duration 600 --out docs/results/soak.json
+    python scripts/soak.py --duration 600 --out runs/soak.json
     python scripts/soak.py --duration 600 --target models/TARGET -- --drafter model --draft models/DRAFT
 """
 
