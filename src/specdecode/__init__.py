@@ -9,9 +9,10 @@
 
 from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
-from .drafters import (BatchDrafter, Draft, DraftContext, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter,
-                       ExitAdapterDrafter, LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter,
-                       SuffixDrafter, VocabularyMismatchError, build_drafter, drafter_names)
+from .draft import Draft, DraftContext
+from .drafters import (BatchDrafter, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter, ExitAdapterDrafter,
+                       LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter, SuffixDrafter,
+                       VocabularyMismatchError, build_drafter, drafter_names)
 from .core import DecodeCore, Request
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
 from .metrics import GenerationStats

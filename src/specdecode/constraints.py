@@ -40,8 +40,9 @@ from .constraint_spec import (INSTALL_HINT, JSON_LAYOUT, KIND_NAMES, KINDS, Cons
                               llguidance_module, short_error, spec_from_args, spec_from_files,
                               spec_from_response_format)
 
+from .draft import Draft
+
 if TYPE_CHECKING:
-    from .drafters.base import Draft
     from .models import Model
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -350,8 +351,6 @@ class ConstraintState:
         (any deterministic draft is a valid draft). A tree without laws loses its forbidden nodes
         and their subtrees; a tree with laws is not verified under a grammar (empty draft,
         decided without looking at it)."""
-        from .drafters.base import Draft
-
         self.rollback()
         if self.matcher is None:
             return draft, self._all.expand(len(draft.tokens) + 1, self.vocab_size)
@@ -366,8 +365,6 @@ class ConstraintState:
         return draft, masks
 
     def _check_chain(self, draft: "Draft") -> tuple["Draft", torch.Tensor]:
-        from .drafters.base import Draft
-
         masks = [self.allowed()]
         n = len(draft.tokens)
         for k, t in enumerate(draft.tokens):
@@ -384,8 +381,6 @@ class ConstraintState:
         return Draft(list(draft.tokens[:n]), probs, source=draft.source), torch.stack(masks)
 
     def _check_tree(self, draft: "Draft") -> tuple["Draft", torch.Tensor]:
-        from .drafters.base import Draft
-
         assert draft.parents is not None
         paths: dict[int, list[int]] = {-1: []}
         keep: list[int] = []

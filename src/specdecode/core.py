@@ -32,7 +32,8 @@ from .cache import ContextLengthError
 from .config import ConfigError
 from .constraints import check_request
 from .sizing.costs import cost_clock, store_costs
-from .drafters.base import BatchDrafter, Draft, DraftContext
+from .draft import Draft, DraftContext
+from .drafters.base import BatchDrafter
 from .sizing.gamma import Speculation, resolve_gamma
 from .logprobs import check_logprobs, token_logprobs
 from .models import Model

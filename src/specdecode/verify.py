@@ -32,7 +32,7 @@ from .sampling import CoupledNoise, coupled_draws, draw, probs_from_logits
 
 if TYPE_CHECKING:
     from .config import SamplingConfig
-    from .drafters.base import Draft
+    from .draft import Draft
 
 # Below this total residual mass, p and q agree up to float32 rounding at the
 # rejected position; a rejection there had probability ~0, so p itself is the

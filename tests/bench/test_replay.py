@@ -14,7 +14,7 @@ from specdecode.bench.replay import Trace, answer_end, replay_prompt, report, ta
 from specdecode.cli import main
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.sizing.costs import MAX_GAMMA, Costs
-from specdecode.drafters.base import Draft
+from specdecode.draft import Draft
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.rows import StepEvent
 

@@ -16,8 +16,8 @@ import pytest
 
 import specdecode as sd
 from specdecode.config import ConfigError
-from specdecode.drafters import (Artifact, BenchVariant, Draft, DraftContext, DrafterOptions, DrafterSpec, Option,
-                                 PerRowDrafters)
+from specdecode.draft import Draft, DraftContext
+from specdecode.drafters import Artifact, BenchVariant, DrafterOptions, DrafterSpec, Option, PerRowDrafters
 from specdecode.drafters.plugin import has_file
 from specdecode.drafters.registry import REGISTRY, register
 from specdecode.server.config import ServerConfig

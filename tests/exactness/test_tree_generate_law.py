@@ -9,7 +9,7 @@ import torch
 
 import specdecode as sd
 from specdecode.config import SamplingConfig
-from specdecode.drafters import Draft, DraftContext
+from specdecode.draft import Draft, DraftContext
 from specdecode.sampling import draw, probs_from_logits
 
 from .chi2 import gof_pvalue

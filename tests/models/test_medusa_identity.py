@@ -76,7 +76,7 @@ def test_a_target_without_exact_trees_verifies_their_first_paths(tiny_dirs: dict
 def test_first_path_follows_each_nodes_first_child() -> None:
     import torch
 
-    from specdecode.drafters.base import Draft
+    from specdecode.draft import Draft
 
     tree = Draft([10, 11, 12, 13, 14, 15], torch.eye(6), [-1, -1, 1, 0, 3, 3], source="x")
     chain = tree.first_path()

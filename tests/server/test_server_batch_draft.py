@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from specdecode.config import SamplingConfig
-from specdecode.drafters import DraftContext, DraftModelDrafter
+from specdecode.draft import DraftContext
+from specdecode.drafters import DraftModelDrafter
 from specdecode.drafters.vocab import write_vocab_file
 from specdecode.sampling import make_generator
 

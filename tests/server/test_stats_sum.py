@@ -29,7 +29,8 @@ from specdecode.constraint_spec import ConstraintSpec, json_schema_spec
 from specdecode.constraints import bind
 from specdecode.core import DecodeCore, FinishEvent, Request
 from specdecode.sizing.costs import Costs
-from specdecode.drafters import Draft, DraftContext, DrafterOptions, build_drafter
+from specdecode.draft import Draft, DraftContext
+from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.auto import AutoDrafter
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.metrics import FORCED_SOURCE, GenerationStats

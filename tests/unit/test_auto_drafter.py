@@ -13,7 +13,8 @@ import specdecode as sd
 from specdecode.config import SamplingConfig
 from specdecode.sizing.costs import Costs
 from specdecode.drafters.auto import PROBE_FIRST, AutoDrafter
-from specdecode.drafters.base import Acceptance, Draft, DraftContext
+from specdecode.draft import Draft, DraftContext
+from specdecode.drafters.base import Acceptance
 
 
 class Fake:

@@ -11,7 +11,7 @@ import torch
 import specdecode as sd
 from specdecode.cache import ContextLengthError, KVCache
 from specdecode.config import SamplingConfig
-from specdecode.drafters import DraftContext
+from specdecode.draft import DraftContext
 
 
 def test_cache_trim_and_context_limit() -> None:

@@ -14,7 +14,7 @@ from specdecode.config import ConfigError, GenerationConfig, SamplingConfig
 from specdecode.constraints import (Constraint, GrammarLimitError, bind, grammar_tokenizer, json_schema_spec,
                                     token_list_tokenizer)
 from specdecode.core import DecodeCore, Failure, FinishEvent, Request, StepEvent
-from specdecode.drafters import Draft
+from specdecode.draft import Draft
 from tiny import build_model
 
 # 600 optional properties: ~2400 items in the row after "{", over the engine's limit of 2000

@@ -9,7 +9,7 @@ pytest.importorskip("llguidance")
 
 from specdecode.config import ConfigError
 from specdecode.constraints import (Constraint, ConstraintSpec, spec_from_args, spec_from_files, token_list_tokenizer)
-from specdecode.drafters.base import Draft
+from specdecode.draft import Draft
 
 TOKENS = [b"<eos>", b"a", b"b", b"c", b"ab", b"ca", b"x", b"bb"]
 A, B, C, AB, CA, X, BB, EOS = 1, 2, 3, 4, 5, 6, 7, 0

@@ -12,7 +12,8 @@ import torch
 import specdecode as sd
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core import DecodeCore, FinishEvent, Request
-from specdecode.drafters import Draft, DraftContext, DrafterOptions, build_drafter, drafter_names
+from specdecode.draft import Draft, DraftContext
+from specdecode.drafters import DrafterOptions, build_drafter, drafter_names
 from specdecode.verify import greedy_verify_tree
 
 PROMPTS = ["def fib(n):", "class Point:\n    def __init__(self, x, y):\n", "x = 1\ny = 2\n" * 3]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdecode.config import ConfigError, SamplingConfig, VerifyConfig
-from specdecode.drafters.base import DraftContext, draw_token
+from specdecode.draft import DraftContext, draw_token
 from specdecode.sampling import CoupledNoise, coupled_draws
 from specdecode.verify import coupled_verify, coupled_verify_tree, tree_levels
 

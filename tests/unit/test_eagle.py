@@ -115,7 +115,7 @@ def test_run_time_levels_compute_the_training_unroll(tiny_dirs: dict[str, Path],
     import torch
 
     from specdecode.config import SamplingConfig
-    from specdecode.drafters.base import DraftContext
+    from specdecode.draft import DraftContext
     from specdecode.drafters.eagle_model import input_embedding
 
     target = load_model(tiny_dirs["llama"], weight_dtype="fp32", fast=fast)

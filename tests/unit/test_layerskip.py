@@ -15,7 +15,8 @@ import specdecode as sd
 from specdecode.config import ConfigError, GenerationConfig
 from specdecode.core import DecodeCore, Request
 from specdecode.drafters import build_drafter, DrafterOptions
-from specdecode.drafters.base import Acceptance, Draft, DraftContext
+from specdecode.draft import Draft, DraftContext
+from specdecode.drafters.base import Acceptance
 from specdecode.drafters.layerskip import (CALIBRATION_FILE, DraftLayers, LayerSkipDrafter, load_calibration,
                                            save_calibration)
 from tiny import build_model

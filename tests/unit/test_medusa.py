@@ -167,7 +167,7 @@ def test_heads_that_do_not_pay_are_probed_ever_more_rarely(tmp_path: Path, tiny_
     import torch
 
     from specdecode.config import SamplingConfig
-    from specdecode.drafters.base import DraftContext
+    from specdecode.draft import DraftContext
     from specdecode.drafters.medusa import PROBE_FIRST, PROBE_MAX
 
     target = load_model(tiny_dirs["llama"])

@@ -12,7 +12,7 @@ import torch
 
 from specdecode.config import SamplingConfig
 from specdecode.sizing.costs import Costs
-from specdecode.drafters.base import DraftContext
+from specdecode.draft import DraftContext
 from specdecode.drafters.medusa import PROBE_FIRST, MedusaDrafter
 from specdecode.models import load_model
 

@@ -6,7 +6,7 @@ import pytest
 
 from specdecode.config import SamplingConfig
 from specdecode.sizing.costs import Costs
-from specdecode.drafters.base import DraftContext
+from specdecode.draft import DraftContext
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.drafters.suffix_index import SuffixIndex, continuation_tree
 

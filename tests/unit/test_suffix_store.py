@@ -10,7 +10,7 @@ import torch
 
 from specdecode.config import ConfigError, SamplingConfig
 from specdecode.sizing.costs import Costs
-from specdecode.drafters.base import DraftContext
+from specdecode.draft import DraftContext
 from specdecode.drafters.suffix import BUCKETS, STORE_LEAD, SuffixDrafter, _slot
 from specdecode.drafters.suffix_store import STORE_FILE, is_store_dir, load_store, read_store, save_store
 from specdecode.train.datastore import answer_of

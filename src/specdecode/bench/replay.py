@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from ..cache import KVCache
     from ..config import SamplingConfig
     from ..sizing.costs import Costs
-    from ..drafters.base import BatchDrafter, Draft
+    from ..draft import Draft
+    from ..drafters.base import BatchDrafter
     from ..models import Model
 
 
@@ -239,7 +240,7 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
     ``vocab``-token vocabulary, as the core does; the greedy rule against the recording is then the
     coupled rule."""
     from ..config import SamplingConfig
-    from ..drafters.base import DraftContext
+    from ..draft import DraftContext
     from ..sampling import CoupledNoise
     from ..verify import greedy_verify, greedy_verify_tree
 

@@ -54,7 +54,8 @@ from ..sizing.costs import (
     load_or_measure_costs,
 )
 from ..sizing.policy import SPECULATION_MARGIN, RowEvidence
-from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter
+from ..draft import Draft, DraftContext
+from .base import Acceptance, BatchDrafter, Gamma, RowZeroAdapter
 from ..sizing.live import Stored, live_v
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 

@@ -13,17 +13,16 @@ drafter is written once and works in ``generate``, the server and the bench alik
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Union, runtime_checkable
 
 import torch
 
-from ..config import ConfigError, SamplingConfig
+from ..config import ConfigError
+from ..draft import Draft, DraftContext
+from ..sizing.estimate import Estimate, judged
 from ..sizing.gamma import Gamma
-from ..sampling import CoupledNoise, draw
 
 if TYPE_CHECKING:
-    from ..cache import KVCache
     from ..sizing.costs import Costs
     from ..models import Model
 
@@ -36,103 +35,6 @@ def check_gamma(gamma: object, what: str = "gamma (draft length)") -> Gamma:
     if gamma != "auto" and (not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1):
         raise ConfigError(f"{what} must be a positive integer or 'auto', got {gamma!r}")
     return gamma
-
-
-@dataclass
-class DraftContext:
-    """What a drafter may look at when proposing for one row.
-
-    ``tokens`` is the whole sequence so far (prompt + generated); its last token is not yet in
-    the target's cache. ``max_tokens`` is how many draft nodes the core will verify this step.
-    ``hidden`` (for heads: Medusa, EAGLE) holds the target's final normed hidden states of the
-    tokens it verified at the last pass, [k, dim]: the pending token's and each accepted draft
-    token's, the last being the state whose logits gave the newest token; None before the first
-    pass or when the drafter does not ask for them (``wants_hidden``). ``probe`` is True when
-    this proposal follows plain steps only to refresh the acceptance estimate: a drafter may then
-    look at a shorter context. ``target_cache`` is the target's KV cache, whose row number is the
-    key of this context in ``propose_rows`` (None outside the decode core): a self-drafter that
-    computes some layers exactly as the target does (layer skip) attends over the target's own
-    entries for them instead of recomputing them. It may write entries past the row's length
-    (the next target pass overwrites them before reading) and must leave the lengths and every
-    entry below them as it found them. ``noise`` is set when the row samples by the Gumbel-max
-    coupling: a drafter that samples then draws its token for sequence position i (the first
-    draft token's is ``len(tokens)``) as ``noise.draw(q, i)`` instead of from ``generator``
-    (``draw_token`` does either), which is what makes its tokens agree with the target's draws.
-    """
-
-    tokens: list[int]
-    max_tokens: int
-    sampling: SamplingConfig
-    generator: Optional[torch.Generator]
-    hidden: Optional[torch.Tensor] = None
-    probe: bool = False
-    target_cache: Optional["KVCache"] = None
-    noise: Optional[CoupledNoise] = None
-    constraint: Optional["DraftConstraint"] = None
-    # EAGLE-3: residual after layer i, [k, dim], same tokens as hidden
-    layers: Optional[Mapping[int, torch.Tensor]] = None
-
-
-class DraftConstraint(Protocol):
-    """A row's grammar (structured output) as a drafter sees it (``constraints.ConstraintState``).
-
-    A drafter that samples or takes an argmax passes its logits [V] (target vocabulary) through
-    ``mask`` and reports the law of the masked logits, then ``push``es the token it chose, so its
-    next position is masked in the grammar state after it; the core rolls the pushes back. A
-    drafter that ignores ``DraftContext.constraint`` stays exact: the core cuts its draft at the
-    first forbidden token, so it only loses acceptance."""
-
-    def mask(self, logits: torch.Tensor) -> torch.Tensor: ...
-
-    def push(self, token: int) -> bool: ...
-
-
-def draw_token(q: torch.Tensor, ctx: DraftContext, index: int) -> int:
-    """A sampling drafter's token ``index`` (0: the one after ``ctx.tokens``) from its filtered law
-    ``q`` [1, V]: the coupled draw when the row is coupled, else a draw from the row's generator."""
-    if ctx.noise is not None:
-        return ctx.noise.draw(q, len(ctx.tokens) + index)
-    return int(draw(q, ctx.generator)[0])
-
-
-@dataclass
-class Draft:
-    """Proposed tokens and, for stochastic drafters, the filtered law each was drawn from ([n, V]).
-
-    ``parents`` makes the draft a tree: ``parents[i]`` is the index of node i's parent in
-    ``tokens``, or -1 for a child of the pending token; parents come before their children.
-    ``None`` is a chain (each token follows the previous one), the common case. ``source`` names
-    the drafter that made it when a composite (``--drafter auto``) chose among several: the stats
-    count accepted tokens per source. ``expected``: the drafter's own prediction of the tokens this
-    step yields (accepted + 1), when it has one; auto weighs deterministic drafts with it.
-    """
-
-    tokens: list[int] = field(default_factory=list)
-    probs: Optional[torch.Tensor] = None
-    parents: Optional[list[int]] = None
-    source: Optional[str] = None
-    expected: Optional[float] = None
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def is_tree(self) -> bool:
-        return self.parents is not None
-
-    def first_path(self) -> "Draft":
-        """The chain from the root through each node's first child (a tree lists its likeliest child
-        first): what a target whose kernels round a tree's rows unlike a chain's verifies instead
-        (``Model.exact_trees``)."""
-        if self.parents is None:
-            return self
-        picked, at = [], -1
-        for i, parent in enumerate(self.parents):  # parents come before children: one scan finds the path
-            if parent == at:
-                picked.append(i)
-                at = i
-        probs = self.probs[picked] if self.probs is not None else None
-        return Draft([self.tokens[i] for i in picked], probs, None, self.source)
 
 
 class Acceptance:
@@ -152,10 +54,8 @@ class Acceptance:
                  half_life: float = 4096.0) -> None:
         if memory <= 0 or half_life <= 0:
             raise ValueError("memory and half_life must be positive")
-        self.prior_alpha, self.prior_weight, self.memory = prior_alpha, prior_weight, memory
+        self.estimate = Estimate(prior_alpha, prior_weight, memory)  # a kept prior: a floor of sanity
         self._fade = 0.5 ** (1.0 / half_life)
-        self.accepted = 0.0
-        self.evaluated = 0.0
         self._last = 1  # the previous step's draft length (a drafter's first step counts as drafting)
 
     def mark(self, length: int) -> bool:
@@ -166,21 +66,26 @@ class Acceptance:
 
     @property
     def alpha(self) -> float:
-        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.evaluated + self.prior_weight)
+        return self.estimate.mean
+
+    @property
+    def accepted(self) -> float:
+        return self.estimate.hits
+
+    @property
+    def evaluated(self) -> float:
+        return self.estimate.trials
+
+    @property
+    def memory(self) -> float:
+        return self.estimate.memory
 
     def fade(self) -> None:
-        self.accepted *= self._fade
-        self.evaluated *= self._fade
+        self.estimate.fade(self._fade)
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
-        if n_drafted == 0:
-            return
-        self.accepted += n_accepted
-        self.evaluated += n_accepted + (1 if n_accepted < n_drafted else 0)
-        if self.evaluated > self.memory:
-            keep = self.memory / self.evaluated
-            self.accepted *= keep
-            self.evaluated *= keep
+        if n_drafted:
+            self.estimate.add(n_accepted, judged(n_drafted, n_accepted))
 
 
 @runtime_checkable

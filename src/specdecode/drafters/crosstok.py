@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 
 from ..config import ConfigError
-from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma, draft_rows
+from ..draft import Draft, DraftContext
+from .base import Acceptance, BatchDrafter, Gamma, RowZeroAdapter, check_gamma, draft_rows
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:

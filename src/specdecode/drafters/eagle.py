@@ -40,7 +40,8 @@ from ..sizing.costs import CostSteps, Costs, Step, cost_clock
 from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..sizing.policy import SPECULATION_MARGIN
-from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
+from ..draft import Draft, DraftContext
+from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, load_eagle, rope_table
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
                            load_or_measure_eagle_costs, refined_eagle_costs)

@@ -40,7 +40,8 @@ from ..config import ConfigError
 from ..sizing.costs import Costs, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
-from .base import Acceptance, BatchDrafter, Draft, DraftContext, Gamma, check_gamma, draft_rows, draw_token
+from ..draft import Draft, DraftContext, draw_token
+from .base import Acceptance, BatchDrafter, Gamma, check_gamma, draft_rows
 from .layerskip_layers import (CALIBRATION_FILE, CALIBRATION_VERSION, SUPPORTED_FAMILIES, DraftLayers,
                                cached_calibration_path, calibration_paths, check_family, load_calibration,
                                save_calibration, weights_stamp)

@@ -48,7 +48,8 @@ from ..config import ConfigError
 from ..sizing.costs import CostSteps, Costs, Step, cost_clock, drafter_costs
 from ..sizing.policy import MIN_DELTA_C, SPECULATION_MARGIN
 from ..kernels.quant import QUANT_FORMATS, pack_draft
-from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
+from ..draft import Draft, DraftContext
+from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)

@@ -23,8 +23,8 @@ from ..config import ConfigError, VerifyConfig
 from ..sizing.costs import MAX_GAMMA, Costs, load_or_measure_costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
-from .base import (Acceptance, BatchDrafter, Draft, DraftContext, Gamma, VocabularyMismatchError, check_gamma,
-                   draft_rows, draw_token)
+from ..draft import Draft, DraftContext, draw_token
+from .base import Acceptance, BatchDrafter, Gamma, VocabularyMismatchError, check_gamma, draft_rows
 from .vocab import VocabSpec, draft_vocab_for
 from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 

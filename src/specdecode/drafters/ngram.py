@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import ConfigError
-from .base import BatchDrafter, Draft, DraftContext, PerRowDrafters
+from ..draft import Draft, DraftContext
+from .base import BatchDrafter, PerRowDrafters
 from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec, Option
 
 if TYPE_CHECKING:

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 from ..config import ConfigError
 from ..sizing.costs import Costs, cost_clock, expected_tokens, load_or_measure_costs
 from ..sizing.policy import SPECULATION_MARGIN
-from .base import Acceptance, Draft, DraftContext, Gamma, RowZeroAdapter, check_gamma
+from ..draft import Draft, DraftContext
+from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
 from ..sizing.live import Stored, live_v
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .suffix_index import DEFAULT_MAX_TOKENS, SuffixIndex, SuffixTree, continuation_tree, top_chain

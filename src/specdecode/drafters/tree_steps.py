@@ -16,7 +16,7 @@ import torch
 from ..sizing import measure_context
 from ..sizing.costs import CostSteps, Step, drafter_costs
 from ..verify import tree_mask
-from .base import Draft
+from ..draft import Draft
 
 if TYPE_CHECKING:
     from ..cache import KVCache
