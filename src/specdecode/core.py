@@ -31,7 +31,8 @@ from .sizing import measure_context
 from .cache import ContextLengthError
 from .config import ConfigError
 from .constraints import check_request
-from .sizing.costs import cost_clock, store_costs
+from .sizing.book import store_costs
+from .sizing.costs import cost_clock
 from .draft import Draft, DraftContext
 from .drafters.base import BatchDrafter
 from .sizing.gamma import Speculation, resolve_gamma

@@ -100,7 +100,7 @@ COST_PATCHES: dict[str, list[tuple[str, str, object]]] = {  # by drafter: applie
     "medusa": [MEDUSA_COSTS],
     "medusa-chain": [MEDUSA_COSTS],
     "eagle": [("specdecode.drafters.eagle", "load_or_measure_eagle_costs", _eagle_flat)],
-    "suffix": [("specdecode.drafters.suffix", "load_or_measure_costs", lambda target, draft: MEDUSA_FLAT)],
+    "suffix": [("specdecode.drafters.suffix", "get_costs", lambda target, spec: MEDUSA_FLAT)],
 }
 
 

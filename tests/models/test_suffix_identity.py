@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode.sizing import costs as costmodel
+from specdecode.sizing import book
 from specdecode.sizing.costs import Costs
 from specdecode.drafters.registry import DrafterOptions, build_drafter
 from specdecode.drafters.suffix import SuffixDrafter
@@ -44,7 +44,7 @@ def test_auto_greedy_identity_and_attribution(tiny_dirs: dict[str, Path], arch: 
     # every cost lookup (auto's v(n), suffix's, the members' offline costs) pinned to cheap figures with no
     # pass times (so the members' measured cost per draft stays 0): with a machine's measured costs for a toy
     # whose pass takes microseconds no member may pay, and nothing is drafted (seen on CI's machine)
-    monkeypatch.setattr(costmodel, "cached_costs", lambda key: dataclasses.replace(CHEAP, key=key))
+    monkeypatch.setattr(book, "cached_costs", lambda key: dataclasses.replace(CHEAP, key=key))
     auto = build_drafter("auto", DrafterOptions(draft=draft, options={"exit_layer": 1}))
     for _ in range(3):  # later runs: the suffix index holds the earlier outputs, the members' rates have moved
         r = sd.generate(target, PROMPT, drafter=auto, max_new_tokens=NEW, ignore_eos=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import specdecode.sizing.costs as cm
+import specdecode.sizing.book as cm
 from specdecode.server.config import ServerConfig
 
 from server_helpers import Models, serve

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-import specdecode.sizing.costs as cm
-from specdecode.sizing.costs import Costs, cached_costs, sane_costs, store_costs
+import specdecode.sizing.book as cm
+from specdecode.sizing.book import cached_costs, sane_costs, store_costs
+from specdecode.sizing.costs import Costs
 
 GOOD = Costs(c=0.2, v=(1.0, 1.1, 1.3), target_s=(0.01, 0.011, 0.013), draft_s=0.002, context_len=64, repeats=5,
              key="k0", extras=(("head", 0.05),))

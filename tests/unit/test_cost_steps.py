@@ -1,4 +1,4 @@
-"""The one cost timer (``costmodel.time_steps``) and the one cost cache, as tree drafters use them."""
+"""The one cost timer (``sizing.costs.time_steps``) and the one cost cache, as tree drafters use them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specdecode as sd
+import specdecode.sizing.book as book
 import specdecode.sizing.costs as cm
 from specdecode.sizing.costs import CostSteps, Step, measure_steps, time_steps
 from specdecode.drafters.eagle import EagleDrafter, load_or_measure_eagle_costs
@@ -67,7 +68,7 @@ def test_measure_steps_reads_c_from_the_draft_step_and_the_rest_as_extras() -> N
 
 def _fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
-    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setattr(book, "_MEMO", {})
 
 
 def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path], tmp_path: Path,
@@ -78,7 +79,7 @@ def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path
     medusa.prepare(target)  # measures (no costs given)
     costs, extra = load_or_measure_tree_costs(target, medusa)
     # the passes' v(n) is the target's own, measured once for every drafter; the drafter times its steps
-    shared = cm.load_or_measure_costs(target, None)
+    shared = book.get_costs(target, book.target_spec(target))
     assert costs.v == shared.v and len(costs.v) == 16 and costs.c > 0 and extra >= 0.0
     assert costs.target_s[1:] == pytest.approx(tuple(costs.target_s[0] * v for v in shared.v[1:]))
     assert costs.key and {k for k, _ in costs.extras} == set()  # a tree step's extra: measured once, shared
@@ -90,8 +91,8 @@ def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path
     files = sorted((tmp_path / "costs").glob("*.json"))
     # one cache directory: the target's passes, a tree step's extra, then one file per drafter shape
     assert len(files) == 4
-    monkeypatch.setattr(cm, "_MEMO", {})
-    monkeypatch.setattr(cm, "measure_steps", lambda *a, **k: pytest.fail("measured again despite the cache file"))
+    monkeypatch.setattr(book, "_MEMO", {})
+    monkeypatch.setattr(book, "measure_steps", lambda *a, **k: pytest.fail("measured again despite the cache file"))
     assert load_or_measure_tree_costs(target, medusa) == (costs, extra)
     assert load_or_measure_eagle_costs(target, eagle) == got
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import specdecode as sd
-from specdecode.sizing.costs import Costs, expected_tokens, load_or_measure_costs, predicted_speedup
+from specdecode.sizing.book import chain_spec, get_costs
+from specdecode.sizing.costs import Costs, expected_tokens, predicted_speedup
 from specdecode.drafters.base import Acceptance
 from specdecode.sizing.policy import GammaPolicy, RowPlan
 
@@ -84,8 +85,7 @@ def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
     import specdecode.drafters.model as drafter_module
 
     # a cheap draft with flat verification cost: with draft == target (alpha = 1) auto must draft
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs",
-                        lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
+    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: Costs(c=0.05, v=tuple([1.0] * 16)))
     target = sd.load_model(tiny_dirs["llama"])
     plain = sd.generate(target, "def fib(n):", max_new_tokens=20, ignore_eos=True)
     auto = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
@@ -93,26 +93,26 @@ def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
     assert auto.stats.tau > 3.0
     # the same pair priced as it really is (draft = target costs c = 1): speculation never pays, so the
     # request only probes on its schedule (one token at its first pass, one after 8 plain passes)
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: Costs(c=1.0, v=tuple([1.0] * 16)))
+    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: Costs(c=1.0, v=tuple([1.0] * 16)))
     off = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
     assert off.token_ids == plain.token_ids and off.stats.drafted <= 2
 
 
 def test_costs_are_measured_once_and_cached(tiny_dirs: dict[str, Path], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import specdecode.sizing.costs as cm
+    import specdecode.sizing.book as cm
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     monkeypatch.setattr(cm, "_MEMO", {})
     target, draft = sd.load_model(tiny_dirs["llama"]), sd.load_model(tiny_dirs["draft"])
-    costs = load_or_measure_costs(target, draft)
+    costs = get_costs(target, chain_spec(target, draft))
     assert costs.v[0] == 1.0 and len(costs.v) == 16 and costs.c > 0
     assert all(x >= 1.0 for x in costs.v)
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1
     monkeypatch.setattr(cm, "_MEMO", {})
-    monkeypatch.setattr(cm, "measure_costs", lambda *a: pytest.fail("measured again despite the cache file"))
-    assert load_or_measure_costs(target, draft) == costs
+    monkeypatch.setattr(cm, "measure_steps", lambda *a: pytest.fail("measured again despite the cache file"))
+    assert get_costs(target, chain_spec(target, draft)) == costs
 
 
 def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str, Path],
@@ -120,8 +120,7 @@ def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str,
     import specdecode.drafters.model as drafter_module
     from specdecode.config import SamplingConfig
 
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs",
-                        lambda t, d, h=None: Costs(c=0.05, v=tuple([1.0] * 16)))
+    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: Costs(c=0.05, v=tuple([1.0] * 16)))
     target = sd.load_model(tiny_dirs["llama"])
     drafter = sd.DraftModelDrafter(target)  # self-speculation: everything it proposes is accepted
     drafter.prepare(target)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from specdecode import core as core_module
+from specdecode import cli as cli_module
 from specdecode import engine
 from specdecode.cli import build_parser, main
 from specdecode.config import ConfigError
@@ -106,7 +107,7 @@ def _generate(monkeypatch: pytest.MonkeyPatch, flags: list[str], capsys: pytest.
             yield ev
 
     with monkeypatch.context() as m:
-        m.setattr(engine, "stream", recording)
+        m.setattr(cli_module, "stream", recording)
         assert main(["generate", *flags, "--prompt", PROMPT, "--max-new-tokens", str(TOKENS), "--ignore-eos",
                      "--temperature", "0", "--json"]) == 0
     json.loads(capsys.readouterr().out)

@@ -11,10 +11,11 @@ from typing import Callable
 import pytest
 
 import specdecode as sd
-import specdecode.sizing.costs as cm
+import specdecode.sizing.book as cm
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core import REFINE_EVERY, DecodeCore, FinishEvent, Request
-from specdecode.sizing.costs import Costs, cached_costs
+from specdecode.sizing.book import cached_costs
+from specdecode.sizing.costs import Costs
 from specdecode.drafters.eagle import EagleCosts, EagleDrafter
 from specdecode.drafters.eagle_sizing import refined_eagle_costs
 from specdecode.sizing.live import Stored, StepTimings, costs_differ, live_v
@@ -90,7 +91,8 @@ def test_a_poisoned_tree_cost_cache_is_corrected_by_the_live_steps(name: str, ti
         (lambda: MedusaDrafter.load(make_heads(tmp_path / "h", target.config.dim, target.vocab_size))))
     drafter = build()
     DecodeCore(target, {name: drafter}, max_rows=1, prepare=[name])  # measures and writes the cache
-    key = cm.cost_key([target], drafter.cost_key(target))
+    spec = drafter.cost_spec(target)
+    key = cm.cost_key(spec.models, spec.what)
     path = tmp_path / "cache" / "costs" / f"{key}.json"
     d = json.loads(path.read_text())
     extras = [[k, 50.0] for k, _ in d["extras"]]

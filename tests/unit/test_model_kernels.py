@@ -11,7 +11,7 @@ import torch
 
 import specdecode
 from specdecode import kernels
-from specdecode.sizing.costs import cost_key
+from specdecode.sizing.book import cost_key
 from specdecode.kernels import EAGER
 from specdecode.kernels.fused import load_fused_extension
 from specdecode.models.llama import LlamaModel

@@ -10,11 +10,12 @@ from typing import Iterator, Sequence, Union
 
 import pytest
 
-import specdecode.sizing.costs as cm
+import specdecode.sizing.book as cm
 import specdecode.drafters.model as drafter_module
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core import DecodeCore, FinishEvent, Request
-from specdecode.sizing.costs import Costs, cached_costs
+from specdecode.sizing.book import cached_costs
+from specdecode.sizing.costs import Costs
 from specdecode.metrics import GenerationStats
 from specdecode.models import Model, load_model
 from specdecode.sizing.policy import GammaPolicy
@@ -45,7 +46,7 @@ def pair() -> tuple[Model, Model]:
 
 @pytest.fixture
 def fixed_costs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(drafter_module, "load_or_measure_costs", lambda t, d, h=None: FIXED)
+    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: FIXED)
     yield
 
 

@@ -307,13 +307,14 @@ def step_cost(costs: "Costs", t1: float, nodes: int, draft_s: float) -> float:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..config import ConfigError
-    from ..sizing.costs import MAX_GAMMA, Costs, load_or_measure_costs
+    from ..sizing.book import get_costs, target_spec
+    from ..sizing.costs import MAX_GAMMA, Costs
     from ..sizing.gamma import resolve_gamma
 
     run = setup(args)
     target, prompts = run.target, run.prompts
     drafters = {k: d for k, d in run.drafters.items() if k != PLAIN}
-    measured = load_or_measure_costs(target, None)
+    measured = get_costs(target, target_spec(target))
     t1 = measured.target_s[0] if measured.target_s else 0.0
     costs = measured
     if args.v_table:

@@ -46,13 +46,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..sizing.costs import (
-    MAX_GAMMA,
-    Costs,
-    cost_clock,
-    expected_tokens,
-    load_or_measure_costs,
-)
+from ..sizing.book import get_costs, target_spec
+from ..sizing.costs import MAX_GAMMA, Costs, cost_clock, expected_tokens
 from ..sizing.policy import SPECULATION_MARGIN, RowEvidence
 from ..draft import Draft, DraftContext
 from .base import Acceptance, BatchDrafter, Gamma, RowZeroAdapter
@@ -211,7 +206,7 @@ class AutoDrafter(RowZeroAdapter):
                                            for i in getattr(m.drafter, "hidden_layers", ())}))
         if target is not self._target:
             self._target = target
-            self._base = load_or_measure_costs(target, None)
+            self._base = get_costs(target, target_spec(target))
             self._stored = Stored(self._base)
             self._clock = cost_clock(target)
             self._t1 = self._base.target_s[0] if self._base.target_s else 0.0

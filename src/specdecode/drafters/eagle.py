@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sizing import measure_context
+from ..sizing.book import CostSpec
 from ..sizing.costs import CostSteps, Costs, Step, cost_clock
 from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
@@ -209,15 +210,16 @@ class EagleDrafter(RowZeroAdapter):
         """None: the γ policy's chain model does not describe trees; this drafter plans with its own costs."""
         return None
 
-    def cost_key(self, target: "Model") -> str:
-        """What changes this drafter's timed steps beyond the target (``sizing.costs.CostTimed``)."""
+    def cost_spec(self, target: "Model") -> CostSpec:
+        """What the cost book times for this drafter (``cost_steps``) and what else changes those steps' cost."""
         c = self.cfg
-        return (f"eagle-tree|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={self.expand}|topk={self.topk}"
+        what = (f"eagle-tree|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={self.expand}|topk={self.topk}"
                 f"|layers={c.aux_layers}|{self.runtime}")
+        return CostSpec(what, (target,), steps=lambda: self.cost_steps(target))
 
     def cost_steps(self, target: "Model") -> CostSteps:
-        """``sizing.costs.CostTimed``: the one-token tree pass with this drafter's hidden layers captured
-        (``tree_steps``; wider passes: the target's shared v(n)); the ingestion of three positions right
+        """The steps the cost book times for this drafter: the one-token tree pass with its hidden layers
+        captured (``tree_steps``; wider passes: the target's shared v(n)); the ingestion of three positions right
         after a pass ("ingest", the draft's weights cold), then one tree level of ``expand`` nodes ("draft":
         c) and the next level of a chain, one node ("level_one"), as ``grow`` runs them (a tree step's extra
         over a chain step: ``tree_steps.TreeStep``, shared by the tree drafters)."""

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from ..sizing.costs import Costs, drafter_costs
+from ..sizing.book import get_costs
+from ..sizing.costs import Costs
 from ..sizing.policy import MIN_DELTA_C
 from ..sizing.live import FOLLOW, StepTimings, differ, live_v, unit_seconds
 from .tree_steps import measured_tree_extra
@@ -158,9 +159,9 @@ def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int
 
 
 def load_or_measure_eagle_costs(target: "Model", drafter: "EagleDrafter") -> EagleCosts:
-    """``EagleCosts`` from the cost model (``drafter_costs``: measured once per machine, target and draft
+    """``EagleCosts`` from the cost book (``get_costs``: measured once per machine, target and draft
     shape, then cached; a tree step's extra: ``tree_steps.TreeStep``, shared by the tree drafters)."""
-    return EagleCosts.from_costs(drafter_costs(target, drafter), measured_tree_extra(target))
+    return EagleCosts.from_costs(get_costs(target, drafter.cost_spec(target)), measured_tree_extra(target))
 
 
 def best_prefix(values: Sequence[float], spent: float, costs: Costs) -> tuple[int, float]:

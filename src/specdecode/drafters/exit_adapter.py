@@ -34,7 +34,8 @@ from torch import nn
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..sizing.costs import Costs, Step, cached_costs, cost_clock, costs_key, store_costs, time_steps
+from ..sizing.book import CostSpec
+from ..sizing.costs import Costs, Step, cost_clock, time_steps
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from ..models.llama import LlamaBlock, rope_tables
 from .base import Gamma
@@ -42,6 +43,7 @@ from .exit_adapter_model import (BLOCK_WEIGHTS, CONFIG_FILE, FORMAT_VERSION, WEI
                                  ExitAdapterConfig, ExitAdapterError, check_fits, final_norm, full_vocab_logits,
                                  is_exit_adapter_dir, load_adapter, proposal_head, save_adapter)
 from .layerskip import DraftLayers, LayerSkipDrafter
+from .vocab import DraftVocab
 from .plugin import Artifact, BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
@@ -71,7 +73,6 @@ class ExitAdapterDrafter(LayerSkipDrafter):
         self.runtime = "eager"  # how the draft's matrices run, once prepared (see ``_draft_stack``)
         # target, the adapter there, its proposal head, and (llama family) the whole draft as one module call
         self._ready: Optional[tuple["Model", ExitAdapter, torch.Tensor, Optional[_DraftStack]]] = None
-        self._extra_s: Optional[tuple["Model", float]] = None  # the adapter's step time, measured once per target
 
     @property
     def config(self) -> ExitAdapterConfig:
@@ -181,28 +182,25 @@ class ExitAdapterDrafter(LayerSkipDrafter):
         return full_vocab_logits(logits, adapter.vocab_ids, target.vocab_size)
 
     def costs_for(self, target: "Model") -> Optional[Costs]:
-        """The early exit's measured costs with the adapter's step (timed here) added to c, and the
-        output layer's saving over the proposal vocabulary taken off; cached under a key of their
-        own (with the adapter's files and run-time format), so the γ policy's corrections of them
-        never rewrite the plain early exit's figures."""
+        """The layer-skip drafter's costs (``cost_spec``), once the adapter's layers are chosen for ``target``."""
         if self.gamma != "auto":
             return None
         if target is not self._target:
             self.prepare_rows(target, 1, target.max_seq_len)
         if self.plan is None:
             return None
-        key = costs_key(target, target, draft_layers=self.plan.layers, extra=self._stamp())
-        cached = cached_costs(key)
-        if cached is not None:
-            return cached
-        costs = super().costs_for(target)
-        if costs is None or costs.target_s == ():
-            return costs
-        if self._extra_s is None or self._extra_s[0] is not target:
-            self._extra_s = (target, self._adapter_seconds(target))
-        out = dataclasses.replace(costs, c=max(0.0, costs.c + self._extra_s[1] / costs.target_s[0]), key=key)
-        store_costs(out)
-        return out
+        return super().costs_for(target)
+
+    def cost_spec(self, target: "Model", plan: DraftLayers, cut: Optional[DraftVocab]) -> CostSpec:
+        """The early exit's steps with the adapter's step (timed apart) added to c, and the output layer's
+        saving over the proposal vocabulary taken off; under a key of their own (the adapter's files and
+        run-time format), so the γ policy's corrections of them never rewrite the plain early exit's figures."""
+        plain = super().cost_spec(target, plan, cut)
+
+        def with_adapter(costs: Costs) -> Costs:
+            return dataclasses.replace(costs, c=max(0.0, costs.c + self._adapter_seconds(target) / costs.target_s[0]))
+
+        return CostSpec(f"{plain.what}|{self._stamp()}", plain.models, base=plain, adjust=with_adapter)
 
     def _stamp(self) -> str:
         """What identifies this adapter's draft step for the cost cache: its files and run-time format."""

@@ -37,7 +37,8 @@ import torch
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..sizing.costs import Costs, load_or_measure_costs
+from ..sizing.book import CostSpec, chain_spec, get_costs
+from ..sizing.costs import Costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
 from ..draft import Draft, DraftContext, draw_token
@@ -147,9 +148,12 @@ class LayerSkipDrafter:
         plan = self.plan if target is self._target and self.plan is not None else self.resolve(target)
         cut = self.cut if target is self._target else self.make_cut(target)
         if self._costs is None or self._costs[0] is not target or self._costs[1] != plan.layers:
-            self._costs = (target, plan.layers, load_or_measure_costs(
-                target, target, draft_head=cut.head if cut is not None else None, draft_layers=plan.layers))
+            self._costs = (target, plan.layers, get_costs(target, self.cost_spec(target, plan, cut)))
         return self._costs[2]
+
+    def cost_spec(self, target: "Model", plan: DraftLayers, cut: Optional[DraftVocab]) -> CostSpec:
+        """What the cost book times for this drafter: ``plan``'s layers of the target as the draft step."""
+        return chain_spec(target, target, draft_head=cut.head if cut is not None else None, draft_layers=plan.layers)
 
     def make_cut(self, target: "Model") -> Optional[DraftVocab]:
         """The draft's restricted output on ``target`` (None: every token)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..config import ConfigError
-from ..sizing.costs import cache_dir
+from ..sizing.book import cache_dir
 
 if TYPE_CHECKING:
     from ..models import Model

@@ -45,7 +45,8 @@ import torch.nn.functional as F
 
 from ..sizing import measure_context
 from ..config import ConfigError
-from ..sizing.costs import CostSteps, Costs, Step, cost_clock, drafter_costs
+from ..sizing.book import CostSpec, get_costs
+from ..sizing.costs import CostSteps, Costs, Step, cost_clock
 from ..sizing.policy import MIN_DELTA_C, SPECULATION_MARGIN
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..draft import Draft, DraftContext
@@ -74,10 +75,10 @@ log = logging.getLogger(__name__)
 
 # -- costs -----------------------------------------------------------------------------------------
 def load_or_measure_tree_costs(target: "Model", drafter: "MedusaDrafter") -> tuple[Costs, float]:
-    """(costs, tree_extra) from the cost model (``drafter_costs``: measured once per machine, target
+    """(costs, tree_extra) from the cost book (``get_costs``: measured once per machine, target
     and heads shape, then cached): ``costs.v[k]`` of a tree pass over k + 1 tokens, ``costs.c`` of
     one row's heads, ``tree_extra`` of a tree step beyond a chain step, over a one-token pass."""
-    return drafter_costs(target, drafter), measured_tree_extra(target)
+    return get_costs(target, drafter.cost_spec(target)), measured_tree_extra(target)
 
 
 # -- the drafter -----------------------------------------------------------------------------------
@@ -217,14 +218,15 @@ class MedusaDrafter(RowZeroAdapter):
         """None: the γ policy's chain model does not describe trees; this drafter plans with its own costs."""
         return None
 
-    def cost_key(self, target: "Model") -> str:
-        """What changes this drafter's timed steps beyond the target (``sizing.costs.CostTimed``)."""
-        return f"medusa-tree|heads={self.num_heads}x{self.dim}|vocab={self.vocab_rows}|{self.runtime}"
+    def cost_spec(self, target: "Model") -> CostSpec:
+        """What the cost book times for this drafter (``cost_steps``) and what else changes those steps' cost."""
+        what = f"medusa-tree|heads={self.num_heads}x{self.dim}|vocab={self.vocab_rows}|{self.runtime}"
+        return CostSpec(what, (target,), steps=lambda: self.cost_steps(target))
 
     def cost_steps(self, target: "Model") -> CostSteps:
         """The one-token tree pass as the core runs it (``tree_steps``; wider passes: the target's shared
         v(n)) and one row's heads (all K, with their top candidates) as the step named "draft"
-        (``sizing.costs.CostTimed``)."""
+        (what the cost book times)."""
         shared = measure_context.borrow(target)
         h = shared.hidden[-1:]  # the heads read one hidden state (its values barely matter)
         return CostSteps(one_token_pass(target, shared.cache, shared.probe(PROBE)), 1, len(shared.ids),

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 
 from ..config import ConfigError, VerifyConfig
-from ..sizing.costs import MAX_GAMMA, Costs, load_or_measure_costs
+from ..sizing.book import chain_spec, get_costs
+from ..sizing.costs import MAX_GAMMA, Costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
 from ..draft import Draft, DraftContext, draw_token
@@ -108,7 +109,7 @@ class DraftModelDrafter:
         if self.gamma != "auto":
             return None
         if self._costs is None or self._costs[0] is not target:  # the cache key costs ~1 ms: once per target
-            self._costs = (target, load_or_measure_costs(target, self.model, self._head))
+            self._costs = (target, get_costs(target, chain_spec(target, self.model, self._head)))
         return self._costs[1]
 
     @property

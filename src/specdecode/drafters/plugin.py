@@ -5,9 +5,9 @@ A spec holds everything the rest of the program needs to know about one drafter:
 built, its own error text, how ``auto`` may use it and its benchmark variants. ``registry.py``
 collects the specs; the command-line flags, the server's drafters, the bench's methods and auto's
 members are derived from them, so adding a drafter is one module. What the cost model times for a
-drafter is not in the spec but on the drafter itself, where the state to time lives: a chain drafter
-hands ``sizing.costs.chain_steps`` its draft model or layers, a tree drafter implements
-``sizing.costs.CostTimed`` (``cost_key``, ``cost_steps``), and ``sizing.costs`` runs the one timer and cache.
+drafter is not in the spec but on the drafter itself, where the state to time lives: it declares a
+``sizing.book.CostSpec`` (a chain drafter's ``chain_spec`` of its draft model or layers, a tree
+drafter's own steps), and the cost book (``sizing/book.py``) runs the one timer and cache.
 
 Artifacts resolve in one order for every drafter (``resolve_artifacts``): an explicit flag; else
 the shared ``--heads DIR`` when that directory holds this kind; else beside the target, in

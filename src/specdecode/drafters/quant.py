@@ -24,7 +24,8 @@ import torch
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..sizing.costs import Costs, load_or_measure_costs
+from ..sizing.book import chain_spec, get_costs
+from ..sizing.costs import Costs
 from .base import Acceptance, Gamma
 from .layerskip import DraftLayers, LayerSkipDrafter, check_family
 from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
@@ -83,7 +84,7 @@ class QuantDrafter(LayerSkipDrafter):
         if self._copy is None:
             return None
         if self._costs is None or self._costs[0] is not target:
-            self._costs = (target, (), load_or_measure_costs(target, self._copy, draft_head=self.cut_head))
+            self._costs = (target, (), get_costs(target, chain_spec(target, self._copy, draft_head=self.cut_head)))
         return self._costs[2]
 
     def cut_rows(self, target: "Model", ids: torch.Tensor) -> torch.Tensor:

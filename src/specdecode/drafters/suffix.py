@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..sizing.costs import Costs, cost_clock, expected_tokens, load_or_measure_costs
+from ..sizing.book import get_costs, target_spec
+from ..sizing.costs import Costs, cost_clock, expected_tokens
 from ..sizing.policy import SPECULATION_MARGIN
 from ..draft import Draft, DraftContext
 from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
@@ -145,7 +146,7 @@ class SuffixDrafter(RowZeroAdapter):
         if self.store_dir is not None:
             self.store = load_store(self.store_dir, target.vocab_size)
         if self._costs is None:
-            self._costs = load_or_measure_costs(target, None)
+            self._costs = get_costs(target, target_spec(target))
         if not self._costs_fixed:
             self._stored = Stored(self._costs)
         self._clock = cost_clock(target)

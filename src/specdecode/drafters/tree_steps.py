@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from ..sizing import measure_context
-from ..sizing.costs import CostSteps, Step, drafter_costs
+from ..sizing.book import CostSpec, get_costs
+from ..sizing.costs import CostSteps, Step
 from ..verify import tree_mask
 from ..draft import Draft
 
@@ -45,12 +46,12 @@ def one_token_pass(target: "Model", cache: "KVCache", probe: torch.Tensor, hidde
 
 
 class TreeStep:
-    """``sizing.costs.CostTimed`` for a tree step's extra over a chain step on a target: a chain step and a
+    """What the cost book times for a tree step's extra over a chain step on a target: a chain step and a
     tree step of the same six tokens ("chain", "tree"); their difference is the core building the
     mask and compacting the accepted path with ``cache.keep``, the same for every tree drafter."""
 
-    def cost_key(self, target: "Model") -> str:
-        return "tree-step"
+    def cost_spec(self, target: "Model") -> CostSpec:
+        return CostSpec("tree-step", (target,), steps=lambda: self.cost_steps(target))
 
     def cost_steps(self, target: "Model") -> CostSteps:
         shared = measure_context.borrow(target)
@@ -76,5 +77,5 @@ class TreeStep:
 def measured_tree_extra(target: "Model") -> float:
     """A tree step's extra over a chain step on ``target``, over a one-token pass (measured once per
     machine and target, then cached)."""
-    costs = drafter_costs(target, TreeStep())
+    costs = get_costs(target, TreeStep().cost_spec(target))
     return tree_extra(costs.extra("chain"), costs.extra("tree"))

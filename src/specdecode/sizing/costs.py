@@ -1,46 +1,22 @@
-"""A measured cost model for choosing γ: speedup(γ) = E(α, γ) / (γ c + v(γ)). (Over 450 lines: the timing
-loop and the cache files it fills stay together until the costs have one module of their own.)
+"""A measured cost model for choosing γ: speedup(γ) = E(α, γ) / (γ c + v(γ)).
 
 E(α, γ) = (1 − α^(γ+1)) / (1 − α) is Leviathan et al.'s expected tokens per
 target pass; c is the draft pass cost relative to a target pass; v(γ) is what
 a target pass over γ+1 tokens costs relative to a pass over one token (≈1 on a
 GPU, 2–4 in eager PyTorch on a CPU: the hardware's share of the speedup).
-v and c are measured once per machine, model pair, dtype and thread count, quickly (a few
-passes at a few widths, ``QUICK_REPS``/``QUICK_WIDTHS``: about a second, not minutes), and
-cached on disk so later runs start at once. Neither figure is trusted for long: the γ policy
-(``sizing/policy.py``) checks both against every pass it runs and replaces a cache file whose figures
-the live passes contradict (``store_costs``).
 
-**The one timer and the one cache.** Every cost figure is timed by ``time_steps`` and kept in one
-on-disk cache (``cache_dir()/<key>.json``, keyed by ``cost_key``; files of another ``COST_FORMAT``
-are ignored).
-
-**The drafter's hook.** A drafter hands the cost model the steps to time; it never times them:
-
-- a chain drafter (a draft model, a layer-skip exit) needs nothing of its own: ``load_or_measure_costs
-  (target, draft, draft_head, draft_layers)`` builds ``chain_steps`` for it;
-- a drafter that sizes its own steps (Medusa's and EAGLE's trees) implements ``CostTimed``:
-  ``cost_key(target) -> str`` (what else changes its steps' cost: shape, run-time format) and
-  ``cost_steps(target) -> CostSteps`` (the target's pass per width as its steps run it, or only the
-  one-token pass with ``target_v``: the target's shared v(n); plus its own named ``Step``s;
-  ``drafters/tree_steps.py`` builds a tree drafter's);
-  ``drafter_costs(target, drafter)`` returns the ``Costs`` (``c`` from the step named "draft", the
-  others in ``Costs.extras`` relative to a one-token pass), measured once and cached.
+This module holds the figures (``Costs``) and the one timer (``time_steps``, ``measure_steps``) over
+what a drafter declares (``CostSteps``: the target's passes per width, its own named ``Step``s);
+``book.py`` keys, caches and fetches them, and the γ policy (``sizing/policy.py``) checks them
+against every pass it runs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import math
-import os
-import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -56,12 +32,6 @@ MAX_GAMMA = DEFAULT_CAP  # widest draft timed: "auto"'s cap (sizing/gamma.py), s
 DEFAULT_CONTEXT = measure_context.CONTEXT  # context tokens when no real prompt is given (see measure_costs)
 DRAFT_RUN = 4  # draft steps per timing sample (a typical γ)
 WARMUP_ROUNDS = 2  # untimed rounds: first-call allocations, caches
-QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refines it from live passes)
-QUICK_WARMUP = 0  # its untimed rounds: none, its minimum already drops a slow first call (w1 and w0 agree)
-QUICK_WIDTHS = (1, 2, 4, 8, 16)  # widths it times; the others interpolated (SmolLM2: within 3.2% VNNI, 2.1% AVX2)
-QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
-COST_FORMAT = 6  # part of every cache key: other schemes' files are ignored (6: tree drafters share the target's v)
-log = logging.getLogger(__name__)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -96,7 +66,7 @@ class Costs:
     draft_s: Optional[float] = None  # median seconds of one draft step (None: no draft model)
     context_len: int = 0  # tokens in the cache during the measurement
     repeats: int = 0  # timed samples per size
-    key: str = ""  # the cost cache entry these came from ("" for costs not cached), for ``store_costs``
+    key: str = ""  # the cost cache entry these came from ("" for costs not cached), for ``book.store_costs``
     # a drafter's own steps (``CostSteps.draft`` other than "draft"), each over a one-token target pass
     extras: tuple[tuple[str, float], ...] = ()
 
@@ -181,18 +151,10 @@ class CostSteps:
     draft: Mapping[str, Step] = field(default_factory=dict)
     done: Optional[Callable[[], object]] = None
     # the passes wider than one token cost what the target's own (chain) passes do, so v(n) is taken
-    # from the target's shared measurement (``load_or_measure_costs(target, None)``) and ``widths``
+    # from the target's shared measurement (``book.target_spec``) and ``widths``
     # need hold only the one-token pass (the unit of ``draft``): each drafter timing its own passes
     # cost a server's first request ~1.5 s per tree drafter
     target_v: bool = False
-
-
-class CostTimed(Protocol):
-    """A drafter that hands the cost model its own steps (see the module docstring)."""
-
-    def cost_key(self, target: "Model") -> str: ...
-
-    def cost_steps(self, target: "Model") -> CostSteps: ...
 
 
 def time_steps(widths: Mapping[int, Step], steps: Mapping[str, Step], clock: Callable[[], float],
@@ -328,142 +290,6 @@ def interpolate(points: dict[int, float], n: int) -> list[float]:
     return out
 
 
-def cost_key(models: Sequence[Optional["Model"]], what: str = "") -> str:
-    """The one cost cache key: ``what`` (the drafter's steps: shape, run-time format, files), machine,
-    threads, torch, and per model its files (a GGUF file's size and date), dtypes, KV-cache dtype and
-    kernels with their ISA (each model's own: an eager model and a fast one time differently)."""
-    parts = [f"costs-v{COST_FORMAT}", what, platform.processor() or platform.machine(), cpu_name(),
-             str(torch.get_num_threads()), torch.__version__]
-    for m in models:
-        if m is None:
-            parts.append("none")
-            continue
-        path = Path(m.path)
-        weights = [path] if path.is_file() else sorted(path.glob("*.safetensors"))  # a GGUF file, or a directory
-        stamp = ",".join(f"{w.name}:{w.stat().st_size}:{int(w.stat().st_mtime)}" for w in weights)
-        parts += [str(path.resolve()), stamp, str(m.dtype), str(m.weight_dtype), str(m.device),
-                  m.kernels.describe(), str(getattr(m, "kv_dtype", m.dtype))]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def cpu_name() -> str:
-    """The CPU's model name: part of the cost cache key, and recorded by the benchmark."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECDECODE_CACHE", Path.home() / ".cache" / "specdecode")) / "costs"
-
-
-_MEMO: dict[str, Costs] = {}
-
-
-def cached_costs(key: str) -> Optional[Costs]:
-    """The costs stored under ``key`` (this process's copy, else the cache file), or None."""
-    if key in _MEMO:
-        return _MEMO[key]
-    path = cache_dir() / f"{key}.json"
-    if not path.is_file():
-        return None
-    try:
-        d = json.loads(path.read_text())
-        costs = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
-                      target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
-                      context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)), key=key,
-                      extras=tuple((str(k), float(x)) for k, x in d.get("extras", ())))
-    except (OSError, ValueError, KeyError, TypeError, OverflowError):
-        return None  # a corrupt cache file is re-measured
-    if not sane_costs(costs):
-        log.warning("cost cache file %s holds figures no measurement can give (NaN, infinite, negative); "
-                    "measuring again", path)
-        return None
-    _MEMO[key] = costs
-    return costs
-
-
-def sane_costs(costs: Costs) -> bool:
-    """Whether ``costs`` could come from a measurement: every figure finite (a NaN passes ``c < 0`` and then
-    reaches /health's JSON), c >= 0, v(0) = 1 and v >= 1 (v is not monotonic: see ``Costs.from_times``),
-    positive times."""
-    figures = [costs.c, *costs.v, *costs.target_s, *(x for _, x in costs.extras)]
-    if costs.draft_s is not None:
-        figures.append(costs.draft_s)
-    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in figures):
-        return False
-    return (bool(costs.v) and costs.v[0] == 1.0 and costs.c >= 0 and all(x >= 1.0 for x in costs.v)
-            and all(t > 0 for t in costs.target_s) and (costs.draft_s is None or costs.draft_s > 0)
-            and all(x >= 0 for _, x in costs.extras) and costs.context_len >= 0 and costs.repeats >= 0)
-
-
-def store_costs(costs: Costs) -> None:
-    """Keep ``costs`` under its key, in this process and on disk (a read-only home only costs a
-    re-measurement next time). The γ policy calls this with live figures that contradicted the file."""
-    if not costs.key:
-        return
-    if not sane_costs(costs):  # never kept: a later start would read it back (cached_costs refuses it anyway)
-        log.info("not caching costs no measurement can give (c=%r, v=%r)", costs.c, costs.v[:4])
-        return
-    _MEMO[costs.key] = costs
-    try:
-        path = cache_dir() / f"{costs.key}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(costs), allow_nan=False))
-        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
-    except (OSError, ValueError):
-        pass
-
-
-def costs_key(target: "Model", draft: Optional["Model"], draft_head: Optional[torch.Tensor] = None,
-              draft_layers: Optional[tuple[int, ...]] = None, extra: str = "") -> str:
-    """The cost cache key of this pair (see ``load_or_measure_costs``); ``extra`` names anything
-    else that changes the draft step (an exit adapter)."""
-    parts = f"draft_head={None if draft_head is None else tuple(draft_head.shape)}"
-    if draft_layers is not None:
-        parts += f"|draft_layers={','.join(map(str, draft_layers))}"
-    return cost_key([target, draft], parts + (f"|{extra}" if extra else ""))
-
-
-def drafter_costs(target: "Model", drafter: CostTimed, reps: int = QUICK_REPS,
-                  statistic: Callable[[list[float]], float] = min, warmup: int = QUICK_WARMUP) -> Costs:
-    """A ``CostTimed`` drafter's costs on ``target``: cached, else measured from its ``cost_steps`` (by
-    default the minimum of ``QUICK_REPS`` rounds, as ``quick_costs``: 12-15 median rounds took 10-12 s
-    for SmolLM2's EAGLE and Medusa trees) and cached."""
-    key = cost_key([target], drafter.cost_key(target))
-    costs = cached_costs(key)
-    if costs is None:
-        t0 = time.perf_counter()
-        log.info("measuring %s's step costs on this target (once per machine, target and drafter shape)",
-                 type(drafter).__name__)
-        steps = drafter.cost_steps(target)
-        costs = replace(measure_steps(steps, target, reps, statistic, warmup), key=key)
-        if steps.target_v:
-            shared = load_or_measure_costs(target, None)
-            costs = replace(costs, v=shared.v, target_s=tuple(costs.target_s[0] * v for v in shared.v))
-        store_costs(costs)
-        log.info("measured %s's costs in %.1f s", type(drafter).__name__, time.perf_counter() - t0)
-    return costs
-
-
-def quick_costs(target: "Model", draft: Optional["Model"], draft_head: Optional[torch.Tensor] = None,
-                draft_layers: Optional[tuple[int, ...]] = None, key: str = "") -> Costs:
-    """The first-start measurement: ``QUICK_REPS`` rounds over ``QUICK_WIDTHS``, the minimum of each
-    (load only adds time, and the live passes correct what a few samples miss)."""
-    t0 = time.perf_counter()
-    costs = measure_costs(target, draft, draft_head=draft_head, draft_layers=draft_layers, reps=QUICK_REPS,
-                          widths=QUICK_WIDTHS, statistic=min, draft_runs=QUICK_DRAFT_RUNS, draft_run=1,
-                          warmup=QUICK_WARMUP)
-    log.info("gamma=auto: measured v(k) and c in %.1f s (refined from the live passes)", time.perf_counter() - t0)
-    times = plausible(costs.target_s)
-    return replace(Costs.from_times(times, costs.draft_s, costs.context_len, costs.repeats), key=key)
-
-
 def plausible(times: Sequence[float], fixed: Sequence[bool] = ()) -> list[float]:
     """Pass times by width (1, 2, ...) with what load added taken out, as far as physics tells: a pass
     over n tokens costs at most n/m times a pass over m < n (the same work per token at worst), and
@@ -480,17 +306,3 @@ def plausible(times: Sequence[float], fixed: Sequence[bool] = ()) -> list[float]
         if not keep[i]:
             out[i] = min(out[i], out[i + 1])
     return out
-
-
-def load_or_measure_costs(target: "Model", draft: Optional["Model"],
-                          draft_head: Optional[torch.Tensor] = None,
-                          draft_layers: Optional[tuple[int, ...]] = None) -> Costs:
-    """Costs for this machine and pair, measured quickly on first use and cached as JSON (``draft_head``:
-    the draft's restricted output matrix, whose size changes c; ``draft_layers``: a layer-skip
-    draft's layers of ``draft``)."""
-    key = costs_key(target, draft, draft_head, draft_layers)
-    costs = cached_costs(key)
-    if costs is None:
-        costs = quick_costs(target, draft, draft_head, draft_layers, key)
-        store_costs(costs)
-    return costs
