@@ -11,7 +11,7 @@ in arithmetic, so our figures compare with theirs at the same bits per weight (8
   minimum per block) lowers the relative RMS weight error only from 0.085 to 0.078 (Q8_0: 0.0053),
   for another 16 bits per block (5 bits per weight, +11% bytes, so +11% time on a bandwidth-bound
   step) and a per-block activation-sum term in the integer loop. Q4_0 costs +0.6% held-out
-  perplexity there (docs/lab-notes.md), and the quantized drafter, its main user, needs
+  perplexity there, and the quantized drafter, its main user, needs
   only proposals the target accepts, so the cheaper format wins.
 
 - q4k: GGUF's Q4_K as stored (``pack_q4k``, int16-marked; 4.625 bits per weight): super-blocks of 256 with
@@ -511,8 +511,7 @@ def pack_draft(dense: Kernels, fmt: Optional[str], mats: Mapping[str, torch.Tens
     """A drafter's matrices packed as ``fmt`` with the kernels that read them: (kernels, packed, fmt).
 
     Right after a target pass a draft's weights come from memory, not cache, so half the bytes is
-    about half the draft's time (Medusa's heads: 0.130 -> 0.079 of a target pass,
-    docs/lab-notes.md). A draft's rounding changes what is proposed, never what is accepted. Where the
+    about half the draft's time. A draft's rounding changes what is proposed, never what is accepted. Where the
     quantized kernel cannot run (no fast kernel, not the CPU), the dense matrices and kernels come back
     with fmt None, after one warning."""
     if fmt is None:

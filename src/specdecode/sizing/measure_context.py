@@ -1,15 +1,13 @@
 """The synthetic context that every cost measurement on one target shares: one prefill, not one per drafter.
 
-Preparing ``auto`` on a fresh machine measured the target's v(n), then EAGLE's, Medusa's and a tree step's
-costs, and each built its own cache and prefilled it (192 tokens with EAGLE's hidden layers, 192, 64, 64):
-0.4 s of the ~1 s a cold server's first request spent measuring on SmolLM2-135M int4 (py-spy, session 17).
-Each measurement now borrows this one prefilled cache and leaves it at the length it found it (its steps
+Preparing ``auto`` on a fresh machine measures the target's v(n), then EAGLE's, Medusa's and a tree step's
+costs; each building and prefilling its own cache would be a large share of a cold server's first request.
+Each measurement borrows this one prefilled cache and leaves it at the length it found it (its steps
 roll back what they append); the decode core releases it once a drafter is prepared.
 
 Only the first ``SEED`` positions are computed; the rest repeat them (keys, values and hidden states). A timed
-pass attends over every entry whatever it holds, so its time is the same, and a real 192-token prefill was
-the largest part left of a cold start's measurement: 0.2 s (AVX-512 VNNI) and 0.4 s (AVX2) on SmolLM2-135M
-int4, where a wide pass is bound by arithmetic (session 18, docs/lab-notes.md).
+pass attends over every entry whatever it holds, so its time is the same, and computing only ``SEED``
+positions saves most of a cold start's measurement, where a wide prefill pass is bound by arithmetic.
 """
 
 from __future__ import annotations
