@@ -10,7 +10,7 @@ import torch
 
 from specdecode.models import load_model
 from specdecode.train.cli import main as train_cli
-from specdecode.train.distill import bucket_divergence
+from specdecode.train.distill_common import bucket_divergence
 
 pytestmark = pytest.mark.slow  # full tier: make test-full
 

@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -28,15 +28,12 @@ from ..drafters.vocab import rank_tokens, write_vocab_file
 from ..models import Model, load_model
 from ..models.llama import LlamaModel
 from .chat_prompts import load_chat_prompts
-from .common import autocast, count_params, fmt_count, init_llama, llama_config, param_groups
+from .common import ThreadGovernor, autocast, count_params, fmt_count, init_llama, llama_config, param_groups
+from .distill_common import DistillConfig, DistillResult, bucket_divergence, optimizer_step, progress_line
 from .evaluate import EVAL_SEED, chain_tau, doc_separator
 from .export import save_hf
 from .loop import LoopState, log, resume, save_run, train_loop
 from .selfdistill import eval_sequences
-
-if TYPE_CHECKING:
-    from .common import ThreadGovernor
-    from .distill import DistillConfig, DistillResult
 
 MASKED_LP = -30.0  # teacher log-prob given to a top-k token outside the cut: its mass joins the tail bucket
 EVAL_DEPTHS = 6
@@ -79,7 +76,7 @@ def cut_ranking(idx: torch.Tensor, vocab_size: int) -> tuple[list[int], np.ndarr
     return rank_tokens(idx[..., 0].reshape(-1).long().numpy(), vocab_size)
 
 
-def build_draft(target: Model, cfg: "DistillConfig", init: tuple[int, ...]) -> LlamaModel:
+def build_draft(target: Model, cfg: DistillConfig, init: tuple[int, ...]) -> LlamaModel:
     """The draft's shape from the flags; with ``init`` it must be the target's, and starts as its copy."""
     tc = target.config
     eos = min(target.eos_token_ids) if target.eos_token_ids else doc_separator(target)
@@ -142,10 +139,8 @@ def depth_acceptance(ok: torch.Tensor, depths: int) -> list[float]:
     return out
 
 
-def distill_on_rollouts(cfg: "DistillConfig", target: Model, run_dir: Path, device: torch.device,
-                        governor: Optional["ThreadGovernor"]) -> "DistillResult":
-    from .distill import DistillResult, bucket_divergence, optimizer_step, progress_line
-
+def distill_on_rollouts(cfg: DistillConfig, target: Model, run_dir: Path, device: torch.device,
+                        governor: Optional[ThreadGovernor]) -> DistillResult:
     assert cfg.rollouts is not None
     init = parse_init_layers(cfg.init_layers, target.config.n_layers)
     ds = load_rows(cfg.rollouts, target, cfg.top_k)

@@ -17,27 +17,24 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..models import Model
 from ..models.llama import LlamaModel
 from . import data as D
-from .common import autocast, count_params, fmt_count, init_llama, llama_config, param_groups, ThreadGovernor
+from .common import ThreadGovernor, autocast, count_params, fmt_count, init_llama, llama_config, param_groups
+from .distill_common import DistillConfig, DistillResult
 from .evaluate import doc_separator
 from .export import save_hf
 from .loop import LoopState, log, resume, save_run, train_loop
 from .rollout import generate, sample_windows
 from .tokenizer import encode_batch_fn, eot_id, load_tokenizer, save_tokenizer, train_tokenizer
 
-if TYPE_CHECKING:
-    from .distill import DistillConfig, DistillResult
-
 IGNORE = -100
 
 
-def _fresh_tokenizer(cfg: "DistillConfig", run_dir: Path, train_files: list) -> Path:
+def _fresh_tokenizer(cfg: DistillConfig, run_dir: Path, train_files: list) -> Path:
     """Train (or reuse) the draft's byte-level BPE of ``cfg.tokenizer_vocab`` tokens; returns its directory."""
     assert cfg.tokenizer_vocab is not None  # only a draft with its own tokenizer gets here
     tdir = run_dir / f"tokenizer-bpe{cfg.tokenizer_vocab}"
@@ -51,7 +48,7 @@ def _fresh_tokenizer(cfg: "DistillConfig", run_dir: Path, train_files: list) -> 
     return tdir
 
 
-def _rollout_texts(target: Model, cfg: "DistillConfig", run_dir: Path, train_files: list) -> list[str]:
+def _rollout_texts(target: Model, cfg: DistillConfig, run_dir: Path, train_files: list) -> list[str]:
     """The target's continuations of corpus prompts, as text (prompt included), cached as JSON."""
     key = hashlib.sha1(json.dumps([str(Path(target.path).resolve()), D.corpus_fingerprint(train_files),
                                    cfg.onpolicy_seqs, cfg.prompt_len, cfg.gen_len, cfg.greedy_frac,
@@ -89,11 +86,9 @@ def _pad_rows(seqs: list[list[int]], length: int) -> torch.Tensor:
     return out
 
 
-def distill_new_tokenizer(cfg: "DistillConfig", target: Model, run_dir: Path, device: torch.device,
-                          governor: ThreadGovernor | None) -> "DistillResult":
+def distill_new_tokenizer(cfg: DistillConfig, target: Model, run_dir: Path, device: torch.device,
+                          governor: ThreadGovernor | None) -> DistillResult:
     """Sequence-level distillation of a draft with its own BPE; writes ``cfg.out`` (no α: vocabularies differ)."""
-    from .distill import DistillResult
-
     train_files, _ = D.split_corpus(D.list_corpus(cfg.corpus or None))
     tdir = _fresh_tokenizer(cfg, run_dir, train_files)
     tok = load_tokenizer(tdir)
