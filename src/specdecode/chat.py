@@ -15,13 +15,16 @@ named "default" wins), rendered with jinja2 the way transformers renders it
 
 one line per message (role capitalised, then ": ", then the text), ending with
 ``Assistant:`` so the model writes the reply.
+
+``encode_chats`` turns (role, content) turns into a model's token ids through its template: what
+``generate --chat``, ``chat``, the bench's real workload and calibration all feed the target.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import AbstractSet, Any, Optional, Protocol, Sequence
 
 PLAIN_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
@@ -35,13 +38,13 @@ class ChatTemplateError(ValueError):
 
 class ChatFormatter:
     def __init__(self, template: str, bos_token: str = "", eos_token: str = "") -> None:
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        import jinja2.sandbox  # lazy: jinja2 (~13 ms) loads when a template is first rendered, not at start-up
 
         def raise_exception(message: str) -> None:
             raise ChatTemplateError(message)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                           undefined=jinja2.StrictUndefined)
         env.globals["raise_exception"] = raise_exception
         self._jinja_error = jinja2.TemplateError
         self.template = env.from_string(template)
@@ -92,3 +95,57 @@ def _token_text(value: Any) -> str:
     if isinstance(value, dict):  # {"content": "<s>", ...} in older configs
         return str(value.get("content", ""))
     return value if isinstance(value, str) else ""
+
+
+class TemplatedModel(Protocol):
+    """What the chat helpers read of a loaded model (``models.Model`` has it all); a Protocol, so that this
+    module stays below ``models`` (whose loader reads templates from here)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> AbstractSet[int]: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+
+def chat_formatter(model: TemplatedModel) -> tuple[ChatFormatter, bool]:
+    """The model's chat template (GGUF metadata or HF files) and whether it is the model's own.
+
+    ``Model.chat_template`` (set by the GGUF and HF loaders) wins; a model directory without
+    that attribute is read as the server reads it; otherwise the plain template.
+    """
+    template: Optional[str] = getattr(model, "chat_template", None)
+    if template:
+        fmt = ChatFormatter(template, getattr(model, "bos_token", None) or "", getattr(model, "eos_token", None) or "")
+    elif Path(str(model.path)).is_dir():
+        fmt = ChatFormatter.for_model(str(model.path))
+    else:
+        fmt = ChatFormatter(PLAIN_TEMPLATE)
+    return fmt, fmt.source != PLAIN_TEMPLATE
+
+
+class TemplateTokens:
+    """The model as a prompt encoder sees it, encoding without special tokens: a model's template
+    writes its own BOS where it wants one (transformers' apply_chat_template does the same)."""
+
+    def __init__(self, model: TemplatedModel) -> None:
+        self.model = model
+        self.max_seq_len, self.eos_token_ids = model.max_seq_len, model.eos_token_ids
+
+    def encode(self, text: str) -> list[int]:
+        return self.model.encode(text, add_special_tokens=False)
+
+
+def encode_chats(model: TemplatedModel, chats: Sequence[Sequence[tuple[str, str]]]) -> list[list[int]]:
+    """Token ids of each chat (role, content turns) through the model's template, encoded as the bench's
+    real workload encodes them (``bench/real.py``)."""
+    if not chats:
+        return []
+    fmt, own = chat_formatter(model)
+    encode = TemplateTokens(model).encode if own else model.encode
+    return [encode(fmt.render([{"role": r, "content": c} for r, c in m])) for m in chats]

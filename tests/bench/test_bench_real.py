@@ -13,14 +13,14 @@ from typing import Optional
 import pytest
 
 from specdecode.bench import heldout
-from specdecode.bench.real import (REAL_CATEGORIES, build_real_workloads, chat_formatter, prepare_real_prompts,
-                                   read_humaneval, render_workloads)
+from specdecode.bench.real import (REAL_CATEGORIES, build_real_workloads, prepare_real_prompts, read_humaneval,
+                                   render_workloads)
 from specdecode.bench.positions import (by_output_position, format_output_position, long_categories,
                                         plot_output_position)
 from specdecode.bench.workloads import (REAL_WORKLOAD, Workload, load_workloads, resolve_workload, save_workloads,
                                         select)
+from specdecode.chat import PLAIN_TEMPLATE, chat_formatter
 from specdecode.config import ConfigError
-from specdecode.server.chat import PLAIN_TEMPLATE
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 import specdecode
-from specdecode.server.chat import PLAIN_TEMPLATE, ChatFormatter
+from specdecode.chat import PLAIN_TEMPLATE, ChatFormatter
 
 from server_helpers import MODEL_NAME, Models, RunningServer
 

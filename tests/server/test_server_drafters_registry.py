@@ -12,7 +12,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from specdecode.cli import build_parser, default_model_dir
+from specdecode.bundled import default_model_dir
+from specdecode.cli import build_parser
 from specdecode.config import ConfigError
 from specdecode.drafters.eagle_model import ARCHITECTURE
 from specdecode.drafters.registry import REGISTRY, all_artifacts, artifacts_from_args

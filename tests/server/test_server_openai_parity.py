@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from specdecode.server.chat import ChatFormatter
+from specdecode.chat import ChatFormatter
 from specdecode.server.choices import choice_seed
 
 from server_helpers import MODEL_NAME, RunningServer

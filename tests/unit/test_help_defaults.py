@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import pytest
 
 import specdecode.cli as cli
+from specdecode.bundled import DEFAULT_TARGET, default_model_dir
 from specdecode.cli import build_parser
 
 _CLAIM = re.compile(r"\bdefault\b[^:;()]*?:\s*([^;)]*)")  # "default: X", "(default with ...: X)"; X ends at ; or )
@@ -274,7 +275,7 @@ def test_a_lie_is_caught(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     """The comparison fails on a wrong claim, so a passing suite means something."""
     assert not _same("128", 512) and _same("512", 512) and _same("10", 10.0)
     assert not _same("bundled models/code-target", "smollm2-135m-instruct")
-    assert _same("bundled models/code-target", str(cli.default_model_dir(cli.DEFAULT_TARGET)))
+    assert _same("bundled models/code-target", str(default_model_dir(DEFAULT_TARGET)))
     assert _literal("3; quick: 2".split(";")[0]) and not _literal("the model's context window")
     assert not _literal("TARGET/drafters/suffix/") and not _literal("--draft")
 

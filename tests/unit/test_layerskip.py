@@ -133,7 +133,7 @@ def test_greedy_identity_batched_rows(deep: dict[str, Path], arch: str, plan: st
     assert _run_core(m, LayerSkipDrafter(gamma=3, **PLANS[plan]), budgets, plain_rows=(1,)) == ref
 
 
-class Recorder:
+class Recorder(sd.BatchDrafterBase):
     """A BatchDrafter that delegates to another and records its drafts, or replays recorded drafts."""
 
     wants_hidden = False
@@ -289,7 +289,7 @@ def test_registry_and_options(deep: dict[str, Path]) -> None:
 def test_replay_is_greedy_speculation() -> None:
     """The calibration's prediction replays verify steps from acceptance events: with every draft token
     right, γ = 3 covers 8 tokens in 2 passes (4 + 4); with none right, one token a pass."""
-    from specdecode.drafters.calibrate import replay
+    from specdecode.train.calibrate import replay
 
     v = [1.0, 1.0, 1.0, 1.0]
     assert replay([[True] * 8], 3, 0.0, v) == pytest.approx(8 / 2)
@@ -360,7 +360,7 @@ def test_calibrate_a_gguf_target_on_chats(tmp_path: Path, monkeypatch: pytest.Mo
     ``--drafter layerskip`` finds it there as it finds every drafter's artifact."""
     from gguf_util import tiny_gguf
     from specdecode.cli import main
-    from specdecode.drafters.calibrate import default_prompts_file, prompt_ids
+    from specdecode.train.calibrate import default_prompts_file, prompt_ids
     from specdecode.drafters.registry import resolve_artifacts
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))

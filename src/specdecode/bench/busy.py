@@ -24,6 +24,10 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
+from ..chat import encode_chats
+from ..engine import generate
+from ..models import load_model
+
 PROMPT = "Write a Python function that reverses a list, then explain it."
 HOG = "while True: pass"
 
@@ -120,12 +124,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 def _api_child(target_name: str, tokens: int) -> None:
     """The Python API as its documentation shows it, nothing else: load_model + generate."""
-    import specdecode
-    from specdecode.bench.real import encode_chats
-
-    target = specdecode.load_model(target_name)
+    target = load_model(target_name)
     ids = encode_chats(target, [(("user", PROMPT),)])[0]
-    r = specdecode.generate(target, ids, max_new_tokens=tokens, ignore_eos=True)
+    r = generate(target, ids, max_new_tokens=tokens, ignore_eos=True)
     print(json.dumps({"stats": {"decode_tokens_per_s": r.stats.decode_tokens_per_s}}))
 
 

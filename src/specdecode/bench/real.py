@@ -4,7 +4,7 @@ target's own chat template.
 An instruct model is used through its template, so its acceptance and speed only
 mean something on prompts rendered that way: every record holds ``messages``, and
 the bench renders them with the model's template (``add_generation_prompt=True``),
-or with server/chat.py's plain template when the model has none.
+or with chat.py's plain template when the model has none.
 
 Categories (``workloads/real-v1.jsonl``, built by ``python -m specdecode.bench.real``):
 
@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from ..chat import ChatFormatter, TemplateTokens, chat_formatter
 from ..config import ConfigError
 from .real_documents import SUMMARIZE
 from .real_prompts import CHAT, EDIT, REASONING
@@ -37,7 +38,6 @@ from .workloads import REAL_WORKLOAD, Workload, plain_chat, save_workloads
 
 if TYPE_CHECKING:
     from ..models import Model
-    from ..server.chat import ChatFormatter
     from .runners import PreparedPrompt
 
 CODE, CHAT_CAT, EDIT_CAT, SUMMARIZE_CAT, REASONING_CAT = "code", "chat", "edit", "summarize", "reasoning"
@@ -115,50 +115,10 @@ def build_real_workloads(humaneval: str | Path, seed: int = 0) -> list[Workload]
 # Rendering with the model's template
 # ---------------------------------------------------------------------------
 
-def chat_formatter(model: "Model") -> tuple["ChatFormatter", bool]:
-    """The target's chat template (GGUF metadata or HF files) and whether it is the model's own.
-
-    ``Model.chat_template`` (set by the GGUF and HF loaders) wins; a model directory without
-    that attribute is read as the server reads it; otherwise the plain template.
-    """
-    from ..server.chat import PLAIN_TEMPLATE, ChatFormatter
-
-    template: Optional[str] = getattr(model, "chat_template", None)
-    if template:
-        fmt = ChatFormatter(template, getattr(model, "bos_token", None) or "", getattr(model, "eos_token", None) or "")
-    elif Path(str(model.path)).is_dir():
-        fmt = ChatFormatter.for_model(str(model.path))
-    else:
-        fmt = ChatFormatter(PLAIN_TEMPLATE)
-    return fmt, fmt.source != PLAIN_TEMPLATE
-
-
-def render_workloads(workloads: Sequence[Workload], fmt: "ChatFormatter") -> list[Workload]:
+def render_workloads(workloads: Sequence[Workload], fmt: ChatFormatter) -> list[Workload]:
     """Chat records get ``prompt`` = their messages through ``fmt``; plain-text records stay."""
     return [replace(w, prompt=fmt.render([{"role": r, "content": c} for r, c in w.messages]))
             if w.messages else w for w in workloads]
-
-
-class _TemplateTokens:
-    """The target as ``prepare_prompts`` sees it, encoding without special tokens: a model's template
-    writes its own BOS where it wants one (transformers' apply_chat_template does the same)."""
-
-    def __init__(self, model: "Model") -> None:
-        self.model = model
-        self.max_seq_len, self.eos_token_ids = model.max_seq_len, model.eos_token_ids
-
-    def encode(self, text: str) -> list[int]:
-        return self.model.encode(text, add_special_tokens=False)
-
-
-def encode_chats(model: "Model", chats: Sequence[Sequence[tuple[str, str]]]) -> list[list[int]]:
-    """Token ids of each chat (role, content turns) through the model's template, encoded as
-    ``prepare_real_prompts`` encodes them."""
-    if not chats:
-        return []
-    fmt, own = chat_formatter(model)
-    encode = _TemplateTokens(model).encode if own else model.encode
-    return [encode(fmt.render([{"role": r, "content": c} for r, c in m])) for m in chats]
 
 
 def prepare_real_prompts(workloads: Sequence[Workload], target: "Model", draft: Optional["Model"]
@@ -174,7 +134,7 @@ def prepare_real_prompts(workloads: Sequence[Workload], target: "Model", draft: 
         return prepare_prompts(workloads, target, draft), {"chat_template": None}
     fmt, own = chat_formatter(target)
     rendered = render_workloads(workloads, fmt)
-    as_chat = prepare_prompts([w for w in rendered if w.messages], _TemplateTokens(target) if own else target,  # type: ignore[arg-type]
+    as_chat = prepare_prompts([w for w in rendered if w.messages], TemplateTokens(target) if own else target,  # type: ignore[arg-type]
                               draft)
     as_text = iter(prepare_prompts([w for w in rendered if not w.messages], target, draft))
     by_chat = iter(as_chat)

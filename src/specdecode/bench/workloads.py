@@ -57,7 +57,7 @@ class Workload:
 
 
 def plain_chat(messages: Sequence[tuple[str, str]]) -> str:
-    """A chat as text, as server/chat.py's PLAIN_TEMPLATE renders it (no jinja needed to read a file)."""
+    """A chat as text, as chat.py's PLAIN_TEMPLATE renders it (no jinja needed to read a file)."""
     return "".join(f"{r.capitalize()}: {c}\n" for r, c in messages) + "Assistant:"
 
 

@@ -15,7 +15,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator, Optional
 
+import torch
+
+from .. import cli as main_cli  # looked up at call time, where tests put stand-ins
 from ..config import ModelLoadConfig, add_dataclass_args, from_args
+from ..drafters.registry import artifacts_from_args, get_spec, options_from_args
+from ..kernels.build import extension_problems, extension_reasons
 from .config import API_KEY_ENV, ServerConfig, resolve_api_key
 
 if TYPE_CHECKING:
@@ -25,13 +30,11 @@ log = logging.getLogger("specdecode.server")
 
 
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from ..cli import add_model_args
-
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API with a web page",
                        description="OpenAI-compatible completions and chat completions (streaming too), "
                                    "continuous batching with speculative decoding, /metrics, /health, and a web "
                                    "page at / that colours accepted draft tokens.")
-    add_model_args(p)  # the drafters' own flags (each artifact's too) are derived from the registry
+    main_cli.add_model_args(p)  # the drafters' own flags (each artifact's too) are derived from the registry
     add_dataclass_args(p, ServerConfig)
     p.set_defaults(func=cmd_serve)
 
@@ -39,9 +42,7 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) -> "ServerState":
     """Load the target, the draft and every drafter the flags (or the bundled defaults) make available.
     ``engine_threads``: the decode engine's threads unless --threads says (None: as the process has them)."""
-    from ..cli import default_drafter_name, model_loader, resolve_draft_path, resolve_target
-    from ..drafters.registry import artifacts_from_args, get_spec, options_from_args
-    from .state import make_state
+    from .state import make_state  # lazy: pydantic and prometheus_client (~100 ms) load only to serve
 
     config = from_args(ServerConfig, args)
     if config.api_key is not None:
@@ -51,12 +52,13 @@ def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) 
     if config.threads is None and engine_threads is not None:
         config = replace(config, threads=engine_threads)
     artifacts = artifacts_from_args(args)  # a bad artifact flag fails before loading
-    load = model_loader(from_args(ModelLoadConfig, args))
+    load = main_cli.model_loader(from_args(ModelLoadConfig, args))
     with _phase("loading the target (and building its kernels on first use)"):
-        target = load(resolve_target(args))
-    default_drafter = default_drafter_name(args)  # as `generate`'s: auto for a --target without a --draft
+        target = load(main_cli.resolve_target(args))
+    default_drafter = main_cli.default_drafter_name(args)  # as `generate`'s: auto for a --target without a --draft
     spec = get_spec(default_drafter)
-    draft_path = resolve_draft_path(args, spec.needs_draft_model or (spec.uses_draft_model and not args.target))
+    needs_draft = spec.needs_draft_model or (spec.uses_draft_model and not args.target)
+    draft_path = main_cli.resolve_draft_path(args, needs_draft)
     draft = None
     if draft_path:
         with _phase(f"loading the draft {draft_path}"):
@@ -73,10 +75,7 @@ def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..kernels.build import extension_problems, extension_reasons
-    from .runner import make_server, raise_fd_limit
+    from .runner import make_server, raise_fd_limit  # lazy: uvicorn and starlette load only to serve
 
     # Only the engine thread runs parallel ops. An OpenMP team belongs to the thread that starts it, and a
     # team the main thread had started (loading the model) made the engine's 2-thread ops 2-3x slower: plain

@@ -21,6 +21,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..config import ACCEPT_RULES, CHAIN_RULES
+from ..drafters.registry import REGISTRY
 from ..logprobs import MAX_TOP_LOGPROBS
 from .guard import shown
 
@@ -113,8 +115,6 @@ class _SamplingParams(_Strict):
     @field_validator("drafter")
     @classmethod
     def _known_drafter(cls, v: Optional[str]) -> Optional[str]:
-        from ..drafters.registry import REGISTRY
-
         if v is not None and v not in REGISTRY:
             raise ValueError(f"unknown drafter {shown(v)}; use one of: {', '.join(REGISTRY)}")
         return v
@@ -122,8 +122,6 @@ class _SamplingParams(_Strict):
     @field_validator("chain_rule")
     @classmethod
     def _known_chain_rule(cls, v: Optional[str]) -> Optional[str]:
-        from ..config import CHAIN_RULES
-
         if v is not None and v not in CHAIN_RULES:
             raise ValueError(f"unknown chain_rule {shown(v)}; use one of: {', '.join(CHAIN_RULES)} (default: block)")
         return v
@@ -131,8 +129,6 @@ class _SamplingParams(_Strict):
     @field_validator("accept_rule")
     @classmethod
     def _known_accept_rule(cls, v: Optional[str]) -> Optional[str]:
-        from ..config import ACCEPT_RULES
-
         if v is not None and v not in ACCEPT_RULES:
             raise ValueError(f"unknown accept_rule {shown(v)}; use one of: {', '.join(ACCEPT_RULES)} (default: auto, "
                              "the seed-reproducible coupled rule for seeded requests)")

@@ -10,9 +10,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
+from ..chat import PLAIN_TEMPLATE, ChatFormatter
 from ..config import ConfigError
+from ..drafters.crosstok import shares_vocabulary
+from ..drafters.registry import PAIRED_DEFAULT, REGISTRY, DrafterOptions, get_spec, missing, with_defaults
+from ..models.catalog import CATALOG
 from ..sizing.gamma import Gamma, Speculation, resolve_gamma, speculation_flag
-from .chat import PLAIN_TEMPLATE, ChatFormatter
 from .config import ServerConfig, resolve_api_key
 from .metrics import ServerMetrics
 from .protocol import now
@@ -76,9 +79,6 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
     options by key; ``default_drafter``: the registry's paired default unless given; ``aliases``: more
     names requests may give the target by (``served_names``). ``default_gamma`` and ``config.speculation``
     mean what ``--gamma`` and ``--speculation`` do (``gamma.resolve_gamma``)."""
-    from ..drafters.crosstok import shares_vocabulary
-    from ..drafters.registry import PAIRED_DEFAULT, REGISTRY, DrafterOptions, get_spec, missing, with_defaults
-
     config = resolve_api_key(config, {})  # a key file given to the config is read here, never ignored
     # unset --speculation follows --gamma (auto: adaptive, N: fixed); set here so every reader sees it
     adaptive = resolve_gamma(default_gamma, "auto", speculation_flag(config.speculation)).adaptive
@@ -120,8 +120,6 @@ def served_names(target: "Model", model_name: str, aliases: Sequence[str] = ()) 
     """The names a request's ``model`` may give: the served name, the model file's name, ``aliases`` (the
     ``--target`` name it was loaded by) and the catalogue's name for that file (the name ``specdecode
     pull`` takes), so a client may say either ``smollm2-135m-instruct`` or ``SmolLM2-135M-Instruct.Q4_1.gguf``."""
-    from ..models.catalog import CATALOG
-
     file = Path(str(target.path)).name
     names = [model_name, file, *aliases, *(e.name for e in CATALOG.values() if e.filename == file)]
     return tuple(dict.fromkeys(n for n in names if n))

@@ -7,14 +7,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, TypeVar
 
+from ..config import ConfigError
+from .distill import distill
+from .distill_common import LOSSES, DistillConfig
+from .distill_common import QUICK as DISTILL_QUICK
+from .eval_cli import add_draft_vocab, add_eval
+from .export_engines import add_export
+from .pretrain import PretrainConfig, pretrain
+from .pretrain import QUICK as PRETRAIN_QUICK
+
 if TYPE_CHECKING:
-    from .distill import DistillConfig
     from .selfdistill import SelfDistillConfig
-    from .pretrain import PretrainConfig
 
 Cfg = TypeVar("Cfg", bound="PretrainConfig | DistillConfig | SelfDistillConfig")
 Result = TypeVar("Result")
@@ -107,8 +115,6 @@ def _run_training(args: argparse.Namespace, argv: Optional[Sequence[str]], cfg: 
 
 
 def _add_train(sub) -> None:
-    from .pretrain import PretrainConfig
-
     d = PretrainConfig()
     p = sub.add_parser("train", help="pretrain a Llama-architecture target from scratch on a text/code corpus",
                        description="Train a byte-level BPE tokenizer and a Llama-architecture model from scratch, "
@@ -137,8 +143,6 @@ def _add_train(sub) -> None:
 
 
 def _run_train(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
-    from .pretrain import QUICK, PretrainConfig, pretrain
-
     cfg = PretrainConfig(out=args.out, run_dir=args.run_dir, corpus=list(args.corpus), steps=args.steps,
                          batch_size=args.batch_size, seq_len=args.seq_len, dim=args.dim, layers=args.layers,
                          heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn, vocab_size=args.vocab_size,
@@ -147,7 +151,7 @@ def _run_train(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -
                          save_dtype=args.save_dtype, max_minutes=args.max_minutes, stop_after=args.stop_after,
                          resume=args.resume, eval_tokens=args.eval_tokens, quick=args.quick,
                          log_every=args.log_every)
-    r = _run_training(args, argv, cfg, QUICK, pretrain)
+    r = _run_training(args, argv, cfg, PRETRAIN_QUICK, pretrain)
     if r is None:
         return 130
     if r.held_out_tokens:
@@ -156,8 +160,6 @@ def _run_train(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -
 
 
 def _add_distill(sub) -> None:
-    from .distill import LOSSES, DistillConfig
-
     d = DistillConfig()
     p = sub.add_parser("distill", help="distill a small draft model for a target (DistillSpec: on-policy data + KL)",
                        description="Train a small Llama-architecture draft that imitates --target: the target "
@@ -325,10 +327,6 @@ _FROZEN = {
 def _run_distill_frozen(method: str, args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
     """``distill --method medusa|eagle|early-exit``: the flags the user typed override the method's recipe
     defaults (the parser's defaults are the draft model's, e.g. its learning rate and --out)."""
-    import importlib
-
-    from ..config import ConfigError
-
     spec = _FROZEN[method]
     mod = importlib.import_module(f".{spec.module}", __package__)
     typed = _explicit(argv, args._parser)
@@ -362,13 +360,9 @@ def _run_distill_frozen(method: str, args: argparse.Namespace, argv: Optional[Se
 
 
 def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
-    from .distill import QUICK, DistillConfig, distill
-
     method = getattr(args, "method", "draft")
     if method in _FROZEN:
         return _run_distill_frozen(method, args, argv)
-    from ..config import ConfigError
-
     frozen_only = ["--" + d.replace("_", "-") for d in _FROZEN_ONLY
                    if getattr(args, d) is not None and d not in _DRAFT_TAKES]
     if frozen_only:
@@ -388,7 +382,7 @@ def _run_distill(args: argparse.Namespace, argv: Optional[Sequence[str]] = None)
              "device", "threads", "amp", "save_dtype",
              "max_minutes", "stop_after", "resume", "quick", "tokenizer_vocab", "rollouts", "prompts", "init_layers"]
     cfg = DistillConfig(corpus=list(args.corpus), vocab_cut=args.cut_vocab, **{n: getattr(args, n) for n in names})
-    r = _run_training(args, argv, cfg, QUICK, distill)
+    r = _run_training(args, argv, cfg, DISTILL_QUICK, distill)
     if r is None:
         return 130
     if r.eval is not None:
@@ -400,9 +394,6 @@ def add_subcommands(subparsers) -> None:
     """Register ``train``, ``distill``, ``eval-draft``, ``draft-vocab`` and ``export`` on the main CLI's subparsers."""
     _add_train(subparsers)
     _add_distill(subparsers)
-    from .eval_cli import add_draft_vocab, add_eval
-    from .export_engines import add_export
-
     add_eval(subparsers)
     add_draft_vocab(subparsers)
     add_export(subparsers)

@@ -22,9 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
+from tqdm import tqdm
 
-from ..config import ConfigError
+from ..cli import model_loader, resolve_target
+from ..config import ConfigError, ModelLoadConfig, add_dataclass_args, from_args
+from ..drafters.registry import target_folder
+from ..drafters.suffix import STORE
 from ..drafters.suffix_store import save_store
+from .calibrate import default_prompts_file
+from .chat_prompts import load_chat_prompts
+from .rollout import generate_ragged
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -61,10 +68,6 @@ def answers_from_rollouts(path: Path, header: Sequence[int], eos: set[int]) -> l
 def generate_answers(target: "Model", prompts: list[list[int]], out: Path, max_new_tokens: int, batch: int,
                      progress: bool) -> list[list[int]]:
     """Greedy answers to ``prompts`` (resuming from ``out/answers.jsonl``), cut at the first end-of-turn."""
-    from tqdm import tqdm
-
-    from .rollout import generate_ragged
-
     out.mkdir(parents=True, exist_ok=True)
     path = out / ANSWERS_FILE
     done: dict[int, list[int]] = {}
@@ -91,18 +94,10 @@ def generate_answers(target: "Model", prompts: list[list[int]], out: Path, max_n
 
 
 def cmd_datastore(args: argparse.Namespace) -> int:
-    from ..cli import model_loader, resolve_target
-    from ..config import ModelLoadConfig, from_args
-    from ..drafters.calibrate import default_prompts_file
-    from ..drafters.registry import target_folder
-    from .chat_prompts import load_chat_prompts
-
     if args.max_new_tokens < 1 or args.batch < 1:
         raise ConfigError("--max-new-tokens and --batch must be at least 1")
     torch.set_num_threads(max(1, args.threads))
     folder = target_folder(args.target)
-    from ..drafters.suffix import STORE
-
     out = Path(args.out) if args.out else (folder / "drafters" / STORE.name if folder is not None else None)
     if out is None:
         raise ConfigError("--out DIR is needed for a target without a folder (a hub id)")
@@ -133,8 +128,6 @@ def cmd_datastore(args: argparse.Namespace) -> int:
 
 
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from ..config import ModelLoadConfig, add_dataclass_args
-
     p = sub.add_parser("datastore", help="store the target's own answers for suffix drafting (no training)",
                        description="Write a datastore of the target's greedy answers to its training prompts "
                                    "into TARGET/drafters/suffix/ (or --out). Suffix drafting (and auto) then also "

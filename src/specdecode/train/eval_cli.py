@@ -4,7 +4,14 @@ the frequency-ranked draft vocabulary), apart from the training recipes' flags i
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Optional, Sequence
+
+import torch
+
+from .draft_vocab import build_draft_vocab
+from .evaluate import evaluate_draft
 
 
 def add_eval(sub) -> None:
@@ -34,14 +41,8 @@ def add_eval(sub) -> None:
 
 
 def _run_eval(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
-    from pathlib import Path
-
-    from .evaluate import evaluate_draft
-
     device = args.device
     if device == "auto":
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
     res = evaluate_draft(args.target, args.draft, corpus=args.corpus or None, prompts=args.prompts,
                          prompt_len=args.prompt_len, new_tokens=args.new_tokens, seed=args.seed, device=device,
@@ -70,10 +71,6 @@ def add_draft_vocab(sub) -> None:
 
 
 def _run_draft_vocab(args: argparse.Namespace, argv: Optional[Sequence[str]] = None) -> int:
-    import json
-
-    from .draft_vocab import build_draft_vocab
-
     path = build_draft_vocab(args.draft, corpus=args.corpus or None, size=args.size)
     data = json.loads(path.read_text())
     print(f"wrote {path}: {data['size']} of {len(data['token_ids'])} tokens cover {data['coverage']:.1%} of the "

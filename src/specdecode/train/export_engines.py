@@ -29,6 +29,8 @@ import torch
 
 from ..config import ConfigError
 from ..drafters.eagle_model import check_fits, load_eagle, save_eagle
+from ..models import load_model
+from ..models.catalog import CATALOG
 
 FORMATS = ("vllm", "sglang")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -56,8 +58,6 @@ def serving_settings(fmt: str, target: str, draft: str, num_steps: int = 5, topk
 def engine_target(target: str) -> str:
     """What the engine's launch command names as the target: a catalogued model's Hugging Face repository
     (the engines load its safetensors; our copy is a GGUF file), else the directory or file, resolved."""
-    from ..models.catalog import CATALOG
-
     entry = CATALOG.get(target)
     if entry is not None and entry.hub_id and not Path(target).exists():
         return entry.hub_id
@@ -66,8 +66,6 @@ def engine_target(target: str) -> str:
 
 def export_eagle(eagle: str, target: str, out: str, fmt: str, dtype: str = "bf16") -> Path:
     """Write ``eagle`` (an EAGLE-3 directory for ``target``) to ``out`` in ``fmt``'s layout."""
-    from ..models import load_model
-
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if dtype not in _DTYPES:

@@ -29,8 +29,12 @@ import random
 import re
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
+
+from ..bench.heldout import DEFAULT_N, check, format_found, ngrams, prompt_text, words
+from ..bench.workloads import load_workloads, resolve_workload
 
 MAX_PASSAGE_CHARS = 700
 MAX_CODE_LINES = 24
@@ -250,11 +254,6 @@ def build(n: int, seed: int = 0) -> list[dict]:
 def held_out_filter(recs: list[dict], workload: str = "real") -> tuple[list[dict], str]:
     """Drop every record that shares a 13-word sequence with the bench workload's prompts (a workload prompt
     under 13 words: the whole prompt), then run the bench's own check on what is kept; its report."""
-    import tempfile
-
-    from ..bench.heldout import DEFAULT_N, check, format_found, ngrams, prompt_text, words
-    from ..bench.workloads import load_workloads, resolve_workload
-
     wl = load_workloads(resolve_workload(workload))
     wanted = set().union(*(ngrams(words(prompt_text(w)), DEFAULT_N) for w in wl))
     sizes = sorted({len(g) for g in wanted})

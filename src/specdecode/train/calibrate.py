@@ -33,11 +33,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
+from tqdm import tqdm
 
-from ..config import ConfigError
-from ..sizing.costs import cost_clock, cpu_name, measure_costs
+from ..bench.workloads import DEFAULT_WORKLOAD, _messages, load_workloads, select
+from ..chat import encode_chats
+from ..cli import model_loader, resolve_target
+from ..config import ConfigError, ModelLoadConfig, add_dataclass_args, from_args
+from ..drafters.layerskip import DraftLayers, LayerSkipDrafter, check_family, save_calibration
+from ..drafters.registry import target_folder
+from ..engine import generate
 from ..jsonl import read_jsonl
-from .layerskip import DraftLayers, LayerSkipDrafter, check_family, save_calibration
+from ..sizing.book import cpu_name
+from ..sizing.costs import cost_clock, measure_costs
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -92,8 +99,6 @@ def default_prompts_file(folder: Optional[Path]) -> Optional[Path]:
 def _jsonl_prompts(path: str, per_category: Optional[int]) -> list[Prompt]:
     """JSON lines: strings, or objects with a "prompt" string or "messages" (a chat); with
     ``per_category``, the first that many of each "category"."""
-    from ..bench.workloads import _messages
-
     prompts: list[Prompt] = []
     counts: dict[str, int] = {}
     for i, rec in read_jsonl(path, objects=False):
@@ -118,8 +123,6 @@ def read_prompts(path: Optional[str], max_prompts: Optional[int] = None, per_cat
     plain text with prompts separated by lines holding only ``---``. Without a path: the first prompts
     of each category of the bundled held-out workload."""
     if path is None:
-        from ..bench.workloads import DEFAULT_WORKLOAD, load_workloads, select
-
         chosen = select(load_workloads(DEFAULT_WORKLOAD), per_category=per_category or DEFAULT_PROMPTS_PER_CATEGORY)
         prompts: list[Prompt] = [w.messages or w.prompt for w in chosen]
     else:
@@ -148,8 +151,6 @@ def read_prompts(path: Optional[str], max_prompts: Optional[int] = None, per_cat
 def prompt_ids(target: "Model", prompts: Sequence[Prompt]) -> list[list[int]]:
     """Token ids of each prompt: text as ``generate`` encodes it, a chat through the target's template
     as the server and the bench render it."""
-    from ..bench.real import encode_chats
-
     chats = iter(encode_chats(target, [p for p in prompts if not isinstance(p, str)]))
     return [target.encode(p) if isinstance(p, str) else next(chats) for p in prompts]
 
@@ -244,8 +245,6 @@ def calibrate(target: "Model", prompts: Sequence[Union[str, Sequence[int]]], min
               ) -> Calibration:
     """Search the layer set with the best measured speedup on ``prompts`` (text, or token ids: see
     ``prompt_ids``; the module docstring says how). ``progress(phase, elapsed_s)`` is called as work completes."""
-    from ..engine import generate
-
     check_family(target)
     n = target.config.n_layers
     if n < 2:
@@ -356,8 +355,6 @@ def record(cal: Calibration, target: "Model") -> dict[str, Any]:
 
 # -- command line --------------------------------------------------------------------------------
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from ..config import ModelLoadConfig, add_dataclass_args
-
     p = sub.add_parser("calibrate", help="find the layers a layer-skip draft should run (--drafter layerskip)",
                        description="Search the target's early exits and skip sets for the best measured speedup "
                                    "on your prompts, and store the choice (layerskip.json) beside the checkpoint "
@@ -389,16 +386,9 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from ..cli import model_loader, resolve_target
-    from ..config import ModelLoadConfig, from_args
-
     if args.minutes <= 0 or args.max_new_tokens < 2:
         raise ConfigError("--minutes must be positive and --max-new-tokens at least 2")
     torch.set_num_threads(max(1, args.threads))
-    from .registry import target_folder
-
     if args.per_category is not None and args.per_category < 1:
         raise ConfigError("--per-category must be at least 1")
     target = model_loader(from_args(ModelLoadConfig, args))(resolve_target(args))
