@@ -10,9 +10,9 @@
 from .cache import ContextLengthError, KVCache
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from .draft import Draft, DraftContext
-from .drafters import (BatchDrafter, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter, ExitAdapterDrafter,
-                       LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter, SuffixDrafter,
-                       VocabularyMismatchError, build_drafter, drafter_names)
+from .drafters import (BatchDrafter, BatchDrafterBase, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter,
+                       ExitAdapterDrafter, LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter,
+                       SuffixDrafter, VocabularyMismatchError, build_drafter, drafter_names)
 from .core import DecodeCore, Request
 from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
 from .metrics import GenerationStats
@@ -21,7 +21,8 @@ from .models import Model, ModelNotFoundError, UnsupportedModelError, load_model
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchDrafter", "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter",
+    "BatchDrafter", "BatchDrafterBase",
+    "ConfigError", "ContextLengthError", "DecodeCore", "Draft", "DraftContext", "DraftModelDrafter",
     "Drafter", "DrafterOptions", "EagleDrafter", "ExitAdapterDrafter", "FinishEvent", "GenerationConfig",
     "GenerationResult",
     "GenerationStats", "KVCache", "LayerSkipDrafter", "MedusaDrafter", "Model", "ModelNotFoundError",

@@ -85,10 +85,10 @@ class DecodeCore:
             self._prepare(name)
         self._want_hidden = any(d.wants_hidden for d in self.drafters.values())
         self._forced: set[int] = set()  # rows whose draft this step is the grammar's forced tokens
-        # EAGLE-3 drafters also read intermediate layers (an optional attribute of a hidden-state drafter);
-        # then the prefill keeps the prompt's states too, so the first step can draft
+        # EAGLE-3 drafters also read intermediate layers; then the prefill keeps the prompt's states too,
+        # so the first step can draft
         self._hidden_layers = tuple(sorted({int(i) for d in self.drafters.values() if d.wants_hidden
-                                            for i in getattr(d, "hidden_layers", ())}))
+                                            for i in d.hidden_layers}))
 
     def unprepared(self) -> list[str]:
         """The drafters no request or warm-up has prepared yet."""
@@ -213,10 +213,8 @@ class DecodeCore:
         if not passes:
             return
         for d in self._drafter_list:
-            refine = getattr(d, "refine_costs", None)
-            if refine is not None:
-                for costs in refine(passes):
-                    store_costs(costs)
+            for costs in d.refine_costs(passes):
+                store_costs(costs)
 
     def clear(self) -> None:
         """Drop every row (after an engine error: nothing in the caches is trusted)."""
@@ -243,7 +241,7 @@ class DecodeCore:
             spec = r.speculation
             cap = max(0, min(spec.cap, r.room() - 1, room_ctx))
             alpha = r.evidence.alpha if spec.adaptive else 0.0
-            plans.append(RowPlan(self._names[id(d)], cap, spec.adaptive, alpha, getattr(d, "sizes_itself", False)))
+            plans.append(RowPlan(self._names[id(d)], cap, spec.adaptive, alpha, d.sizes_itself))
         # online costs only feed the policy's choice for adaptive rows; a clock read is a syscall
         self._clock = self._cost_clock if any(p.auto for p in plans) else time.perf_counter
         lengths = self.policy.choose(plans)

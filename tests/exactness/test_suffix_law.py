@@ -65,7 +65,7 @@ def test_suffix_drafts_trees_on_the_toy_model(models: tuple[sd.Model, sd.Model])
     assert trees > 20  # the law test above really verifies trees (siblings), not only chains
 
 
-class _CheapModel:
+class _CheapModel(sd.BatchDrafterBase):
     """A draft model member with fixed offline costs, so auto's choice between it and suffix is exercised."""
 
     def __init__(self, inner: sd.DraftModelDrafter) -> None:

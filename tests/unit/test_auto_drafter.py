@@ -17,7 +17,7 @@ from specdecode.draft import Draft, DraftContext
 from specdecode.drafters.base import Acceptance
 
 
-class Fake:
+class Fake(sd.BatchDrafterBase):
     """A member that returns fixed drafts and counts its calls."""
 
     wants_hidden = False

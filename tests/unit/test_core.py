@@ -123,7 +123,7 @@ def test_greedy_tree_rule(argmax: list[int], expect_path: tuple[int, ...], expec
     assert res.path == expect_path and res.n_accepted == len(expect_path) and res.next_token == expect_next
 
 
-class HiddenProbe:
+class HiddenProbe(sd.BatchDrafterBase):
     """Proposes nothing; records what the core hands a head-style drafter."""
 
     wants_hidden = True

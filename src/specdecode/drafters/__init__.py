@@ -1,6 +1,7 @@
 """Drafters: everything that proposes tokens for the target to verify, behind one protocol."""
 
-from .base import Acceptance, BatchDrafter, Drafter, PerRowDrafters, VocabularyMismatchError, as_batch_drafter
+from .base import (Acceptance, BatchDrafter, BatchDrafterBase, Drafter, PerRowDrafters, VocabularyMismatchError,
+                   as_batch_drafter)
 from .model import DraftModelDrafter, check_vocab_compatible
 from .layerskip import DraftLayers, LayerSkipDrafter
 from .eagle import EagleDrafter
@@ -12,7 +13,7 @@ from .suffix import SuffixDrafter
 from .plugin import Artifact, AutoMember, BenchVariant, Option
 from .registry import DrafterOptions, DrafterSpec, build_drafter, drafter_names, register
 
-__all__ = ["Acceptance", "Artifact", "AutoMember", "BatchDrafter", "BenchVariant",
+__all__ = ["Acceptance", "Artifact", "AutoMember", "BatchDrafter", "BatchDrafterBase", "BenchVariant",
            "DraftModelDrafter", "Drafter", "DrafterOptions", "DrafterSpec", "DraftLayers", "EagleDrafter",
            "ExitAdapterDrafter", "LayerSkipDrafter", "MedusaDrafter", "Option", "PerRowDrafters",
            "PromptLookupDrafter", "QuantDrafter", "SuffixDrafter",

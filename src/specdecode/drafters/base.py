@@ -99,23 +99,27 @@ class Drafter(Protocol):
 
 @runtime_checkable
 class BatchDrafter(Protocol):
-    """Every row of a batch at once; what the decode core runs.
+    """Every row of a batch at once; what the decode core runs, and all that it calls.
 
     ``gamma`` is the drafter's own γ: its cap, or "auto" for ``DEFAULT_CAP``; what a request without a
     γ of its own gets (``gamma.resolve_gamma``).
     ``acceptance`` is the drafter's evidence for that policy. ``wants_hidden`` asks the core
-    for the target's hidden states (``DraftContext.hidden``). ``on_verified_row`` gets how many
-    draft tokens the target accepted (for a tree: the accepted path's length). A drafter that plans
-    its own draft sizes from its own cost model (trees) may set ``sizes_itself = True`` (optional,
-    False when absent): under the server's ``--speculation auto`` the γ policy then only switches
-    its rows between drafting up to the cap and plain steps (load), and never shortens the draft.
-    Such a drafter may also define ``refine_costs(passes) -> list[Costs]`` (optional): the core hands it
-    the live single-row pass seconds by width after each finished request, and writes back to the cost
-    cache what it returns (``sizing/live.py``)."""
+    for the target's hidden states (``DraftContext.hidden``), ``hidden_layers`` for the residuals after
+    those layers too (EAGLE-3: ``DraftContext.layers``). ``on_verified_row`` gets how many
+    draft tokens the target accepted (for a tree: the accepted path's length). ``reset_row`` and
+    ``move_row`` follow the core's rows as requests come and go. A drafter that plans its own draft
+    sizes from its own cost model (trees) sets ``sizes_itself``: under the server's ``--speculation
+    auto`` the γ policy then only switches its rows between drafting up to the cap and plain steps
+    (load), and never shortens the draft. ``refine_costs(passes)`` gets the live single-row pass
+    seconds by width after each finished request; the core writes back to the cost cache what it
+    returns (``sizing/live.py``). ``BatchDrafterBase`` holds the defaults of everything past
+    ``prepare_rows``/``propose_rows``, so a drafter states only what it does differently."""
 
     gamma: Gamma
     acceptance: Acceptance
     wants_hidden: bool
+    hidden_layers: tuple[int, ...]
+    sizes_itself: bool
 
     def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None: ...
 
@@ -129,34 +133,73 @@ class BatchDrafter(Protocol):
 
     def costs_for(self, target: "Model") -> Optional["Costs"]: ...
 
+    def refine_costs(self, passes: Mapping[int, float]) -> list["Costs"]: ...
 
-class RowZeroAdapter:
+
+class BatchDrafterBase:
+    """``BatchDrafter``'s defaults, declared once: a drafter that reads no hidden states, keeps no
+    per-row state (so moving or resetting a row is nothing to it, and the core's job alone), rolls
+    nothing back after a verdict, leaves sizing to the γ policy and has no costs of its own."""
+
+    gamma: Gamma
+    acceptance: Acceptance
+    wants_hidden: bool = False
+    hidden_layers: tuple[int, ...] = ()
+    sizes_itself: bool = False
+
+    def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
+        raise NotImplementedError
+
+    def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:
+        raise NotImplementedError
+
+    def on_verified_row(self, row: int, n_accepted: int) -> None:
+        """Nothing to roll back: the next proposal reads the sequence itself."""
+
+    def reset_row(self, row: int) -> None:
+        """No per-row state to clear."""
+
+    def move_row(self, src: int, dst: int) -> None:
+        """No per-row state to move."""
+
+    def costs_for(self, target: "Model") -> Optional["Costs"]:
+        """None: no offline costs, so the γ policy prices this drafter from its defaults."""
+        return None
+
+    def refine_costs(self, passes: Mapping[int, float]) -> list["Costs"]:
+        """Nothing to refine: no cost figures of its own."""
+        return []
+
+
+BATCH_MEMBERS = ("gamma", "acceptance", "wants_hidden", "hidden_layers", "sizes_itself", "prepare_rows",
+                 "propose_rows", "on_verified_row", "reset_row", "move_row", "costs_for", "refine_costs")
+
+
+class RowZeroAdapter(BatchDrafterBase):
     """The single-row ``Drafter`` protocol for a ``BatchDrafter``: every call goes to row 0.
 
     Mixed into the batching drafters so ``prepare``/``propose``/``on_verified``/``reset`` keep
     one meaning everywhere instead of four copies drifting apart."""
 
     def prepare(self, target: "Model") -> None:
-        self.prepare_rows(target, 1, target.max_seq_len)  # type: ignore[attr-defined]
-        self.reset_row(0)  # type: ignore[attr-defined]
+        self.prepare_rows(target, 1, target.max_seq_len)
+        self.reset_row(0)
 
     def propose(self, ctx: DraftContext) -> Draft:
-        return self.propose_rows({0: ctx})[0]  # type: ignore[attr-defined]
+        return self.propose_rows({0: ctx})[0]
 
     def on_verified(self, n_accepted: int) -> None:
-        self.on_verified_row(0, n_accepted)  # type: ignore[attr-defined]
+        self.on_verified_row(0, n_accepted)
 
     def reset(self) -> None:
-        self.reset_row(0)  # type: ignore[attr-defined]
+        self.reset_row(0)
 
 
-class PerRowDrafters:
+class PerRowDrafters(BatchDrafterBase):
     """A ``BatchDrafter`` made of one single-row ``Drafter`` per row (from ``factory``).
 
     For drafters with nothing to share between rows (prompt lookup) or that cannot batch (a
     user's own). ``propose_rows`` calls each row's drafter in turn."""
-
-    wants_hidden = False
 
     def __init__(self, factory: Callable[[], Drafter], gamma: Gamma, max_rows: Optional[int] = None) -> None:
         self.factory = factory
@@ -198,9 +241,6 @@ class PerRowDrafters:
         self._rows[dst], self._rows[src] = self._rows[src], self._rows[dst]
         self.reset_row(src)
 
-    def costs_for(self, target: "Model") -> Optional["Costs"]:
-        return None
-
 
 PickFn = Callable[[torch.Tensor, DraftContext, list[torch.Tensor], int], int]  # (logits, ctx, laws, index)
 
@@ -236,8 +276,11 @@ def as_batch_drafter(drafter: Union[Drafter, BatchDrafter]) -> BatchDrafter:
     if isinstance(drafter, BatchDrafter):
         return drafter
     if not isinstance(drafter, Drafter):
+        missing = [m for m in BATCH_MEMBERS if not hasattr(drafter, m)]
+        batched = (f" (missing here: {', '.join(missing)}; subclass specdecode.BatchDrafterBase for the defaults)"
+                   if hasattr(drafter, "propose_rows") else "")
         raise ConfigError(f"{type(drafter).__name__} is not a drafter: it needs prepare/propose/on_verified/reset "
-                          "(specdecode.Drafter) or the batched protocol (specdecode.BatchDrafter)")
+                          f"(specdecode.Drafter) or the batched protocol (specdecode.BatchDrafter){batched}")
     # its own ``gamma`` if it has one (prompt lookup's num_draft_tokens); else it decides, up to 64 tokens
     gamma = getattr(drafter, "gamma", None)
     fixed: Gamma = gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma > 0 else 64

@@ -42,7 +42,7 @@ from ..sizing.costs import Costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
 from ..draft import Draft, DraftContext, draw_token
-from .base import Acceptance, BatchDrafter, Gamma, check_gamma, draft_rows
+from .base import Acceptance, BatchDrafter, BatchDrafterBase, Gamma, check_gamma, draft_rows
 from .layerskip_layers import (CALIBRATION_FILE, CALIBRATION_VERSION, SUPPORTED_FAMILIES, DraftLayers,
                                cached_calibration_path, calibration_paths, check_family, load_calibration,
                                save_calibration, weights_stamp)
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # -- the drafter ---------------------------------------------------------------------------------
-class LayerSkipDrafter:
+class LayerSkipDrafter(BatchDrafterBase):
     """Drafts γ tokens per row with a subset of the target's own layers (a ``BatchDrafter``).
 
     ``exit_layer`` (the first L layers) or ``skip_layers`` (layers to leave out) override the

@@ -25,7 +25,8 @@ from ..sizing.costs import MAX_GAMMA, Costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
 from ..draft import Draft, DraftContext, draw_token
-from .base import Acceptance, BatchDrafter, Gamma, VocabularyMismatchError, check_gamma, draft_rows
+from .base import (Acceptance, BatchDrafter, BatchDrafterBase, Gamma, VocabularyMismatchError, check_gamma,
+                   draft_rows)
 from .vocab import VocabSpec, draft_vocab_for
 from .plugin import AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 
@@ -57,7 +58,7 @@ def check_vocab_compatible(draft: "Model", target: "Model") -> None:
 PROBE_WINDOW = 64  # context tokens a probe after plain-decoding steps feeds the draft (see _catch_up)
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(BatchDrafterBase):
     """Runs γ autoregressive steps of a small model per target pass, for every drafting row at once.
 
     ``gamma``: draft length, or "auto" (the decode core's γ policy picks 0..``max_gamma`` each
