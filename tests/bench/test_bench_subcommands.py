@@ -52,18 +52,18 @@ def test_variants_run_two_trained_directories_side_by_side(tiny_dirs: dict[str, 
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from eagle_util import make_eagle
 
-    import specdecode.drafters.registry as registry
+    from specdecode.bench import variants
     from specdecode.bench.variants import parse_variant
     from specdecode.models import load_model
 
     built: list[str] = []
-    real_build = registry.build_drafter
+    real_build = variants.build_drafter
 
     def spy(name, o):  # type: ignore[no-untyped-def]
         built.append(o.artifacts["eagle"])
         return real_build(name, o)
 
-    monkeypatch.setattr(registry, "build_drafter", spy)
+    monkeypatch.setattr(variants, "build_drafter", spy)
 
     target = load_model(str(tiny_dirs["llama"]))
     one, two = make_eagle(tmp_path / "e1", target, seed=1), make_eagle(tmp_path / "e2", target, seed=2)

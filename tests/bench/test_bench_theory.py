@@ -53,7 +53,7 @@ def test_theory_cli(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_gamma_lists() -> None:
-    from specdecode.bench.cli import parse_gammas, parse_int_list
+    from specdecode.bench.flags import parse_gammas, parse_int_list
 
     assert parse_int_list("1-3,6", "--gammas") == [1, 2, 3, 6]
     assert parse_gammas("2,auto") == ([2], True) and parse_gammas("auto") == ([], True)

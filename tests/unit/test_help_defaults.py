@@ -220,7 +220,7 @@ def _resolvers() -> dict[tuple[str, str], Callable[..., object]]:
 
 def _read(claim: Claim, actual: Any) -> bool:
     """Whether the claim says ``actual``, reading lists and γ ranges with the bench's own parsers."""
-    from specdecode.bench.cli import parse_gammas, parse_int_list
+    from specdecode.bench.flags import parse_gammas, parse_int_list
 
     if claim.command == "bench" and claim.dest == "gammas":
         return parse_gammas(claim.text) == parse_gammas(str(actual))

@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config import ConfigError
+
 CHILD = "import sys; sys.path.insert(0, sys.argv.pop(1)); from specdecode.cli import main; sys.exit(main())"
 
 
@@ -106,8 +108,6 @@ def format_table(rows: list[dict[str, Any]], rev: str) -> str:
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
-
     bench_args = list(args.bench_args)
     if bench_args[:1] == ["--"]:
         bench_args = bench_args[1:]

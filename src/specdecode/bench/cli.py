@@ -19,7 +19,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import numpy
+import torch
+from tqdm import tqdm
+
+from .. import __version__
+from ..cli import model_loader, parse_draft_vocab, resolve_draft_path, resolve_target
 from ..config import ConfigError, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
+from ..drafters.registry import (REGISTRY, DrafterOptions, add_drafter_args, artifacts_from_args, options_from_args,
+                                 with_defaults)
+from ..models.loading import resolve_model_path
+from ..sizing.book import cpu_name
+from ..sizing.costs import measure_costs
+from . import llamacpp, llamacpp_gguf
+from .flags import parse_gammas, parse_int_list, parse_per_category
+from .ours import OursMethod, baseline_family
+from .real import REAL_PER_CATEGORY, prepare_real_prompts
+from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
+from .runners import BenchContext, build_methods, default_methods, method_table, run_all, warm_up
+from .subcommands import add_subcommands as add_bench_subcommands
+from .theory_cli import add_parser as add_theory_parser
+from .workloads import load_workloads, resolve_workload, select, stop_at_eos
 
 QUICK_HELP = ("smoke run in under 2 minutes: 1 prompt per category, 32-token budgets, γ in {2,4}, 2 repetitions, "
               "1 thread unless --threads")
@@ -42,53 +62,7 @@ QUICK = Defaults(gammas="2,4", lookup_tokens="4", peer_gammas="4", reps=2, per_c
                  max_new_tokens=32, cost_repeats=5)
 
 
-def parse_gammas(text: str) -> tuple[list[int], bool]:
-    """--gammas: a list as for parse_int_list, optionally with 'auto' (γ chosen by the cost model)."""
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    auto = "auto" in parts
-    rest = ",".join(x for x in parts if x != "auto")
-    return (parse_int_list(rest, "--gammas") if rest else []), auto
-
-
-def parse_int_list(text: str, what: str) -> list[int]:
-    """'1-8', '2,4,8' or '1-3,6' -> sorted distinct positive ints."""
-    out: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-    except ValueError:
-        raise ConfigError(f"{what} must look like 1-8 or 2,4,8; got {text!r}") from None
-    if not out or min(out) < 1:
-        raise ConfigError(f"{what} must list positive integers, got {text!r}")
-    return sorted(out)
-
-
-def parse_per_category(text: str) -> int:
-    """--per-category: a positive count, or 'all' (0: every prompt, where a workload has a default)."""
-    if text.strip().lower() == "all":
-        return 0
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or 'all', got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 or 'all', got {n}")
-    return n
-
-
 def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from ..cli import parse_draft_vocab
-    from ..drafters.registry import REGISTRY as DRAFTERS
-    from ..drafters.registry import add_drafter_args
-    from .runners import default_methods, method_table
-
     b = sub.add_parser("bench", help="benchmark speculative decoding against plain decoding and transformers",
                        description="Run plain decoding, draft-model speculation (γ swept) and prompt lookup in "
                                    "our runtime, and transformers' generate as the peer, on the same prompts; "
@@ -98,7 +72,7 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                        allow_abbrev=False)
     b.add_argument("--target", help="target model directory (default: bundled models/code-target)")
     b.add_argument("--draft", help="draft model directory (default: bundled models/code-draft)")
-    for spec in DRAFTERS.values():  # a drafter taking a draft with its own tokenizer: that draft, beside --draft
+    for spec in REGISTRY.values():  # a drafter taking a draft with its own tokenizer: that draft, beside --draft
         if spec.own_tokenizer:
             b.add_argument(f"--{spec.name}-draft", dest=own_draft_dest(spec.name),
                            help=f"draft with its own tokenizer for the {spec.name} methods (default: --draft)")
@@ -152,11 +126,7 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--quick", action="store_true", help=QUICK_HELP)
     b.set_defaults(func=cmd_bench)
-    from .subcommands import add_subcommands as add_bench_subcommands  # `bench costs`, `bench load`, ...
-
     add_bench_subcommands(b)
-
-    from .theory_cli import add_parser as add_theory_parser  # `specdecode theory`: no model needed
 
     add_theory_parser(sub)
 
@@ -192,15 +162,10 @@ def _git_commit() -> Optional[str]:
 
 
 def _versions() -> dict[str, Optional[str]]:
-    import numpy
-    import torch
-
-    import specdecode
-
     out: dict[str, Optional[str]] = {"python": platform.python_version(), "torch": torch.__version__,
-                                     "numpy": numpy.__version__, "specdecode": specdecode.__version__}
+                                     "numpy": numpy.__version__, "specdecode": __version__}
     try:
-        import transformers
+        import transformers  # lazy: an optional peer (~1 s to import), read only for its version
 
         out["transformers"] = transformers.__version__
     except ImportError:
@@ -226,9 +191,6 @@ class BenchSettings:
 
 def resolve_settings(args: argparse.Namespace) -> BenchSettings:
     """Fail on a bad flag before a minute is spent loading models."""
-    from .ours import baseline_family
-    from .runners import method_table
-
     table = method_table()
     d = QUICK if args.quick else FULL
     families = [f.strip() for f in args.methods.split(",") if f.strip()]
@@ -264,8 +226,6 @@ def resolve_settings(args: argparse.Namespace) -> BenchSettings:
 
 def _per_category(args: argparse.Namespace, d: Defaults) -> Optional[int]:
     """--per-category, 'all' (0) meaning every prompt; the real workload's default keeps a full run in hours."""
-    from .real import REAL_PER_CATEGORY
-
     if args.per_category is not None:
         return args.per_category or None
     if d is FULL and getattr(args, "workload", None) == "real":
@@ -285,9 +245,6 @@ def adaptive_threads() -> int:
 
 def ours_look_up(families: Sequence[str]) -> bool:
     """Whether one of our methods sweeps --lookup-tokens (then llama.cpp's lookup decoding runs beside it)."""
-    from .ours import OursMethod
-    from .runners import method_table
-
     table = method_table()
     return any(table[f].sweep == "lookup_tokens" and table[f].runtime == OursMethod.runtime for f in families)
 
@@ -298,23 +255,17 @@ def own_draft_dest(drafter: str) -> str:
 
 def own_drafts(args: argparse.Namespace, load: Any) -> dict[str, Any]:
     """Each own-tokenizer drafter's --<name>-draft model, loaded (absent: it takes --draft)."""
-    from ..drafters.registry import REGISTRY
-
     paths = {n: getattr(args, own_draft_dest(n), None) for n, s in REGISTRY.items() if s.own_tokenizer}
     return {n: load(p) for n, p in paths.items() if p}
 
 
 def _draft_families() -> set[str]:
     """The bench families of drafters that need a draft model."""
-    from ..drafters.registry import REGISTRY
-
     return {v.family for s in REGISTRY.values() if s.needs_draft_model for v in s.bench}
 
 
 def _peer_source(target: str) -> Path:
     """What --target names on disk (a catalogued name resolves to its GGUF), for choosing llama.cpp's formats."""
-    from ..models.loading import resolve_model_path
-
     try:
         return resolve_model_path(target)
     except Exception:  # loading the target reports it properly a moment later
@@ -322,20 +273,8 @@ def _peer_source(target: str) -> Path:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..cli import model_loader, resolve_draft_path, resolve_target
-    from ..drafters.registry import DrafterOptions, artifacts_from_args, options_from_args, with_defaults
-    from ..sizing.costs import cpu_name, measure_costs
-    from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
-    from .real import prepare_real_prompts
-    from .runners import BenchContext, build_methods, method_table, run_all, warm_up
-    from .workloads import load_workloads, resolve_workload, select, stop_at_eos
-
     started = time.time()
     st = resolve_settings(args)
-    from . import llamacpp
-
     peer_build = llamacpp.locate(args.llama_cpp) if args.llama_cpp else None  # a bad path fails before loading
     gammas, lookup_tokens, peer_gammas, reps = st.gammas, st.lookup_tokens, st.peer_gammas, st.reps
     sampling = from_args(SamplingConfig, args)
@@ -353,8 +292,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target_path = resolve_target(args)
     # the bundled pair unless --target is given; then, for the draft methods, the one trained for it (drafters/model/)
     draft_path = resolve_draft_path(args, needed=not args.target, wanted=bool(set(families) & _draft_families()))
-    from . import llamacpp_gguf
-
     peer_source = str(_peer_source(target_path))  # checked before loading
     peer_formats = llamacpp_gguf.parse_formats(args.llama_cpp_formats or llamacpp_gguf.default_formats(peer_source),
                                                llamacpp_gguf.is_gguf_path(peer_source))
@@ -400,8 +337,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         per_method_rss[m.name] = _maxrss_mib()
     healthy = [m for m in methods if m.name not in {f.method for f in failures}]
     llamacpp.start_timed_runs(healthy)
-    from tqdm import tqdm
-
     with tqdm(total=len(healthy) * len(prompts) * reps, desc="bench", unit="run", file=sys.stderr,
               disable=args.no_progress) as bar:
         records, run_failures = run_all(healthy, prompts, reps, bar)

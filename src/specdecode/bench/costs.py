@@ -26,6 +26,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..cli import resolve_target
+from ..config import ConfigError
+from ..drafters.vocab import draft_vocab_for
+from ..kernels import fast_linear_available, set_kernel_isa, supported_isas
+from ..kernels.quant import load_quant_extension, quantize, set_quant_isa
+from ..models import load_model
+from ..sizing.costs import measure_costs
+from .flags import parse_int_list
+
 FORMATS = ("bf16", "int8", "int4")
 
 
@@ -55,12 +64,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 def _paths(fmt: str, wanted: Optional[list[str]]) -> list[str]:
     """This CPU's SIMD paths for ``fmt``'s kernel (or the wanted ones it has, 'auto' always)."""
     if fmt == "bf16":
-        from ..kernels import supported_isas
-
         have = [i for i in supported_isas() if i != "scalar"] or ["auto"]
     else:
-        from ..kernels.quant import load_quant_extension
-
         have = [i for i in load_quant_extension().supported_isas() if i != "scalar"] or ["auto"]
     if wanted is None:
         return have
@@ -69,13 +74,9 @@ def _paths(fmt: str, wanted: Optional[list[str]]) -> list[str]:
 
 def _set_path(fmt: str, isa: str) -> None:
     if fmt == "bf16":
-        from ..kernels import fast_linear_available, set_kernel_isa
-
         if fast_linear_available():
             set_kernel_isa(isa)
     else:
-        from ..kernels.quant import set_quant_isa
-
         set_quant_isa(isa)
 
 
@@ -86,8 +87,6 @@ def arithmetic_floor(macs: int, dim: int, fmt: str, isa: str, calls: int = 200, 
     Why: with no weight traffic left, what a further row costs is its integer dot products, their
     conversions and scaling; a pass over n rows does n rows of that, so n * floor / (one-token pass)
     bounds v(n) from below however well loads and arithmetic overlap."""
-    from ..kernels.quant import load_quant_extension, quantize
-
     ext = load_quant_extension()
     gen = torch.Generator().manual_seed(0)
     w = quantize(torch.randn(1024, dim, generator=gen) * 0.02, fmt)
@@ -112,10 +111,6 @@ def measure(target: str, formats: list[str], isas: Optional[list[str]], threads:
     """One row per (format, path, threads): median seconds of passes over 1..max_tokens new tokens and v(n)
     (with ``draft``: also its step's median seconds and c; with ``floor``: int8/int4 rows also give
     ``arithmetic_floor`` and the bound n * floor / one-token pass on v(n))."""
-    from ..sizing.costs import measure_costs
-    from ..drafters.vocab import draft_vocab_for
-    from ..models import load_model
-
     draft_model = load_model(draft) if draft else None
     cut = draft_vocab_for(draft_model) if draft_model is not None else None
     draft_head = cut.head if cut is not None else None
@@ -178,10 +173,6 @@ def format_table(rows: list[dict[str, Any]], max_tokens: int) -> str:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    from ..cli import resolve_target
-    from .cli import parse_int_list
-    from ..config import ConfigError
-
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad:

@@ -22,6 +22,10 @@ from typing import Any
 
 import torch
 
+from ..kernels.build import CFLAGS, LDFLAGS
+from ..kernels.quant import quantize
+from .flags import parse_int_list
+
 SOURCE = "src/specdecode/kernels/quant_linear.cpp"  # its path in the repository
 SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]  # per layer: (out, in)
 
@@ -44,9 +48,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 
 def _build(name: str, source: Path, build_dir: Path) -> Any:
-    import torch.utils.cpp_extension as cpp
-
-    from ..kernels.build import CFLAGS, LDFLAGS
+    import torch.utils.cpp_extension as cpp  # lazy: ~80 ms (setuptools), for this command alone
 
     build_dir.mkdir(parents=True, exist_ok=True)
     return cpp.load(name=name, sources=[str(source)], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
@@ -61,9 +63,6 @@ def _repo(given: str | None) -> Path:
 
 
 def cmd_kernel_ab(args: argparse.Namespace) -> int:
-    from ..kernels.quant import quantize
-    from .cli import parse_int_list
-
     torch.set_num_threads(args.threads)
     after_src = Path(__file__).resolve().parents[1] / "kernels" / "quant_linear.cpp"
     tmp = Path(tempfile.mkdtemp(prefix="quant-ab-"))

@@ -19,6 +19,11 @@ import time
 
 import torch
 
+from ..cache import KVCache
+from ..config import ConfigError
+from ..models import load_model
+from .flags import parse_int_list
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -36,11 +41,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 
 def cmd_kv_dtype(args: argparse.Namespace) -> int:
-    from ..cache import KVCache
-    from ..config import ConfigError
-    from ..models import load_model
-    from .cli import parse_int_list
-
     names = [n.strip() for n in args.kv.split(",") if n.strip()]
     if len(names) != 2 or any(n not in DTYPES for n in names):
         raise ConfigError(f"--kv: two of {', '.join(DTYPES)}, comma-separated; got {args.kv!r}")

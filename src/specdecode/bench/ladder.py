@@ -30,6 +30,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+import torch
+
+from ..models.gguf import _parse
+from ..models.loading import load_model, resolve_model_path
+from ..sizing.costs import measure_costs, predicted_speedup
+from .llamacpp import locate
+from .llamacpp_decode import _ours_child, theirs
 
 
 @dataclass(frozen=True)
@@ -75,9 +82,7 @@ def _tensors(s: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
 
 def write_f16(shape: Shape, tokenizer_gguf: Path, out: Path, seed: int = 0) -> None:
     """An F16 GGUF of ``shape`` with random weights, written a tensor at a time (never the whole model in memory)."""
-    import gguf
-
-    from ..models.gguf import _parse
+    import gguf  # lazy: the optional gguf package (~20 ms), for this command alone
 
     meta, _ = _parse(tokenizer_gguf)
     vocab = len(meta["tokenizer.ggml.tokens"])
@@ -159,11 +164,6 @@ def _theirs_cmd(bin_dir: Path, gguf: Path, threads: int) -> list[str]:
 def costs(target: str, draft: Optional[str], context: int, max_gamma: int = 8) -> dict[str, Any]:
     """v(1..max_gamma) of the target's verify pass and c of a draft model's step (the child side): the
     engine's own cost measurement (``sizing.costs.measure_costs``) after a ``context``-token prompt."""
-    import torch
-
-    from ..sizing.costs import measure_costs
-    from ..models.loading import load_model
-
     t = load_model(target)
     d = load_model(draft) if draft else None
     prompt = torch.randint(100, min(t.vocab_size, 30000), (context,), generator=torch.Generator().manual_seed(0))
@@ -174,8 +174,6 @@ def costs(target: str, draft: Optional[str], context: int, max_gamma: int = 8) -
 def predicted(c: float, v: list[float]) -> dict[str, dict[str, float]]:
     """The speedup the theory predicts (Leviathan et al.: E(α, γ) / (γc + v(γ)), the best γ of 1..len(v)) at
     α = 0.6, 0.7, 0.8: a prediction from measured costs, since random weights say nothing about α."""
-    from ..sizing.costs import predicted_speedup
-
     out = {}
     for alpha in (0.6, 0.7, 0.8):
         s, g = max((predicted_speedup(alpha, g, c, v[g - 1]), g) for g in range(1, len(v) + 1))
@@ -224,9 +222,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 def ladder_files(a: argparse.Namespace) -> list[tuple[str, str, Path]]:
     """(rung, format, file) for every rung and format, written and quantized when missing."""
-    from ..models.loading import resolve_model_path
-    from .llamacpp import locate
-
     build = locate(a.llama_cpp)
     tok = resolve_model_path(a.tokenizer_gguf)
     root = Path(a.dir)
@@ -249,9 +244,6 @@ def ladder_files(a: argparse.Namespace) -> list[tuple[str, str, Path]]:
 
 
 def cmd_ladder(a: argparse.Namespace) -> int:
-    from .llamacpp import locate
-    from .llamacpp_decode import _ours_child, theirs
-
     build = locate(a.llama_cpp)
     rows: list[dict[str, Any]] = []
     files = ladder_files(a)

@@ -42,6 +42,7 @@ from typing import Any, Optional, Sequence
 
 from ..config import ConfigError
 from ..models import Model
+from ..models.gguf import read_gguf
 from .llamacpp_parse import (LlamaCppError, LlamaCppSummaryLost, SpecResult, output_tail,
                              parse_llama_bench_json, parse_speculative)
 from .runners import Method, RunOutput
@@ -240,8 +241,6 @@ def _bos_rule(gguf: Path, eos_ids: Any) -> tuple[bool, frozenset[int]]:
     """(whether llama.cpp adds BOS to the prompt, the ids a leading one of ours may be) for ``gguf``."""
     meta: dict[str, Any] = {}
     try:
-        from ..models.gguf import read_gguf
-
         meta = read_gguf(gguf)[0].meta
     except Exception:  # no file (a stand-in in tests) or an architecture we do not load: the old rule
         pass

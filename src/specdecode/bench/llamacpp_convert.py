@@ -29,6 +29,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file, save_file
+
+from ..drafters.vocab import read_vocab_file
+
 GPT2_PRE = "gpt-2"
 # HF's ByteLevel regex, which tokenizers spells out when a Split step carries it explicitly.
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -96,10 +100,6 @@ def install_mapping(text_model_cls: type) -> None:
 def stage_vocab_cut(model_dir: Path, dest: Path) -> Path:
     """``model_dir`` itself without a cut, else a copy at ``dest`` whose untied output matrix is zero
     outside the cut (module doc)."""
-    from safetensors.torch import load_file, save_file
-
-    from ..drafters.vocab import read_vocab_file
-
     data = read_vocab_file(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     vocab = int(config["vocab_size"])

@@ -26,13 +26,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..engine import generate
+from ..models import load_model
+from .llamacpp import BENCH_BIN, locate
+
 
 def ours(gguf: str, threads: int, context: int, n: int) -> dict[str, Any]:
     """One timed run in this process (the child side)."""
-    import torch
-
     torch.set_num_threads(threads)
-    from specdecode import generate, load_model
 
     model = load_model(gguf)
     vocab = model.config.vocab_size
@@ -102,8 +105,6 @@ def run(a: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if a.child:
         print(json.dumps(ours(a.child, a.threads, a.context, a.n)))
         return 0
-    from .llamacpp import BENCH_BIN, locate
-
     if not a.llama_cpp or not a.gguf:
         ap.error("--llama-cpp and at least one --gguf are needed")
     bench = locate(a.llama_cpp).binary(BENCH_BIN)

@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 
 from ..config import ConfigError, SamplingConfig
 from ..models import Model
+from ..models.gguf import is_gguf, read_gguf
 from . import llamacpp as lc
 from .runners import Method, Skipped
 
@@ -36,23 +37,17 @@ REQUANT_FORMATS = ("bf16", "f16", "q8_0", "q4_0", "q4_0-pure")  # what we ask ll
 
 
 def is_gguf_path(path: str | Path) -> bool:
-    from ..models.gguf import is_gguf
-
     return is_gguf(path)
 
 
 def file_type(path: Path) -> str:
     """The GGUF's weight type, lower case (``q4_1``): the most common type of its layer matrices."""
-    from ..models.gguf import read_gguf
-
     ckpt, _ = read_gguf(path)
     kinds = Counter(t for n, t in ckpt.types.items() if n.startswith("model.layers.") and n.endswith("proj.weight"))
     return kinds.most_common(1)[0][0].lower() if kinds else "gguf"
 
 
 def gguf_meta(path: Path) -> dict[str, Any]:
-    from ..models.gguf import read_gguf
-
     return read_gguf(path)[0].meta
 
 

@@ -15,7 +15,7 @@ import torch
 
 from ..config import SamplingConfig
 from ..drafters.vocab import VocabSpec, draft_vocab_for
-from ..models import Model
+from ..models import Model, load_model
 from .stats import Step
 
 SWEEPS = ("none", "gammas", "lookup_tokens", "peer_gammas")
@@ -65,8 +65,6 @@ class BenchContext:
         """The checkpoint on eager PyTorch (``fast=False``: F.linear and the eager layer ops) with weight
         matrices in the compute dtype, loaded once; it runs beside the fast models in this process."""
         if path not in self._eager:
-            from ..models import load_model
-
             self._eager[path] = load_model(path, device=str(self.target.device), dtype=self.target.dtype,
                                            weight_dtype="same", fast=False)
         return self._eager[path]
@@ -89,7 +87,7 @@ class BenchContext:
             raise MethodUnavailable("no draft model (pass --draft DIR)")
         if path not in self._hf:
             try:
-                import transformers
+                import transformers  # lazy: the optional peer takes ~1 s to import
             except ImportError as e:
                 raise MethodUnavailable(f"transformers is not installed ({e}); pip install 'specdecode[bench]'") from e
             transformers.logging.set_verbosity_error()

@@ -17,15 +17,17 @@ import time
 from collections import Counter
 from typing import Any
 
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ..engine import generate
+from ..models import load_model
+
 PROMPT = "def fib(n):"
 
 
 def count_ops(target: Any, new_tokens: int) -> tuple[Counter[str], float]:
     """``aten::`` events by name, and wall seconds, of one greedy generate of ``new_tokens`` tokens."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from .. import generate
-
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(target, PROMPT, max_new_tokens=new_tokens, ignore_eos=True)
@@ -46,10 +48,6 @@ def per_step(target: Any, tokens: int) -> dict[str, Any]:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    import torch
-
-    from .. import load_model
-
     torch.set_num_threads(args.threads)
     target = load_model(args.target, dtype=args.dtype, weight_dtype=args.weight_dtype, fast=False,
                         fixed_rows=args.fixed_rows)

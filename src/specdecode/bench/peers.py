@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from ..config import SamplingConfig
+from ..drafters.registry import all_options
 from .methods import BenchContext, Method, MethodSpec, RunOutput
 
 PEER_NGRAM_OPTION = "ngram_max"  # our prompt lookup's option its peer matches (the longest n-gram)
@@ -87,8 +88,6 @@ def _hf_assisted_auto(ctx: BenchContext, setting: Optional[int]) -> Method:
 
 def _hf_lookup(ctx: BenchContext, setting: Optional[int]) -> Method:
     assert setting is not None
-    from ..drafters.registry import all_options
-
     ngram = ctx.options.get(PEER_NGRAM_OPTION, all_options()[PEER_NGRAM_OPTION].default)
     opts = HFOptions(prompt_lookup_num_tokens=setting, max_matching_ngram_size=int(ngram),  # type: ignore[call-overload]
                      sampling=ctx.sampling)

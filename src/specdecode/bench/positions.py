@@ -81,13 +81,17 @@ def format_output_position(summary: dict[str, Any]) -> str:
     return "\n\n".join(blocks)
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (the Agg backend: no display needed)."""
+    import matplotlib.pyplot  # lazy: matplotlib (~0.3 s) loads only when a bench draws its plots
+
+    matplotlib.use("Agg")  # a no-op once it is the backend: open figures stay open
+    return matplotlib.pyplot
+
+
 def plot_output_position(summary: dict[str, Any]) -> Any:
     """The figure: acceptance per bucket of output position, one line per drafting method, a panel per category."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cats = long_categories(summary) or [OVERALL]
     fig, axes = plt.subplots(1, len(cats), figsize=(5.6 * len(cats), 3.8), squeeze=False, sharey=True)
     for ax, cat in zip(axes[0], cats):

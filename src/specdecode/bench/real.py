@@ -34,6 +34,7 @@ from ..chat import ChatFormatter, TemplateTokens, chat_formatter
 from ..config import ConfigError
 from .real_documents import SUMMARIZE
 from .real_prompts import CHAT, EDIT, REASONING
+from .runners import prepare_prompts
 from .workloads import REAL_WORKLOAD, Workload, plain_chat, save_workloads
 
 if TYPE_CHECKING:
@@ -127,8 +128,6 @@ def prepare_real_prompts(workloads: Sequence[Workload], target: "Model", draft: 
 
     Returns the prompts in workload order and what the bench records about the template.
     """
-    from .runners import prepare_prompts
-
     chats = [w for w in workloads if w.messages]
     if not chats:
         return prepare_prompts(workloads, target, draft), {"chat_template": None}

@@ -41,10 +41,22 @@ import argparse
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+import torch
+
+from ..config import ConfigError, SamplingConfig, add_dataclass_args, from_args
+from ..draft import DraftContext
+from ..engine import generate
+from ..kernels import kernel_isa
+from ..kernels.quant import quant_isa
+from ..sampling import CoupledNoise
+from ..sizing.book import get_costs, target_spec
+from ..sizing.costs import MAX_GAMMA, Costs
+from ..sizing.gamma import resolve_gamma
+from ..verify import greedy_verify, greedy_verify_tree
 from .variants import PLAIN, add_variant_args, setup
 
 if TYPE_CHECKING:
@@ -71,8 +83,6 @@ class Trace:
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from ..config import SamplingConfig, add_dataclass_args
-
     p = sub.add_parser("replay", help="drafters replayed on the target's recorded answers (greedy, or sampled with "
                                       "a seed): exact τ and a predicted speedup from the cost table, without "
                                       "timing noise",
@@ -91,9 +101,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 def _identity(target: "Model") -> str:
     """What the recorded answers depend on: the model file, its weight format and the kernel paths."""
-    from ..kernels import kernel_isa
-    from ..kernels.quant import quant_isa
-
     return f"{target.path}|{target.weight_dtype}|{target.kv_dtype}|{quant_isa()}|{kernel_isa()}"
 
 
@@ -106,10 +113,6 @@ def _key(ids: Sequence[int], budget: int, sampling: "SamplingConfig") -> str:
 
 def replay_sampling(args: argparse.Namespace) -> "SamplingConfig":
     """The command's sampling settings; a sampled replay needs a seed (the coupled rule), 0 by default."""
-    from dataclasses import replace
-
-    from ..config import SamplingConfig, from_args
-
     sampling = from_args(SamplingConfig, args)
     if not sampling.greedy and sampling.seed is None:
         sampling = replace(sampling, seed=0)
@@ -122,9 +125,6 @@ def record(target: "Model", prompts: Sequence[Any], path: Optional[str],
     and a run verifies it against what the target would write there), greedy or by ``sampling`` (seeded:
     the coupled rule's draws), from ``path`` when it has them for this target, else decoded now (and
     written to ``path``)."""
-    from ..config import SamplingConfig
-    from ..engine import generate
-
     sampling = sampling or SamplingConfig()
     if not sampling.greedy and sampling.seed is None:
         raise ValueError("a sampled recording needs a seed: only the coupled rule's answers are every drafter's")
@@ -194,8 +194,6 @@ def teacher_forced(target: "Model", prompt: Sequence[int], answer: Sequence[int]
                    room: int = 0) -> States:
     """One pass over prompt + answer (but its last token), keeping the states and the KV cache (``room``
     slots more, for drafts past the answer's end) instead of the logits."""
-    import torch
-
     ids = list(prompt) + list(answer)
     cache = target.new_cache(1, len(ids) + room)
     x = torch.tensor([ids[:-1]], dtype=torch.long, device=target.device)
@@ -239,11 +237,6 @@ def replay_prompt(drafter: "BatchDrafter", prompt: Sequence[int], answer: Sequen
     A seeded sampled ``sampling`` (the recording's) hands the drafter the row's coupled noise over a
     ``vocab``-token vocabulary, as the core does; the greedy rule against the recording is then the
     coupled rule."""
-    from ..config import SamplingConfig
-    from ..draft import DraftContext
-    from ..sampling import CoupledNoise
-    from ..verify import greedy_verify, greedy_verify_tree
-
     sampling = sampling or SamplingConfig()
     noise = None
     if not sampling.greedy:
@@ -306,11 +299,6 @@ def step_cost(costs: "Costs", t1: float, nodes: int, draft_s: float) -> float:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
-    from ..sizing.book import get_costs, target_spec
-    from ..sizing.costs import MAX_GAMMA, Costs
-    from ..sizing.gamma import resolve_gamma
-
     run = setup(args)
     target, prompts = run.target, run.prompts
     drafters = {k: d for k, d in run.drafters.items() if k != PLAIN}

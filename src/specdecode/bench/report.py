@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 from ..sizing.costs import Costs, expected_tokens, predicted_speedup
 from ..drafters.registry import PAIRED_DEFAULT, PLAIN, get_spec
-from .positions import by_output_position, format_output_position, plot_output_position
+from .positions import by_output_position, format_output_position, plot_output_position, pyplot
 from .runners import Method, MethodFailure, PreparedPrompt, RunRecord, Skipped
 from .stats import Counts, counts_from_steps, first_mismatch, mean_std
 
@@ -294,12 +294,7 @@ def _series(summary: dict[str, Any], family: str, cat: str, key: str) -> tuple[l
 def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     """speedup_vs_gamma.png, tau_vs_theory.png, acceptance_by_position.png, acceptance_by_output_position.png
     (positions.py) (empty panels say why)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
+    plt = pyplot()
     cats = summary["categories"]
     paths = []
 
@@ -326,7 +321,7 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
             if sp1:
                 ax.axhline(sp1["mean"], linestyle=":", color=f"C{7 + i}", label=f"{m['name']} (no γ)")
         ax.axhline(1.0, color="black", linewidth=0.8, label="plain (ours) = 1")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_title(cat)
         ax.set_xlabel("γ (draft tokens per pass)")
     axes[0][0].set_ylabel("speedup over our plain decoding")
@@ -369,9 +364,7 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
 
 def _label(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
     """Title, axis labels (integer ticks on x: γ and positions are counts) and a legend for one panel."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(pyplot().MaxNLocator(integer=True))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -394,11 +387,9 @@ def _pooled_alpha(summary: dict[str, Any], family: str, cat: str) -> Optional[fl
 
 def _save(fig: Any, path: Path) -> Path:
     """Lay out, write and close a figure (closing frees it: a bench run draws several)."""
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 

@@ -30,6 +30,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
+from ..cli import model_loader, resolve_draft_path, resolve_target
+from ..config import ConfigError, ModelLoadConfig, add_dataclass_args, from_args
+from ..drafters.plugin import DrafterOptions
+from ..drafters.registry import (add_drafter_args, all_artifacts, artifacts_from_args, build_drafter, get_spec,
+                                 options_from_args)
+from ..engine import generate
+from ..sizing.gamma import parse_gamma
+from .flags import parse_per_category
+from .real import prepare_real_prompts
+from .workloads import load_workloads, resolve_workload, select
+
 PLAIN = "plain"
 
 
@@ -61,10 +74,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 def add_variant_args(p: argparse.ArgumentParser) -> None:
     """The variants, the models and the prompts: what ``variants`` and ``replay`` both take."""
-    from ..config import ModelLoadConfig, add_dataclass_args
-    from ..drafters.registry import add_drafter_args
-    from .cli import parse_per_category
-
     p.add_argument("variants", nargs="+", metavar="VARIANT",
                    help="NAME (a registered drafter) or NAME:key=value,... with keys from its options (the "
                         "--drafter NAME groups below)")
@@ -87,9 +96,6 @@ def add_variant_args(p: argparse.ArgumentParser) -> None:
 
 def parse_variant(text: str) -> Variant:
     """``NAME[:key=value,...]`` -> a Variant, each value parsed by the drafter's declared option."""
-    from ..config import ConfigError
-    from ..drafters.registry import all_artifacts, get_spec
-
     name, _, rest = text.partition(":")
     spec = get_spec(name.strip())
     declared = {o.key: o for o in spec.options}
@@ -126,16 +132,6 @@ class Setup:
 
 def setup(args: argparse.Namespace) -> Setup:
     """Load the models, build each variant's drafter (plain first) and render the prompts."""
-    import torch
-
-    from ..cli import model_loader, resolve_draft_path, resolve_target
-    from ..config import ModelLoadConfig, from_args
-    from ..drafters.plugin import DrafterOptions
-    from ..drafters.registry import artifacts_from_args, build_drafter, get_spec, options_from_args
-    from ..sizing.gamma import parse_gamma
-    from .real import prepare_real_prompts
-    from .workloads import load_workloads, resolve_workload, select
-
     variants = [parse_variant(v) for v in args.variants]
     torch.set_num_threads(args.threads)
     load = model_loader(from_args(ModelLoadConfig, args))
@@ -159,8 +155,6 @@ def setup(args: argparse.Namespace) -> Setup:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
-    from ..engine import generate
-
     run = setup(args)
     target, drafters, prompts = run.target, run.drafters, run.prompts
     ignore_eos = not args.stop_at_eos

@@ -9,12 +9,12 @@ from __future__ import annotations
 import sys
 import time
 
+from . import load_extension
+from .fused import load_fused_extension
+from .quant import QuantUnavailableError, load_quant_extension
+
 
 def main() -> int:
-    from . import load_extension
-    from .fused import load_fused_extension
-    from .quant import QuantUnavailableError, load_quant_extension
-
     def quant() -> object:
         try:
             return load_quant_extension()

@@ -52,12 +52,18 @@ def ninja_path() -> str:
     return str(own) if own.is_file() and os.access(own, os.X_OK) else (shutil.which("ninja") or "")
 
 
+def _cpp_extension() -> ModuleType:
+    """torch's C++ extension builder."""
+    from torch.utils import cpp_extension  # lazy: ~80 ms (setuptools), needed only to build or locate a kernel
+
+    return cpp_extension
+
+
 def toolchain(cflags: Sequence[str] = CFLAGS, ldflags: Sequence[str] = LDFLAGS) -> tuple[str, ...]:
     """What reaches the build's command lines besides the source: compiler, flags, torch's version,
     install path, include and library paths, its C++ ABI, and Python's version and include path.
     Each differs between two environments on one machine whenever their binaries would."""
-    from torch.utils import cpp_extension as ext
-
+    ext = _cpp_extension()
     try:
         includes = ext.include_paths("cpu")
     except TypeError:  # torch < 2.4: include_paths(cuda=False)
@@ -208,9 +214,7 @@ def _build(name: str, source: Path, loader: Optional[Loader]) -> ModuleType:
 def _forget_build(name: str) -> None:
     """Make torch's next ``load`` of ``name`` run the build: it skips the build step for an extension this
     process has already loaded (or tried to) with the same sources and flags."""
-    from torch.utils import cpp_extension
-
-    entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+    entries = getattr(getattr(_cpp_extension(), "JIT_EXTENSION_VERSIONER", None), "entries", None)
     if isinstance(entries, dict):
         entries.pop(name, None)
 
@@ -218,9 +222,7 @@ def _forget_build(name: str) -> None:
 def _load(name: str, source: Path, directory: Path, loader: Optional[Loader], fresh: bool) -> ModuleType:
     """torch's ``load`` into ``directory``, quietly, with this environment's ninja first on PATH."""
     if loader is None:
-        from torch.utils.cpp_extension import load
-
-        loader = load
+        loader = _cpp_extension().load
     if fresh:
         logger.info("compiling %s into %s (first use of this source only)", source.name, directory)
     t0 = time.perf_counter()
