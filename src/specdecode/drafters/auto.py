@@ -38,16 +38,18 @@ records auto as the request's ``chooser``, never as a source beside its members.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import statistics
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
 from ..sizing.book import get_costs, target_spec
 from ..sizing.costs import MAX_GAMMA, Costs, cost_clock, expected_tokens
+from ..sizing.estimate import Estimate, ProbeSchedule
 from ..sizing.policy import SPECULATION_MARGIN, RowEvidence
 from ..draft import Draft, DraftContext
 from .base import Acceptance, BatchDrafter, Gamma, RowZeroAdapter
@@ -61,10 +63,13 @@ CHEAP = 0.1  # a self-sizing member costing less than this share of a target pas
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.75, 6.0  # a member's α before evidence: optimistic, worth a few steps (exploration)
 COST_SAMPLES = 9  # a member's cost c is the median of its last this many proposals (one-offs do not move it)
 OPTIMISTIC = 3.0  # a self-sizing member's rate before it has drafted (so each is tried once)
-RATE_EMA = 0.1  # weight of one step in a member's realised rate
+RATE_EMA = 0.1  # least weight of one step in a member's realised rate (its memory: 1 / RATE_EMA steps)
 PROBE_FIRST, PROBE_MAX = 32, 1024  # steps before a losing dear self-sizing member is tried again (doubling)
 PROBE_WEIGHT = 0.3  # weight of a probe's step in that member's rate (news after a long pause)
 log = logging.getLogger(__name__)
+# a realised rate: OPTIMISTIC worth one step (so each member is tried), then each step weighs ≥ RATE_EMA
+_rate = functools.partial(Estimate, OPTIMISTIC, 1.0, 1.0 / RATE_EMA - 1.0, forgets_prior=True)
+_probes = functools.partial(ProbeSchedule, PROBE_FIRST, 2, PROBE_MAX)
 
 
 @dataclasses.dataclass
@@ -74,26 +79,38 @@ class Member:
     name: str
     drafter: BatchDrafter
     costs: Costs | None = None  # offline c and v(γ) (chain drafters); None: it sizes its own drafts
-    rate: float = OPTIMISTIC  # realised speedup per step it drafted (self-sizing members)
+    rates: Estimate = dataclasses.field(default_factory=_rate)  # realised speedup per step drafted (self-sizing)
     sampled: bool = False  # it was seen proposing sampled drafts: never chosen by content
     steps: int = 0  # steps it drafted (the first few weigh more: the optimistic start is one observation)
     samples: deque = dataclasses.field(default_factory=lambda: deque(maxlen=COST_SAMPLES))  # recent costs
     c: float = 0.0  # measured cost per row and step it follows, in one-token target passes
     accepted: int = 0  # accepted draft tokens, all rows and requests (for /health and tests)
-    idle: int = 0  # steps since it last drafted (dear self-sizing members)
-    interval: int = PROBE_FIRST  # steps of idleness before its next probe (doubles per losing probe)
+    probes: ProbeSchedule = dataclasses.field(default_factory=_probes)  # when a losing dear member is tried again
     probing: bool = False  # this step's drafts are a probe
     # per row, its request's own evidence: what its drafts are valued by, so that no request inherits another's
     # verdict (junk requests before it, all rejections, would otherwise set what a new request tries: issue 49)
     evidence: dict[int, RowEvidence] = dataclasses.field(default_factory=dict)  # α (the history a bounded prior)
-    row_rates: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)  # (rate, steps), self-sizing
+    row_rates: dict[int, Estimate] = dataclasses.field(default_factory=lambda: defaultdict(_rate))  # self-sizing
 
     @property
     def alpha(self) -> float:
         """The member's running acceptance with an optimistic prior, so one unlucky step does not
         rule out a member that is then never tried again."""
-        a = self.drafter.acceptance
-        return (a.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (a.evaluated + PRIOR_WEIGHT)
+        return self.drafter.acceptance.estimate.mean_with(PRIOR_ALPHA, PRIOR_WEIGHT)
+
+    @property
+    def rate(self) -> float:
+        """Realised speedup per step it drafted, across requests (the order members are asked in)."""
+        return self.rates.mean
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        self.rates.set_mean(value)
+
+    @property
+    def interval(self) -> float:
+        """Idle steps before its next probe."""
+        return self.probes.gap
 
     def row_evidence(self, row: int) -> RowEvidence:
         ev = self.evidence.get(row)
@@ -104,7 +121,7 @@ class Member:
     def rate_at(self, row: int) -> float:
         """A self-sizing member's realised rate in this row's request: optimistic until it drafts here,
         as on a fresh server."""
-        return self.row_rates.get(row, (OPTIMISTIC, 0))[0]
+        return self.row_rates[row].mean if row in self.row_rates else OPTIMISTIC
 
     def drop_row(self, row: int) -> None:
         self.evidence.pop(row, None)
@@ -136,7 +153,7 @@ class Member:
     @property
     def probe_due(self) -> bool:
         """A losing self-sizing member is tried again after ``interval`` idle steps."""
-        return self.costs is None and self.steps > 0 and self.idle >= self.interval
+        return self.costs is None and self.steps > 0 and self.probes.due()
 
 
 class AutoDrafter(RowZeroAdapter):
@@ -268,11 +285,9 @@ class AutoDrafter(RowZeroAdapter):
         """One step's realised speedup into a self-sizing member's running rate, across requests (the order
         members are asked in, probes) and in this row's request (whether its rows are asked)."""
         m.steps += 1
-        weight = max(RATE_EMA, 1.0 / (m.steps + 1), PROBE_WEIGHT if m.probing else 0.0)
-        m.rate += weight * (sample - m.rate)
-        rate, steps = m.row_rates.get(row, (OPTIMISTIC, 0))
-        weight = max(RATE_EMA, 1.0 / (steps + 2), PROBE_WEIGHT if m.probing else 0.0)
-        m.row_rates[row] = (rate + weight * (sample - rate), steps + 1)
+        share = PROBE_WEIGHT if m.probing else 0.0
+        m.rates.add(sample, share=share)
+        m.row_rates[row].add(sample, share=share)
 
     # -- drafting ------------------------------------------------------------------------------------
     def _call(self, m: Member, contexts: Mapping[int, DraftContext], g: int) -> dict[int, Draft]:
@@ -337,7 +352,7 @@ class AutoDrafter(RowZeroAdapter):
             raise RuntimeError("AutoDrafter.prepare_rows(target, ...) must be called before proposing")
         for m in self.members:
             m.drafter.acceptance.fade()
-            m.idle += 1
+            m.probes.plain()
             m.probing = False
         for r in contexts:
             self._pending.pop(r, None)
@@ -370,11 +385,11 @@ class AutoDrafter(RowZeroAdapter):
             if not rows:
                 continue
             longest = max(c.max_tokens for c in rows.values())
-            if probe:  # a losing member's probe: wait twice as long for the next unless it now wins
+            if probe:  # a losing member's probe (asked, whether it then drafts or declines): the next waits longer
                 m.probing = True
-                m.interval = min(PROBE_MAX, 2 * m.interval)
+                m.probes.grow()
             elif m.costs is None:
-                m.interval = PROBE_FIRST  # chosen on its own merit
+                m.probes.restart()  # chosen on its own merit
             after = max((x[0][0] for x in ranked[k + 1:] if x[0][1] > 0), default=0.0)
             got = self._call(m, rows, longest)
             if m.costs is None:
@@ -397,7 +412,7 @@ class AutoDrafter(RowZeroAdapter):
         for r, (_, winner) in best.items():
             if winner is not None:
                 out[r].source = winner.name
-                winner.idle = 0
+                winner.probes.drafted()
                 self._pending[r] = (winner, len(out[r].tokens))
         return out
 

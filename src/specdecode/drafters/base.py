@@ -19,6 +19,7 @@ import torch
 
 from ..config import ConfigError
 from ..draft import Draft, DraftContext
+from ..sizing.estimate import Estimate, judged
 from ..sizing.gamma import Gamma
 
 if TYPE_CHECKING:
@@ -53,10 +54,8 @@ class Acceptance:
                  half_life: float = 4096.0) -> None:
         if memory <= 0 or half_life <= 0:
             raise ValueError("memory and half_life must be positive")
-        self.prior_alpha, self.prior_weight, self.memory = prior_alpha, prior_weight, memory
+        self.estimate = Estimate(prior_alpha, prior_weight, memory)  # a kept prior: a floor of sanity
         self._fade = 0.5 ** (1.0 / half_life)
-        self.accepted = 0.0
-        self.evaluated = 0.0
         self._last = 1  # the previous step's draft length (a drafter's first step counts as drafting)
 
     def mark(self, length: int) -> bool:
@@ -67,21 +66,26 @@ class Acceptance:
 
     @property
     def alpha(self) -> float:
-        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.evaluated + self.prior_weight)
+        return self.estimate.mean
+
+    @property
+    def accepted(self) -> float:
+        return self.estimate.hits
+
+    @property
+    def evaluated(self) -> float:
+        return self.estimate.trials
+
+    @property
+    def memory(self) -> float:
+        return self.estimate.memory
 
     def fade(self) -> None:
-        self.accepted *= self._fade
-        self.evaluated *= self._fade
+        self.estimate.fade(self._fade)
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
-        if n_drafted == 0:
-            return
-        self.accepted += n_accepted
-        self.evaluated += n_accepted + (1 if n_accepted < n_drafted else 0)
-        if self.evaluated > self.memory:
-            keep = self.memory / self.evaluated
-            self.accepted *= keep
-            self.evaluated *= keep
+        if n_drafted:
+            self.estimate.add(n_accepted, judged(n_drafted, n_accepted))
 
 
 @runtime_checkable

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..sizing.book import get_costs
 from ..sizing.costs import Costs
+from ..sizing.estimate import Estimate
 from ..sizing.policy import MIN_DELTA_C
 from ..sizing.live import FOLLOW, StepTimings, differ, live_v, unit_seconds
 from .tree_steps import measured_tree_extra
@@ -51,29 +52,26 @@ class EdgeCalibration:
 
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets
-        self.accepted = [[0.0] * buckets for _ in range(2)]  # [first child?][bucket]
-        self.judged = [[0.0] * buckets for _ in range(2)]
+        # [first child?][bucket]; the prior is read at the node's own p (``rate``), the bucket's middle is a label
+        self.table = [[Estimate((b + 0.5) / buckets, CALIB_PRIOR, CALIB_MEMORY) for b in range(buckets)]
+                      for _ in range(2)]
 
     def _bucket(self, p: float) -> int:
         return min(self.buckets - 1, max(0, int(p * self.buckets)))
 
     def rate(self, p: float, first: bool = True) -> float:
-        b, k = self._bucket(p), int(first)
-        return min(1.0, (self.accepted[k][b] + CALIB_PRIOR * p) / (self.judged[k][b] + CALIB_PRIOR))
+        return min(1.0, self.table[int(first)][self._bucket(p)].mean_with(p, CALIB_PRIOR))
 
     def observe(self, p: float, ok: bool, first: bool = True) -> None:
-        b, k = self._bucket(p), int(first)
-        acc, judged = self.accepted[k], self.judged[k]
-        acc[b] += float(ok)
-        judged[b] += 1.0
-        if judged[b] > CALIB_MEMORY:
-            keep = CALIB_MEMORY / judged[b]
-            acc[b] *= keep
-            judged[b] *= keep
+        self.table[int(first)][self._bucket(p)].add(float(ok))
+
+    @property
+    def accepted(self) -> list[list[float]]:
+        return [[e.hits for e in side] for side in self.table]
 
     @property
     def observations(self) -> float:
-        return sum(map(sum, self.judged))
+        return sum(e.trials for side in self.table for e in side)
 
     def observe_tree(self, written: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
                      probs: Sequence[float]) -> None:

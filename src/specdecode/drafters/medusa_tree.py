@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 
 from ..config import ConfigError
 from ..sizing.costs import Costs
+from ..sizing.estimate import Estimate
 from ..sizing.policy import SPECULATION_MARGIN
 
 MAX_NODES = 63  # the pending token plus 63 nodes = 64 new tokens, the fused path's tree-mask limit
@@ -22,38 +23,42 @@ MEMORY = 2000.0  # observations per depth the running estimate remembers
 class RankAcceptance:
     """p[d][r]: the chance that head d + 1's rank-r candidate is the target's token, given every
     earlier head had the target's token among its top ``ranks``. A prior worth ``prior_weight``
-    observations, then counts over about the last ``memory`` observations per depth."""
+    observations, then counts over about the last ``memory`` observations per depth. The held-out
+    table is a starting guess the live counts replace (a forgotten prior); every rank at a depth sees
+    every observation there, so their trials, and so their rescaling, stay equal."""
 
     def __init__(self, depth: int, ranks: int = RANKS, prior: Optional[Sequence[Sequence[float]]] = None,
                  prior_weight: float = PRIOR_WEIGHT, memory: float = MEMORY) -> None:
         self.depth, self.ranks, self.memory = depth, ranks, memory
         base = [list(prior[d][:ranks]) + [0.0] * (ranks - len(prior[d][:ranks])) if prior is not None and d < len(prior)
                 else [0.4 * 0.5 ** r for r in range(ranks)] for d in range(depth)]  # a modest guess without a table
-        self.counts = [[prior_weight * p for p in row] for row in base]
-        self.totals = [prior_weight] * depth
+        self.p = [[Estimate(q, prior_weight, memory, forgets_prior=True) for q in row] for row in base]
         self.version = 0
 
     def observe(self, ranks: Sequence[int]) -> None:
         """One position: the rank of the true token in each head's list (``self.ranks`` = not listed)."""
         for d, r in enumerate(ranks[: self.depth]):
-            if r < self.ranks:
-                self.counts[d][r] += 1.0
-            self.totals[d] += 1.0
-            if self.totals[d] > self.memory:
-                keep = self.memory / self.totals[d]
-                self.counts[d] = [c * keep for c in self.counts[d]]
-                self.totals[d] = self.memory
+            for k, est in enumerate(self.p[d]):
+                est.add(1.0 if k == r else 0.0)
             if r >= self.ranks:
                 break  # deeper heads only count while the path was coverable
         self.version += 1
 
+    @property
+    def counts(self) -> list[list[float]]:
+        return [[e.hits for e in row] for row in self.p]
+
+    @property
+    def totals(self) -> list[float]:
+        return [row[0].trials if row else 0.0 for row in self.p]
+
     def table(self) -> list[list[float]]:
         """p[d][r], made non-increasing in r (a lower-ranked candidate is never counted as likelier)."""
         out = []
-        for row, total in zip(self.counts, self.totals):
+        for row in self.p:
             p, best = [], 1.0
-            for c in row:
-                best = min(best, c / total)
+            for est in row:
+                best = min(best, est.mean)
                 p.append(best)
             out.append(p)
         return out

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from ..config import ConfigError
 from ..sizing.book import get_costs, target_spec
 from ..sizing.costs import Costs, cost_clock, expected_tokens
+from ..sizing.estimate import Estimate
 from ..sizing.policy import SPECULATION_MARGIN
 from ..draft import Draft, DraftContext
 from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
@@ -123,8 +124,9 @@ class SuffixDrafter(RowZeroAdapter):
         self._costs, self._costs_fixed = costs, costs is not None
         self._stored = Stored(None)  # what the target's cost cache file holds
         self._rows: dict[int, _RowState] = {}
-        # [accepted, examined depths] per match-length bucket: the live text's, then the datastore's
-        self._conf = [[q * CONF_WEIGHT, CONF_WEIGHT] for q in CONF_PRIOR + CONF_PRIOR]
+        # q per match-length bucket (accepted over examined depths): the live text's, then the datastore's; the
+        # prior is a starting guess the evidence replaces
+        self._conf = [Estimate(q, CONF_WEIGHT, CONF_MEMORY, forgets_prior=True) for q in CONF_PRIOR + CONF_PRIOR]
         self.store_dir = store
         self.store: StoreIndex | SuffixIndex | None = None  # loaded with the target (its vocabulary is checked)
         self._c = 0.0  # the drafter's own cost per row and step, in one-token target passes
@@ -193,25 +195,16 @@ class SuffixDrafter(RowZeroAdapter):
         if st.chain is not None and n_accepted:  # index them now: a request's last step is seen nowhere else
             self._index(st, st.chain[:n_accepted])
             st.chain = None
-        acc = self._conf[b]
-        acc[0] += n_accepted
-        acc[1] += sum(per_depth[:n_accepted + 1])
-        if acc[1] > CONF_MEMORY:
-            keep = CONF_MEMORY / acc[1]
-            acc[0] *= keep
-            acc[1] *= keep
+        self._conf[b].add(n_accepted, sum(per_depth[:n_accepted + 1]))
 
     def _age(self, b: int) -> None:
         """A match not drafted on: slot ``b``'s evidence ages toward the prior (``IDLE_AGE``)."""
-        acc = self._conf[b]
-        acc[0] += IDLE_AGE * (CONF_PRIOR[b % len(BUCKETS)] * CONF_WEIGHT - acc[0])
-        acc[1] += IDLE_AGE * (CONF_WEIGHT - acc[1])
+        self._conf[b].age(IDLE_AGE)
 
     def conf(self, match_len: int, stored: bool = False) -> float:
         """q: the chance that a depth of this match length's tree is accepted, given its parent was
         (``stored``: a match in the datastore)."""
-        a, p = self._conf[_slot(match_len, stored)]
-        return min(Q_MAX, max(0.02, a / p))
+        return min(Q_MAX, max(0.02, self._conf[_slot(match_len, stored)].mean))
 
     def _sync(self, row: int, tokens: list[int]) -> _RowState:
         st = self._rows.get(row)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Protocol, Sequence
 
 from .costs import MAX_GAMMA, Costs, expected_tokens, plausible
+from .estimate import Estimate, ProbeSchedule, judged
 
 SPECULATION_MARGIN = 1.08  # predicted tokens/s over plain decoding needed before speculating
 ALPHA_BUCKETS = 1024  # α resolution of the memoised single-row choice
@@ -49,62 +50,76 @@ MIN_DELTA_C = 0.02  # |c live − c offline| below this never counts as a disagr
 class History(Protocol):
     """What a row reads of its drafter's evidence (``drafters.base.Acceptance``)."""
 
-    prior_alpha: float
-    prior_weight: float
-    accepted: float
-    evaluated: float
+    estimate: Estimate
 
 
 class RowEvidence:
     """One row's acceptance estimate and its probe schedule.
 
-    α = (accepted + prior) / (judged + prior weight), judged = accepted tokens plus the one rejected
-    per step (the maximum-likelihood estimate for i.i.d. acceptance) over about the last ``memory``
-    judged tokens. The prior is the drafter's own (``prior_alpha`` at ``prior_weight``; ``prior``: the
-    reader's own instead, e.g. auto's optimistic one) plus its history across requests at weight ≤
-    ``HISTORY_WEIGHT``: a prior, never a verdict, so junk requests before this one barely move it."""
+    α = accepted / judged, judged = accepted tokens plus the one rejected per step (the
+    maximum-likelihood estimate for i.i.d. acceptance) over about the last ``memory`` judged tokens,
+    started from a prior worth the prior's weight that the row's own evidence then replaces. The prior
+    is the drafter's own (its α prior and weight; ``prior``: the reader's own instead, e.g. auto's
+    optimistic one) plus its history across requests at weight ≤ ``HISTORY_WEIGHT``: a prior, never a
+    verdict, so junk requests before this one barely move it."""
 
-    __slots__ = ("accepted", "evaluated", "fresh_alpha", "memory", "plain", "gap", "started")
+    __slots__ = ("estimate", "fresh_alpha", "probes")
 
     def __init__(self, history: History, memory: float = 100.0, prior: Optional[tuple[float, float]] = None) -> None:
-        alpha0, weight0 = prior if prior is not None else (history.prior_alpha, history.prior_weight)
-        w = min(HISTORY_WEIGHT, history.evaluated)
-        past = history.accepted / history.evaluated if history.evaluated > 0 else 0.0
+        past = history.estimate
+        alpha0, weight0 = prior if prior is not None else (past.prior, past.weight)
+        w = min(HISTORY_WEIGHT, past.trials)
+        seen = past.hits / past.trials if past.trials > 0 else 0.0
         self.fresh_alpha = alpha0
-        mean = (alpha0 * weight0 + past * w) / (weight0 + w)
-        self.accepted = mean * weight0  # a fresh row's confidence; only the mean moves
-        self.evaluated = weight0
-        self.memory = memory
-        self.plain = 0  # plain passes since the row last drafted
-        self.gap = PROBE_GAPS[0]
-        self.started = False  # drafted at least once in this request
+        # a fresh row's confidence is the prior's weight; the history only moves its mean
+        self.estimate = Estimate((alpha0 * weight0 + seen * w) / (weight0 + w), weight0, memory, forgets_prior=True)
+        self.probes = ProbeSchedule(PROBE_GAPS[0], PROBE_GAPS[1], at_start=True)
 
     @property
     def alpha(self) -> float:
-        return self.accepted / self.evaluated if self.evaluated > 0 else self.fresh_alpha
+        return self.estimate.mean
 
     def update(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
-            return
-        self.accepted += accepted
-        self.evaluated += accepted + (1 if accepted < drafted else 0)
-        if self.evaluated > self.memory:
-            keep = self.memory / self.evaluated
-            self.accepted *= keep
-            self.evaluated *= keep
+        if drafted:
+            self.estimate.add(accepted, judged(drafted, accepted))
 
     def probe_due(self) -> bool:
         """Whether a plain pass for this row should be a probe instead (its schedule, not another's)."""
-        return not self.started or self.plain >= self.gap
+        return self.probes.due()
 
     def step(self, drafted: int, probe: bool) -> None:
         """Record this pass's draft length; ``probe``: the schedule, not the policy, made it draft."""
         if drafted > 0:
-            if probe and self.started:
-                self.gap *= PROBE_GAPS[1]
-            self.started, self.plain = True, 0
+            self.probes.drafted(probe)
         else:
-            self.plain += 1
+            self.probes.plain()
+
+    # views by the names the core and tests use
+    @property
+    def plain(self) -> int:
+        """Plain passes since the row last drafted."""
+        return self.probes.idle
+
+    @property
+    def started(self) -> bool:
+        """Drafted at least once in this request."""
+        return self.probes.started
+
+    @started.setter
+    def started(self, value: bool) -> None:
+        self.probes.started = value
+
+    @property
+    def accepted(self) -> float:
+        return self.estimate.hits
+
+    @property
+    def evaluated(self) -> float:
+        return self.estimate.trials
+
+    @evaluated.setter
+    def evaluated(self, value: float) -> None:
+        self.estimate.trials = value
 
 
 class Timings:
