@@ -94,7 +94,8 @@ def test_a_calibration_that_read_low_recovers(tiny_dirs: dict[str, Path], age: b
     drafter = SuffixDrafter(costs=CHEAP)
     sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=180, ignore_eos=True)  # the shared index holds it
     # every bucket below what pays, as after a bad start: 1 token accepted in 12 examined depths (q 0.08)
-    drafter._conf = [[1.0, 12.0] for _ in drafter._conf]
+    for est in drafter._conf:
+        est.hits, est.trials = 1.0, 12.0
     again = sd.generate(target, PROMPT, drafter=drafter, max_new_tokens=180, ignore_eos=True)
     assert again.token_ids == plain.token_ids
     if age:

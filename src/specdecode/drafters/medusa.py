@@ -47,6 +47,7 @@ from ..sizing import measure_context
 from ..config import ConfigError
 from ..sizing.book import CostSpec, get_costs
 from ..sizing.costs import CostSteps, Costs, Step, cost_clock
+from ..sizing.estimate import ProbeSchedule
 from ..sizing.policy import MIN_DELTA_C, SPECULATION_MARGIN
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..draft import Draft, DraftContext
@@ -133,8 +134,7 @@ class MedusaDrafter(RowZeroAdapter):
         self._target: Optional["Model"] = None
         self._records: dict[int, list[_Record]] = {}
         self._plans: dict[tuple[int, int], tuple[int, TreePlan]] = {}
-        self._steps_off = 0
-        self._probe_gap = PROBE_FIRST  # steps off before the next probe of the heads
+        self._probes = ProbeSchedule(PROBE_FIRST, 2, PROBE_MAX)  # when the heads are probed while nothing pays
         self._said_off = False  # whether the log already says why nothing is drafted (once per target)
         self._probe_nodes: Optional[int] = None  # nodes a probe drafts (fixed per target: see _probe_plan)
         self.last_plan: TreePlan = NO_TREE
@@ -340,17 +340,18 @@ class MedusaDrafter(RowZeroAdapter):
         plan = self.last_plan = self._plan(len(ready), cap)
         if not plan.paths:
             self._say_off(len(ready), cap)
-            self._steps_off += 1
-            if self._steps_off < self._probe_gap:
+            self._probes.plain()
+            if not self._probes.due():
                 return drafts  # nothing pays: plain decoding, with a probe of the heads now and then
-            self._steps_off, self._probe_gap = 0, min(PROBE_MAX, 2 * self._probe_gap)
+            self._probes.drafted(probe=True)
             if self._steps is not None:
                 # with measured costs a probe drafts below the margin too: its pass times a width that a cache timed
                 # under load overstates and nothing else would run (Medusa on SmolLM2 drafted 0 tokens for good);
                 # ``refine_costs`` then follows the live figure
                 plan = self._probe_plan(len(ready), cap)
         else:
-            self._steps_off, self._probe_gap = 0, PROBE_FIRST
+            self._probes.drafted()
+            self._probes.restart()
         rows = list(ready)
         t0 = self._steps.clock() if self._steps is not None else 0.0
         with torch.inference_mode():
