@@ -111,7 +111,8 @@ def test_a_weak_draft_from_a_dear_member_gives_way_to_the_next(tiny_dirs: dict[s
     suffix = Fake([5], expected=2.0)  # pays over plain decoding, but less than the model is predicted to
     auto = _auto(tiny_dirs, {"model": model, "suffix": suffix})
     auto.members[1].samples.extend([0.12] * 9)  # measured dear: it is ranked by its realised rate
-    auto.members[1].c, auto.members[1].rate = 0.12, 6.0  # ... which is high (it was good on earlier text)
+    auto.members[1].c = 0.12
+    auto.members[1].rates.set_mean(6.0)  # ... which is high (it was good on earlier text)
     out = auto.propose_rows({0: _ctx()})
     assert suffix.calls and model.calls  # suffix first; its weak draft lets the model try
     assert out[0].source == "model"
@@ -165,7 +166,8 @@ def test_losing_dear_member_is_probed_at_doubling_intervals_and_adopted_when_goo
     _timed(auto, heads, 0.5)
     m = auto.members[1]
     m.samples.extend([0.5] * 9)
-    m.c, m.rate, m.steps = 0.5, 1.2, 5  # it drafted before and did poorly
+    m.c, m.steps = 0.5, 5  # it drafted before and did poorly
+    m.rates.set_mean(1.2)
     probes = []
     for step in range(600):
         out = auto.propose_rows({0: _ctx()})
@@ -175,13 +177,13 @@ def test_losing_dear_member_is_probed_at_doubling_intervals_and_adopted_when_goo
     # tried once as the request starts (no request inherits another's verdict), then idle 32 steps, 64, 128,
     # 256 (each losing probe doubles the wait): a few steps in 600
     assert probes == [0, 32, 96, 224, 480]
-    assert m.rate < 1.2  # the probes confirmed it
+    assert m.rates.mean < 1.2  # the probes confirmed it
     heads.tokens = list(range(1, 16))  # now its drafts are all accepted: the next probe finds it
     for _ in range(600):
         out = auto.propose_rows({0: _ctx(k=15)})
         auto.on_verified_row(0, len(out[0].tokens) if out[0].source == "heads" else 2)
     assert auto.propose_rows({0: _ctx(k=15)})[0].source == "heads"  # adopted: chosen on its own merit
-    assert m.interval == PROBE_FIRST
+    assert m.probes.gap == PROBE_FIRST
 
 
 def test_a_dear_member_that_declines_loses_its_rate_and_is_no_longer_asked(tiny_dirs: dict[str, Path]) -> None:
@@ -193,11 +195,12 @@ def test_a_dear_member_that_declines_loses_its_rate_and_is_no_longer_asked(tiny_
     _timed(auto, heads, 0.3)
     m = auto.members[0]
     m.samples.extend([0.3] * 9)
-    m.c, m.rate, m.steps = 0.3, 2.0, 5  # it drafted well on earlier text
+    m.c, m.steps = 0.3, 5  # it drafted well on earlier text
+    m.rates.set_mean(2.0)
     for _ in range(40):
         assert not auto.propose_rows({0: _ctx()})[0].tokens
     assert m.rate_at(0) < 1.0  # in this request (it starts it optimistic) ...
-    assert m.rate < 2.0  # ... and across requests
+    assert m.rates.mean < 2.0  # ... and across requests
     assert len(heads.calls) < 15  # asked until its rate fell, then only probed
 
 
@@ -293,6 +296,6 @@ def test_junk_before_a_request_sets_neither_how_it_values_drafts_nor_which_membe
         auto.on_verified_row(0, 0)
     auto.reset_row(0)
     lookup, heads = auto.members
-    assert lookup.alpha < 0.3 and heads.rate < auto.margin  # the shared record says neither pays
+    assert lookup.alpha < 0.3 and heads.rates.mean < auto.margin  # the shared record says neither pays
     assert lookup.row_evidence(0).alpha >= 0.9 * fresh.members[0].row_evidence(0).alpha  # what its drafts are valued at
     assert auto.propose_rows({0: _ctx()})[0].source == fresh.propose_rows({0: _ctx()})[0].source == "heads"

@@ -394,13 +394,13 @@ def test_auto_member_rates_port_matches_the_old_ema() -> None:
     rng = random.Random(49)
     m = Member("heads", cast(Any, _Holder()))
     old = OldRates()
-    assert m.rate == m.rate_at(0) == OPTIMISTIC
+    assert m.rates.mean == m.rate_at(0) == OPTIMISTIC
     for k in range(2000):
         m.probing = rng.random() < 0.1
         sample = rng.uniform(0.3, 3.0) if (k // 300) % 2 else rng.uniform(1.5, 4.0)
         AutoDrafter._observe(m, 0, sample)
         old.observe(sample, m.probing)
-        assert abs(m.rate - old.rate) < TOL and abs(m.rate_at(0) - old.row[0]) < TOL
+        assert abs(m.rates.mean - old.rate) < TOL and abs(m.rate_at(0) - old.row[0]) < TOL
         assert m.steps == old.steps
 
 

@@ -12,8 +12,8 @@ in tokens per second over plain decoding:
   running acceptance. Choosing among deterministic drafts by their content keeps verification
   exact (nothing sampled is selected by what it drew). A cheap member proposes on every row at
   every step: a lookup costs a few hundredths of a pass, and a repeat missed costs whole passes (a
-  per-row sit-out after lost steps, 1, 2, 4 ... 16, cost auto 19% of its speed on SmolLM2's real
-  workload: suffix's matches come in runs that start without warning, docs/lab-notes.md); a chain
+  cheap member never sits a row out: suffix's matches come in runs that start without warning, and a
+  sit-out misses their start); a chain
   without a prediction of its own (prompt lookup) is cut to its best-paying prefix first;
 * a member with offline costs (``costs_for``: the draft model, layer skip) is worth
   max_γ E(α, γ) / (γ c + v(γ)), with α its running acceptance (``Acceptance``, remembered across
@@ -98,20 +98,6 @@ class Member:
         rule out a member that is then never tried again."""
         return self.drafter.acceptance.estimate.mean_with(PRIOR_ALPHA, PRIOR_WEIGHT)
 
-    @property
-    def rate(self) -> float:
-        """Realised speedup per step it drafted, across requests (the order members are asked in)."""
-        return self.rates.mean
-
-    @rate.setter
-    def rate(self, value: float) -> None:
-        self.rates.set_mean(value)
-
-    @property
-    def interval(self) -> float:
-        """Idle steps before its next probe."""
-        return self.probes.gap
-
     def row_evidence(self, row: int) -> RowEvidence:
         ev = self.evidence.get(row)
         if ev is None:
@@ -144,7 +130,7 @@ class Member:
         the evidence of every request: the order members are asked in)."""
         if self.costs is None:
             g = self.drafter.gamma
-            return self.rate if row is None else self.rate_at(row), min(cap, g if isinstance(g, int) else cap)
+            return self.rates.mean if row is None else self.rate_at(row), min(cap, g if isinstance(g, int) else cap)
         alpha = self.alpha if row is None else self.row_evidence(row).alpha
         g = self.costs.best_gamma(alpha, min(cap, MAX_GAMMA))
         return (self.costs.speedup(alpha, g) if g else 0.0), g

@@ -46,9 +46,8 @@ class EdgeCalibration:
     """a(p, first): the chance that a judged draft node whose draft probability given its parent is p is
     the target's token, per bucket of p, apart for a parent's first child (its draft top-1) and the
     others, starting from a(p) = p. The two differ at the same p: a top-1 at p = 0.35 tops a flat law,
-    a second child at 0.35 trails a sibling at 0.35 or more. Pooled, 4x4 trees grew less deep than
-    chains (tau 2.47 against 2.68 on 9 held-out bench prompts); apart, the tree drafted tau 2.95
-    against 2.52 pooled (docs/lab-notes.md, session 9)."""
+    a second child at 0.35 trails a sibling at 0.35 or more, so a pooled calibration underrates first
+    children and trees grow shallower than chains."""
 
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets

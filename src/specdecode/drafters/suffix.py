@@ -56,20 +56,19 @@ MAX_NODES = 15  # default most nodes per tree ("auto"): v(k) is measured up to 1
 # on the bundled target)
 TREE_EXTRA = 0.1
 BUCKETS = (1, 2, 3, 4, 6, 10, 16)  # match-length buckets for the calibration
-# q's prior per bucket: a longer match continues more reliably. Measured on SmolLM2-135M's real workload (20
-# prompts, every bucket's raw evidence): 0.35, 0.62, 0.75, 0.73, 0.84, 0.95, 0.99 (docs/lab-notes.md, session 20)
+# q's prior per bucket: a longer match continues more reliably (rounded from the per-bucket acceptance measured
+# on SmolLM2-135M's real-workload chats)
 CONF_PRIOR = (0.4, 0.6, 0.7, 0.7, 0.8, 0.9, 0.95)
 CONF_WEIGHT, CONF_MEMORY = 4.0, 200.0  # the prior is worth 4 examined depths; the memory, in examined depths
 Q_MAX = 0.99  # q is capped below 1: E(n) of a certain chain then still grows with n, but not without bound
 # share of the way back to the prior a bucket's figures go at each match it does not draft on: a bucket that
 # read low (a few early rejections) would otherwise never draft, so never gather the evidence to recover; it
-# drafts again after a few hundred such matches, and new rejections bring it down at once (1/32 raised τ 4%
-# on SmolLM2's real workload but not the speed: 0.98-0.99x, the extra drafts were marginal)
+# drafts again after a few hundred such matches, and new rejections bring it down at once (a faster return
+# drafts more, but the extra drafts are marginal)
 IDLE_AGE = 1.0 / 128
-# the datastore's match must beat the live text's (own sequence, earlier outputs) by more than this many tokens.
-# Replayed on SmolLM2's real-workload answers (top chains of 8, always drafting; lab-notes.md, session 23): τ 2.61
-# with the live text alone; 2.80 taking the longest match wherever it is (summarize and reasoning lose: a long
-# answer's own repeats beat other answers' phrases); 3.03 with a lead of 2, 3.04 with 4
+# the datastore's match must beat the live text's (own sequence, earlier outputs) by more than this many tokens:
+# a long answer's own repeats predict it better than other answers' phrases, and past a lead of 2 acceptance no
+# longer rises
 STORE_LEAD = 2
 
 

@@ -78,9 +78,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .runner import make_server, raise_fd_limit  # lazy: uvicorn and starlette load only to serve
 
     # Only the engine thread runs parallel ops. An OpenMP team belongs to the thread that starts it, and a
-    # team the main thread had started (loading the model) made the engine's 2-thread ops 2-3x slower: plain
-    # decoding at half the speed of 1 thread on a 2-core machine, where 2 threads on a clean process are 1.3-1.5x
-    # faster (docs/lab-notes.md, session 18). Loading is no faster with more threads.
+    # team the main thread started while loading slows the engine's parallel ops 2-3x (below 1 thread's speed
+    # on a 2-core machine). Loading is no faster with more threads.
     threads = torch.get_num_threads()  # torch's default: $OMP_NUM_THREADS, else the physical cores
     torch.set_num_threads(1)
     state = build_state(args, engine_threads=threads)
