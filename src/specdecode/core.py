@@ -1,14 +1,13 @@
-"""The one decode core: a set of rows, one batched step at a time. (Over 450 lines: the step and the row
-moves it depends on are kept together until the step is split into named helpers.)
+"""The one decode core: a set of rows, one batched step at a time. ``step`` reads top to bottom:
 
-    propose:  every drafting row's drafter (each ``BatchDrafter`` once, for all of its rows)
-    forward:  ONE target pass over the rows, padded to the widest draft (a tree mask if any
-              draft is a tree; hidden states if any drafter reads them)
-    verify:   per row, pure functions from ``verify.py`` (greedy; sampled chains: block or token by
-              token, ``Request.verify``; trees: greedy or sampled, per node; seeded rows: the
-              Gumbel-max coupling, whose tokens are plain decoding's whatever was drafted)
-    commit:   ``cache.trim`` (a chain) or ``cache.keep`` (a tree's accepted path) per row
-    emit:     the one place for EOS, stop strings, detokenisation and stats
+    draft:     plan each row's length (the γ policy), propose (each ``BatchDrafter`` once, for all its rows)
+    constrain: cut each draft to its row's grammar (structured output)
+    forward:   ONE target pass over the rows, padded to the widest draft (a tree mask if any draft is a
+               tree; hidden states if any drafter reads them), timed for the γ policy
+    settle:    per row, verify by ``verify.verify_draft`` (greedy; sampled chains: block or token by token;
+               trees: per node; seeded rows: the Gumbel-max coupling, plain decoding's tokens whatever was
+               drafted); commit (``cache.trim`` a chain, ``cache.keep`` a tree's path); the verdict back
+               to the drafter; ``emit.py``: the one place for EOS, stop strings, detokenisation and stats
 
 ``engine.generate``/``stream`` run it with one row; the server's scheduler runs it with many
 and adds only admission, cancellation, timeouts and HTTP. One invariant holds for every row:
@@ -16,8 +15,7 @@ the target's cache holds every token of the sequence except the last, which is f
 with the draft at the next pass. Every row is computed identically whatever else is in the
 batch, so a greedy request gives the same tokens alone or beside others.
 
-Requests, rows and events live in ``rows.py``, the text helpers in ``text.py`` (both re-exported
-here), the verify dispatch in ``verify.verify_draft``.
+Requests, rows and events live in ``rows.py`` and the text helpers in ``text.py`` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -35,8 +33,9 @@ from .sizing.book import store_costs
 from .sizing.costs import cost_clock
 from .draft import Draft, DraftContext
 from .drafters.base import BatchDrafter
+from .emit import annotate, emit
 from .sizing.gamma import Speculation, resolve_gamma
-from .logprobs import check_logprobs, token_logprobs
+from .logprobs import check_logprobs
 from .models import Model
 from .ops import argmax_list
 from .sizing.policy import GammaPolicy, RowPlan
@@ -47,6 +46,7 @@ from .threads import ThreadGovernor, governor
 from .verify import VerifyResult, tree_mask, verify_draft
 
 _NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
+_Layers = Mapping[int, torch.Tensor]  # EAGLE-3: the residual after layer i, per row and position
 _PLAIN = RowPlan(None, 0, False, 0.0)
 REFINE_EVERY = 64  # passes between live checks of the self-sizing drafters' costs (and at every request's end)
 
@@ -227,6 +227,7 @@ class DecodeCore:
 
     # -- one step --------------------------------------------------------------------------------
     def _plan(self) -> list[int]:
+        """Each row's draft length this step: the γ policy's choice within its cap and room, or a probe."""
         rows, cache = self.rows, self.cache
         lengths = cache.lengths
         room_ctx = (cache.max_len - max(lengths[: len(rows)])) - 1
@@ -256,6 +257,7 @@ class DecodeCore:
         return lengths
 
     def _propose(self, lengths: list[int]) -> list[Draft]:
+        """Each drafter proposes once for all of its rows (timed for the γ policy); grammar-forced tokens need none."""
         rows = self.rows
         drafts = [_NO_DRAFT] * len(rows)
         groups: dict[str, dict[int, DraftContext]] = {}
@@ -304,21 +306,37 @@ class DecodeCore:
         threads.tick()
         if self.filling is not None:
             self._fill()
-        rows = self.rows
-        if not rows:
+        if not self.rows:
             return []
-        batch = len(rows)
+        drafts = self._draft()
+        masks = self._constrain(drafts)
+        logits, argmax, hidden, layers = self._forward(drafts, masks, threads)
+        return self._settle(drafts, logits, argmax, hidden, layers)
+
+    def _draft(self) -> list[Draft]:
+        """Every row's draft this step: planned and proposed, or none at all when no drafter is loaded."""
         if self.drafters:
             drafts = self._propose(self._plan())
         else:  # plain decoding: nothing to plan or propose
-            drafts = [_NO_DRAFT] * batch
+            drafts = [_NO_DRAFT] * len(self.rows)
             self._clock = time.perf_counter
         if not self.target.exact_trees:  # its kernels would round a tree's rows unlike plain decoding's
-            drafts = [d.first_path() if r.sampling.greedy else d for r, d in zip(rows, drafts)]
-        masks: list[Optional[torch.Tensor]] = [None] * batch  # structured output: allowed tokens per position
-        for i, r in enumerate(rows):
+            drafts = [d.first_path() if r.sampling.greedy else d for r, d in zip(self.rows, drafts)]
+        return drafts
+
+    def _constrain(self, drafts: list[Draft]) -> list[Optional[torch.Tensor]]:
+        """Structured output: each constrained row's draft cut to its grammar, and its allowed tokens per position."""
+        masks: list[Optional[torch.Tensor]] = [None] * len(drafts)
+        for i, r in enumerate(self.rows):
             if r.constraint is not None:
                 drafts[i], masks[i] = r.constraint.check_draft(drafts[i])
+        return masks
+
+    def _forward(self, drafts: list[Draft], masks: list[Optional[torch.Tensor]], threads: ThreadGovernor
+                 ) -> tuple[torch.Tensor, Optional[list[list[int]]], Optional[torch.Tensor], Optional[_Layers]]:
+        """ONE target pass over every row, padded to the widest draft, timed for the γ policy and the threads: logits
+        [B, width, V] under the grammars, each row's argmax if any is greedy, hidden states if a drafter reads them."""
+        rows, batch = self.rows, len(self.rows)
         width, tree = 1, False
         for d in drafts:
             width = max(width, 1 + len(d.tokens))
@@ -331,18 +349,12 @@ class DecodeCore:
         if self._want_hidden:
             out = self.target.run(ids, self.cache, rows=slice(0, batch), tree_mask=mask, return_hidden=True,
                                   hidden_layers=self._hidden_layers)
-            layers = out.layers
-            logits, hidden = out.logits, out.hidden
+            logits, hidden, layers = out.logits, out.hidden, out.layers
         elif mask is not None:
             logits = self.target.forward(ids, self.cache, rows=slice(0, batch), tree_mask=mask)
         else:
             logits = self.target.forward(ids, self.cache, rows=slice(0, batch))
-        if any(m is not None for m in masks):
-            logits = logits.clone()  # may be an inference tensor (or a reused buffer): mask a copy
-        for i, m in enumerate(masks):  # the constrained law: forbidden tokens at -inf, before any filter
-            state = rows[i].constraint
-            if m is not None and state is not None:
-                logits[i, : m.shape[0]] = state.apply(logits[i, : m.shape[0]], m)
+        logits = self._mask_logits(logits, masks)
         argmax = None
         if any(r.sampling.greedy for r in rows):
             flat = argmax_list(logits.reshape(batch * width, -1))
@@ -353,60 +365,46 @@ class DecodeCore:
         self.forward_passes += 1
         if self.forward_passes % REFINE_EVERY == 0:
             self._refine_drafters()
+        return logits, argmax, hidden, layers
 
+    def _mask_logits(self, logits: torch.Tensor, masks: list[Optional[torch.Tensor]]) -> torch.Tensor:
+        """The constrained law: forbidden tokens at -inf before any filter, so both sides of verify see it."""
+        if all(m is None for m in masks):
+            return logits
+        logits = logits.clone()  # may be an inference tensor (or a reused buffer): mask a copy
+        for i, m in enumerate(masks):
+            state = self.rows[i].constraint
+            if m is not None and state is not None:
+                logits[i, : m.shape[0]] = state.apply(logits[i, : m.shape[0]], m)
+        return logits
+
+    def _settle(self, drafts: list[Draft], logits: torch.Tensor, argmax: Optional[list[list[int]]],
+                hidden: Optional[torch.Tensor], layers: Optional[_Layers]) -> list[tuple[Row, Event]]:
+        """Verify, commit and emit every row in order; rows that finished or whose grammar failed leave."""
         events: list[tuple[Row, Event]] = []
         finished: list[Row] = []
         failed: list[Row] = []  # rows whose grammar engine gave up (constraints.py): they fail alone
-        for i, (r, d) in enumerate(zip(rows, drafts)):
+        width = logits.shape[1]
+        for i, (r, d) in enumerate(zip(self.rows, drafts)):
             if r.constraint is not None and r.constraint.error is not None:
                 failed.append(r)
                 continue
-            g = len(d.tokens)
             res = verify_draft(d, logits[i], argmax[i] if argmax is not None else None, r.sampling, len(r.tokens),
                                r.noise, r.gen, r.request.verify.chain_rule)
-            kept: Optional[list[int]] = None  # a tree's accepted path, root included (None: a chain)
-            if d.parents is not None:  # commit: keep a tree's accepted path, or trim a chain's rejected tail
-                kept = [0] + [k + 1 for k in res.path or ()]
-                self.cache.keep(kept, row=i)
-                accepted = [d.tokens[k] for k in res.path or ()]
-            else:
-                self.cache.trim(width - 1 - res.n_accepted, row=i)
-                accepted = d.tokens[: res.n_accepted]
+            kept, accepted = self._commit(i, d, res, width)
             if r.constraint is not None:
                 r.constraint.commit(accepted + [res.next_token])
                 if r.constraint.error is not None:
                     failed.append(r)
                     continue
-            if r.drafter is not None and g > 0 and i not in self._forced:
-                r.drafter.on_verified_row(i, res.n_accepted)
-                r.drafter.acceptance.update(g, res.n_accepted)  # the drafter's history: the next rows' prior
-                if r.evidence is not None:
-                    r.evidence.update(g, res.n_accepted)
-                name = self._names[id(r.drafter)]
-                source = d.source or name  # a composite (auto) names the member that drafted: it only chose
-                r.stats.record_source(source, g, res.n_accepted, chooser=name if source != name else None)
-            elif g > 0:  # the grammar's forced tokens: judged like a draft, made by no drafter
-                r.stats.record_forced(g, res.n_accepted)
+            self._feedback(i, r, d, res)
             if hidden is not None:
-                sel = kept if kept is not None else slice(0, res.n_accepted + 1)
-                r.hidden = hidden[i, sel]
-                if layers:
-                    r.layers = {k: v[i, sel] for k, v in layers.items()}
+                self._keep_states(i, r, res, kept, hidden, layers)
             n_events = len(events)
-            if self._emit(r, accepted, res, g, events):
+            if emit(r, accepted, res, len(d.tokens), events):
                 finished.append(r)
-            if g > 0 and n_events < len(events):  # raw facts for the web page's per-pass card (built by the server)
-                step_ev = events[n_events][1]
-                assert isinstance(step_ev, StepEvent)
-                step_ev.proposed = list(d.tokens)
-                if d.parents is not None:
-                    step_ev.parents, step_ev.path = list(d.parents), list(res.path or ())
-            if r.request.logprobs is not None and n_events < len(events):
-                ev = events[n_events][1]
-                assert isinstance(ev, StepEvent)
-                pos = kept if kept is not None else list(range(res.n_accepted + 1))
-                ev.logprobs = token_logprobs(logits[i, pos[: len(ev.token_ids)]], ev.token_ids, r.sampling,
-                                             r.request.logprobs)
+            if n_events < len(events) and (d.tokens or r.request.logprobs is not None):
+                annotate(events[n_events][1], r, d, res, kept, logits, i)
         for r in failed:
             assert r.constraint is not None and r.constraint.error is not None
             events.append((r, Failure("constraint", r.constraint.error)))
@@ -414,43 +412,38 @@ class DecodeCore:
             self.remove(r)
         return events
 
-    def _emit(self, r: Row, accepted: list[int], res: VerifyResult, drafted: int,
-              events: list[tuple[Row, Event]]) -> bool:
-        """Append the step's tokens to the row: EOS cut, text, stop strings, stats. True if it finished."""
-        new = accepted + [res.next_token]
-        flags = [True] * len(accepted) + [False]
-        reason: Optional[str] = None
-        for k, t in enumerate(new):
-            if t in r.eos:
-                new, flags, reason = new[: k + 1], flags[: k + 1], "stop"
-                break
-        r.stats.record_step(drafted, len(accepted), len(new))
-        r.tokens.extend(new)
-        r.generated.extend(new)
-        detok = r.detok
-        pieces = [detok.push(t) for t in new] if detok is not None else [""] * len(new)
-        if reason is not None and detok is not None:
-            pieces[-1] += detok.flush()
-        stop = r.request.generation.stop
-        if stop and detok is not None:
-            cut = find_stop(r.text, "".join(pieces), stop)
-            if cut is not None:
-                pieces = truncate_pieces(pieces, cut - len(r.text))
-                reason = "stop"
-        r.text += "".join(pieces)
-        events.append((r, StepEvent(new, flags, pieces, drafted)))
-        if reason is None and r.room() <= 0:
-            reason = "length"
-        if reason is None:
-            return False
-        if reason == "length" and detok is not None:
-            tail = detok.flush()
-            if tail:
-                r.text += tail
-                events.append((r, StepEvent([], [], [tail])))
-        r.stats.decode_s = time.perf_counter() - r.decode_start
-        events.append((r, FinishEvent(reason, list(r.generated), r.text, r.stats)))
-        return True
+    def _commit(self, i: int, d: Draft, res: VerifyResult, width: int) -> tuple[Optional[list[int]], list[int]]:
+        """Row ``i``'s cache keeps a tree's accepted path or drops a chain's rejected tail, so it again holds every
+        token but the newest: (the kept positions, root included, for a tree, else None; the accepted tokens)."""
+        if d.parents is not None:
+            kept = [0] + [k + 1 for k in res.path or ()]
+            self.cache.keep(kept, row=i)
+            return kept, [d.tokens[k] for k in res.path or ()]
+        self.cache.trim(width - 1 - res.n_accepted, row=i)
+        return None, d.tokens[: res.n_accepted]
+
+    def _feedback(self, i: int, r: Row, d: Draft, res: VerifyResult) -> None:
+        """The verdict goes to the drafter, its evidence (the γ policy's α) and the per-source stats; the grammar's
+        forced tokens are judged like a draft but made by no drafter."""
+        g = len(d.tokens)
+        if r.drafter is not None and g > 0 and i not in self._forced:
+            r.drafter.on_verified_row(i, res.n_accepted)
+            r.drafter.acceptance.update(g, res.n_accepted)  # the drafter's history: the next rows' prior
+            if r.evidence is not None:
+                r.evidence.update(g, res.n_accepted)
+            name = self._names[id(r.drafter)]
+            source = d.source or name  # a composite (auto) names the member that drafted: it only chose
+            r.stats.record_source(source, g, res.n_accepted, chooser=name if source != name else None)
+        elif g > 0:
+            r.stats.record_forced(g, res.n_accepted)
+
+    def _keep_states(self, i: int, r: Row, res: VerifyResult, kept: Optional[list[int]], hidden: torch.Tensor,
+                     layers: Optional[_Layers]) -> None:
+        """A head drafter's next input: the target's states of the tokens this pass verified and kept."""
+        sel = kept if kept is not None else slice(0, res.n_accepted + 1)
+        r.hidden = hidden[i, sel]
+        if layers:
+            r.layers = {k: v[i, sel] for k, v in layers.items()}
 
 
 __all__ = ["DecodeCore", "Event", "Failure", "FinishEvent", "IncrementalDetokenizer", "Prompt", "Request", "Row",
