@@ -14,7 +14,9 @@ headers one byte at a time, nor caps connections, so half-open sockets could tak
 descriptor (then accept() fails in a loop, a traceback each time, and /health is unreachable).
 Here a request's headers must arrive within ``header_timeout`` and its body within
 ``body_timeout`` (else HTTP 408 and the connection is closed), and past ``max_connections`` a new
-connection closes the oldest one that has no request in progress, or is refused with HTTP 503.
+connection closes the oldest one that has no request in progress (one never answered first, so a burst of
+half-open sockets closes its own kind before a kept-alive client), or is refused with HTTP 503. A burst of
+connections is accepted ``ACCEPTS_PER_TICK`` per pass of the event loop, so requests are read between them.
 Refusals are logged as one line per ``LOG_EVERY_S`` at most.
 """
 
@@ -42,6 +44,7 @@ FLUSH_MARGIN_S = 10  # after the drain deadline: time for the last events to rea
 LOG_EVERY_S = 10.0  # at most one line per this many seconds about refused or timed-out connections
 FD_RESERVE = 64  # open files kept for everything but client sockets (models, logs, the listener)
 MAX_BACKLOG = 2048  # uvicorn's default
+ACCEPTS_PER_TICK = 16  # asyncio accepts up to its "backlog" sockets per event-loop pass; see widen_listen_queue
 
 
 @dataclass(frozen=True)
@@ -52,14 +55,17 @@ class ConnectionLimits:
 
 
 class _Shared:
-    """One server's connections that have no request in progress (oldest first: the ones a new
-    connection may close at the cap), and the counts behind the rate-limited log line: the first
+    """One server's connections that have no request in progress, oldest first (the ones a new connection
+    may close at the cap): ``fresh`` have never had an answer (a half-open socket, a slow header), ``idle``
+    are kept alive after one. A burst of sockets that send nothing then closes its own kind first, and a
+    client between two requests keeps its connection. Also the counts behind the rate-limited log line: the first
     event is logged at once, later ones summed into one line per ``LOG_EVERY_S``. ``clock`` and
     ``call_later`` are the event loop's unless given (tests)."""
 
     def __init__(self, limits: ConnectionLimits, clock: Callable[[], float] = time.monotonic,
                  call_later: Optional[Callable[[float, Callable[[], None]], object]] = None) -> None:
         self.limits = limits
+        self.fresh: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
         self.idle: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
         self.counts: collections.Counter[str] = collections.Counter()
         self.logged = -LOG_EVERY_S
@@ -96,12 +102,13 @@ class GuardedH11(H11Protocol):
     shared: ClassVar[_Shared]
     _timer: Optional[asyncio.TimerHandle] = None
     _timer_kind = ""
+    _answered = False  # a response has completed on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         sh = self.shared
         if len(self.connections) > sh.limits.max_connections:
-            victim = next(iter(sh.idle), None)
+            victim = next(iter(sh.fresh), None) or next(iter(sh.idle), None)
             if victim is None:
                 sh.note("refused (every connection busy)")
                 self._answer(503, "server_busy", "this server has as many connections as it takes, each with a "
@@ -117,11 +124,19 @@ class GuardedH11(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if not self._answered:
+            self._answered = True
+            self.shared.fresh.pop(self, None)
         self._arm()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._disarm()
         super().connection_lost(exc)
+        # asyncio's socket transport (CPython 3.11) keeps a bound method of itself, so a closed one is freed
+        # only by a cyclic collection; a burst of half-open sockets left thousands in the oldest generation,
+        # and each full collection walked them (10-30 ms of a stalled loop, several times a second)
+        if self.transport.is_closing() and hasattr(self.transport, "_read_ready_cb"):
+            self.transport._read_ready_cb = None
 
     def _arm(self) -> None:
         """The timer for what the client owes now: headers (no request in progress), a body, or nothing."""
@@ -130,10 +145,12 @@ class GuardedH11(H11Protocol):
             self._disarm()
             return
         kind = "headers" if state is h11.IDLE else "body"
+        sh = self.shared
         if kind == "headers":
-            self.shared.idle.setdefault(self, None)
+            (sh.idle if self._answered else sh.fresh).setdefault(self, None)
         else:
-            self.shared.idle.pop(self, None)
+            sh.idle.pop(self, None)
+            sh.fresh.pop(self, None)
         if self._timer_kind != kind:
             if self._timer is not None:
                 self._timer.cancel()
@@ -143,6 +160,7 @@ class GuardedH11(H11Protocol):
 
     def _disarm(self) -> None:
         self.shared.idle.pop(self, None)
+        self.shared.fresh.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
         self._timer, self._timer_kind = None, ""
@@ -181,7 +199,7 @@ class GuardedH11(H11Protocol):
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11]:
-    """A ``GuardedH11`` class for one server: its connections share the idle list and the log counts."""
+    """A ``GuardedH11`` class for one server: its connections share the idle lists and the log counts."""
     return type("GuardedH11", (GuardedH11,), {"shared": _Shared(limits)})
 
 
@@ -225,13 +243,14 @@ _accept_errors_logged = [-LOG_EVERY_S]
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, listen_backlog: int = MAX_BACKLOG) -> None:
         super().__init__(config)
-        self.state = state
+        self.state, self.listen_backlog = state, listen_backlog
 
     async def startup(self, sockets: Optional[list[socket.socket]] = None) -> None:
         asyncio.get_running_loop().set_exception_handler(quiet_accept_errors)
         await super().startup(sockets)
+        widen_listen_queue(self.servers, self.listen_backlog)
 
     async def shutdown(self, sockets: Optional[list[socket.socket]] = None) -> None:
         s = self.state.scheduler
@@ -246,6 +265,23 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def widen_listen_queue(servers: list[Any], backlog: int) -> None:
+    """Give the kernel's listen queue ``backlog`` places after asyncio has listened with ``ACCEPTS_PER_TICK``.
+
+    asyncio uses one number for both the listen queue and how many sockets it accepts in one pass of the
+    event loop before anything else runs. At 2048, a burst of connections was taken 2048 at a time: the loop
+    then built and ran 2048 protocols (and closed as many idle sockets at the cap) before reading the next
+    request, and /health waited up to 0.8 s. A few per pass keep every pass short; the kernel still holds a
+    burst's SYNs, so a client connecting during it is not dropped (a dropped SYN is retried after 1 s)."""
+    for server in servers:
+        for ts in server.sockets:
+            dup = socket.socket(ts.family, ts.type, fileno=socket.dup(ts.fileno()))
+            try:
+                dup.listen(backlog)  # the same socket: listen() again only resizes its queue
+            finally:
+                dup.close()
+
+
 def make_server(state: ServerState, log_level: str = "warning") -> DrainingServer:
     cfg = state.config
     cap, backlog = socket_budget(cfg.max_connections)
@@ -255,5 +291,5 @@ def make_server(state: ServerState, log_level: str = "warning") -> DrainingServe
     limits = ConnectionLimits(cfg.header_timeout, cfg.body_timeout, cap)
     config = uvicorn.Config(create_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
                             timeout_graceful_shutdown=int(cfg.drain_timeout) + FLUSH_MARGIN_S,
-                            http=guarded_protocol(limits), backlog=backlog)
-    return DrainingServer(config, state)
+                            http=guarded_protocol(limits), backlog=min(backlog, ACCEPTS_PER_TICK))
+    return DrainingServer(config, state, listen_backlog=backlog)
