@@ -76,9 +76,8 @@ class DecodeCore:
         self._cost_clock = cost_clock(target)  # online costs: the same clock as the offline ones
         self._clock = time.perf_counter
         self._names = {id(d): name for name, d in self.drafters.items()}
-        # ``prepare``: the drafters prepared (buffers, measured costs) now; the rest on their first
-        # request, so a server that loads many drafters starts in seconds (a Medusa or EAGLE tree's
-        # cost measurement alone takes ~10 s on the first start on a machine)
+        # ``prepare``: the drafters prepared (buffers, measured costs) now; the rest on their first request,
+        # so a server that loads many drafters starts in seconds (a tree's cost measurement takes seconds)
         self._drafter_list: list[BatchDrafter] = []  # the prepared ones, in preparation order
         self.preparing: Optional[str] = None  # the drafter being prepared now (a /health "warming" state)
         for name in self.drafters if prepare is None else prepare:
@@ -99,10 +98,11 @@ class DecodeCore:
         self._prepare(name)
 
     def _prepare(self, name: str) -> BatchDrafter:
-        """Prepare drafter ``name`` for every row (once) and give the γ policy its offline costs."""
+        """Prepare drafter ``name`` for every row (once), with the policy's pricer, and give the policy its costs."""
         d = self.drafters[name]
         if not any(d is p for p in self._drafter_list):
             self.preparing = name
+            d.pricer = self.policy.pricer
             try:
                 d.prepare_rows(self.target, self.max_rows, self.context_len)
                 costs = d.costs_for(self.target)

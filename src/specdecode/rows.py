@@ -16,7 +16,7 @@ from .sizing.gamma import Gamma, Speculation
 from .logprobs import TokenLogprob
 from .metrics import GenerationStats
 from .models import Model
-from .sizing.policy import RowEvidence
+from .sizing.estimate import RowEvidence
 from .sampling import CoupledNoise, make_generator
 from .text import IncrementalDetokenizer
 

@@ -94,15 +94,22 @@ class _CheapModel(sd.BatchDrafterBase):
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5, top_p=0.9)],
                          ids=["T1", "T0.8-k5-p0.9"])
-def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: SamplingConfig) -> None:
+def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: SamplingConfig,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Auto mixes a sampled draft model (chosen by predicted rate, never by what it drew) with deterministic
     suffix trees (chosen by their content): the output law is still the target's."""
+    from specdecode import engine
     from specdecode.drafters.auto import AutoDrafter
+    from specdecode.sizing.policy import GammaPolicy
+
+    # a margin of 1: every member that predicts any gain drafts, so both kinds of draft are verified often
+    core = engine.DecodeCore
+    monkeypatch.setattr(engine, "DecodeCore", lambda *a, **k: core(*a, policy=GammaPolicy(margin=1.0), **k))
 
     target, other = models
     model = _CheapModel(sd.DraftModelDrafter(other, gamma="auto"))
     auto = AutoDrafter({"model": model,
-                        "suffix": SuffixDrafter(costs=FREE, min_prob=0.0, spec_factor=8.0, margin=1.0)}, margin=1.0)
+                        "suffix": SuffixDrafter(costs=FREE, min_prob=0.0, spec_factor=8.0)})
     auto.prepare_rows(target, 1, 64)
     auto._t1 = 1.0  # the toy's pass takes microseconds: Python drafting would read as dear and suffix never run
     # the verify cost the members are weighed with, pinned: this machine's measured v(n) for the toy (v(5) read

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from specdecode import core as core_module
+
 pytest.importorskip("llguidance")
 
 from server_helpers import MODEL_NAME, RunningServer
@@ -84,14 +86,13 @@ def test_a_grammar_failing_mid_decode_fails_alone(server: RunningServer, monkeyp
     alone = server.post("/v1/completions", NORMAL).json()["choices"][0]["text"]
     # each row's step takes 10 ms more from here on, so the normal request (hundreds of steps) is still decoding when
     # the big grammar (a second or more to compile) fails: on a fast machine it once finished first
-    core = server.state.scheduler.core
-    emit = core._emit
+    emit = core_module.emit
 
     def slow(*args: Any) -> Any:
         time.sleep(0.01)
         return emit(*args)
 
-    monkeypatch.setattr(core, "_emit", slow)
+    monkeypatch.setattr(core_module, "emit", slow)
     before = server.get("/metrics").text
     started, out = threading.Event(), {}
     t = threading.Thread(target=_stream, args=(server, NORMAL, started, out))

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from specdecode import core as core_module
 from specdecode.config import ConfigError, GenerationConfig, SamplingConfig
 from specdecode.server.config import ServerConfig
 from specdecode.server.metrics import ServerMetrics
@@ -58,15 +59,14 @@ def test_429_has_retry_after_and_metrics_count_every_request(models: Models, mon
     does not depend on how fast this machine decodes (a fast CI machine once finished them all in time)."""
     for running in serve(models, None, ServerConfig(max_batch_size=1, max_queue=2, request_timeout=60),
                          drafter="none"):
-        sched = running.state.scheduler
         gate = threading.Event()
-        original = sched.core._emit
+        original = core_module.emit
 
         def held(*args: Any) -> Any:
             gate.wait(30)
             return original(*args)
 
-        monkeypatch.setattr(sched.core, "_emit", held)
+        monkeypatch.setattr(core_module, "emit", held)  # the core's one place that emits a row's tokens
         before = running.get("/metrics").text
         gave_up: list[int] = []
 
@@ -128,13 +128,13 @@ def test_scheduler_drain_fails_queued_at_once_and_running_after_the_timeout(mode
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = ServerMetrics()
     sched = Scheduler(models.target, {}, max_batch_size=1, max_queue=4, metrics=metrics)
-    emit = sched.core._emit
+    emit = core_module.emit
 
     def slow(*args: Any) -> Any:  # 10 ms a token: the 4000-token request outlasts the 0.5 s drain on any machine
         time.sleep(0.01)          # (a fresh clone here decoded all of it in 0.48 s and finished it normally)
         return emit(*args)
 
-    monkeypatch.setattr(sched.core, "_emit", slow)
+    monkeypatch.setattr(core_module, "emit", slow)
     sched.start()
 
     async def run() -> tuple[list[object], list[object]]:

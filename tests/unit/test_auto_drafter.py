@@ -296,6 +296,6 @@ def test_junk_before_a_request_sets_neither_how_it_values_drafts_nor_which_membe
         auto.on_verified_row(0, 0)
     auto.reset_row(0)
     lookup, heads = auto.members
-    assert lookup.alpha < 0.3 and heads.rates.mean < auto.margin  # the shared record says neither pays
+    assert lookup.alpha < 0.3 and heads.rates.mean < auto.pricer.margin  # the shared record says neither pays
     assert lookup.row_evidence(0).alpha >= 0.9 * fresh.members[0].row_evidence(0).alpha  # what its drafts are valued at
     assert auto.propose_rows({0: _ctx()})[0].source == fresh.propose_rows({0: _ctx()})[0].source == "heads"

@@ -24,7 +24,7 @@ from specdecode.drafters.medusa_tree import RankAcceptance
 from specdecode.drafters.suffix import BUCKETS, CONF_MEMORY, CONF_PRIOR, CONF_WEIGHT, IDLE_AGE, Q_MAX, SuffixDrafter, \
     _RowState
 from specdecode.sizing.estimate import Estimate, ProbeSchedule, judged
-from specdecode.sizing.policy import HISTORY_WEIGHT, PROBE_GAPS, RowEvidence
+from specdecode.sizing.estimate import HISTORY_WEIGHT, PROBE_GAPS, RowEvidence
 
 TOL = 1e-9
 
@@ -165,7 +165,7 @@ def test_acceptance_port_matches_the_old_formula(args: tuple[float, float, float
     _replay_acceptance(Acceptance(*args), OldAcceptance(*args), random.Random(48))
 
 
-# -- sizing.policy.RowEvidence ---------------------------------------------------------------------------------
+# -- sizing.estimate.RowEvidence ---------------------------------------------------------------------------------
 class OldRowEvidence:
     def __init__(self, history: OldAcceptance, memory: float = 100.0,
                  prior: Optional[tuple[float, float]] = None) -> None:

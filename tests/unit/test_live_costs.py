@@ -20,7 +20,7 @@ from specdecode.drafters.eagle import EagleCosts, EagleDrafter
 from specdecode.drafters.eagle_sizing import refined_eagle_costs
 from specdecode.sizing.live import Stored, StepTimings, costs_differ, live_v
 from specdecode.drafters.medusa import MedusaDrafter
-from specdecode.sizing.policy import DISAGREE, TRUST
+from specdecode.sizing.live import DISAGREE, TRUST
 
 from eagle_util import make_eagle
 from medusa_util import make_heads

@@ -11,6 +11,7 @@ import pytest
 
 from specdecode.config import ConfigError
 from specdecode.sizing.costs import Costs
+from specdecode.sizing.pricer import SPECULATION_MARGIN as MARGIN
 from specdecode.drafters.medusa import (MAX_NODES, NO_TREE, MedusaDrafter, RankAcceptance, best_first, fixed_plan,
                                         plan_tree)
 from specdecode.drafters.medusa_heads import CONFIG_FILE, MedusaHeadsError, load_heads
@@ -58,7 +59,7 @@ def _costs(v: list[float], c: float = 0.0) -> Costs:
 def test_plan_maximises_expected_tokens_over_cost() -> None:
     v = [1.0] * 8 + [1.0 + 0.15 * k for k in range(1, 57)]  # flat up to 8 tokens, then linear (the CPU's shape)
     costs = _costs(v, c=0.1)
-    plan = plan_tree(TABLE, costs, MAX_NODES)
+    plan = plan_tree(TABLE, costs, MAX_NODES, MARGIN)
     nodes = best_first(TABLE, MAX_NODES)
     best = max(range(1, len(nodes) + 1),
                key=lambda n: (1 + sum(x for x, _ in nodes[:n])) / (0.1 + costs.v_at(n)))
@@ -67,24 +68,24 @@ def test_plan_maximises_expected_tokens_over_cost() -> None:
     assert plan.speedup == pytest.approx(plan.expected_tokens / (0.1 + costs.v_at(best)))
     assert all(p == -1 or p < i for i, p in enumerate(plan.parents))
     # a capped plan never exceeds the cap, and wider batches never get wider trees
-    assert len(plan_tree(TABLE, costs, 3).paths) <= 3
-    widths = [len(plan_tree(TABLE, costs, MAX_NODES, rows=b).paths) for b in (1, 2, 4, 16)]
+    assert len(plan_tree(TABLE, costs, 3, MARGIN).paths) <= 3
+    widths = [len(plan_tree(TABLE, costs, MAX_NODES, MARGIN, rows=b).paths) for b in (1, 2, 4, 16)]
     assert widths == sorted(widths, reverse=True)
 
 
 def test_a_tree_must_pay_for_its_overhead_over_the_best_chain() -> None:
     flat = _costs([1.0] * 64)
-    tree = plan_tree(TABLE, flat, 12)
+    tree = plan_tree(TABLE, flat, 12, MARGIN)
     assert len(tree.paths) == 12 and not tree.is_chain
-    chain = plan_tree(TABLE, flat, 12, tree_extra=5.0)  # a tree step dearer than anything it can gain
+    chain = plan_tree(TABLE, flat, 12, MARGIN, tree_extra=5.0)  # a tree step dearer than anything it can gain
     assert chain.is_chain and chain.paths == ((0,), (0, 0), (0, 0, 0))
-    assert chain == plan_tree(TABLE, flat, 12, chain=True)
+    assert chain == plan_tree(TABLE, flat, 12, MARGIN, chain=True)
 
 
 def test_plan_drops_the_tree_when_nothing_pays() -> None:
     steep = _costs([1.0 + 0.5 * k for k in range(64)], c=0.3)
-    assert plan_tree([[0.05] * 4] * 3, steep, MAX_NODES) is NO_TREE
-    assert plan_tree([[0.05] * 4] * 3, _costs([1.0] * 64), MAX_NODES).paths  # free nodes: any evidence pays
+    assert plan_tree([[0.05] * 4] * 3, steep, MAX_NODES, MARGIN) is NO_TREE
+    assert plan_tree([[0.05] * 4] * 3, _costs([1.0] * 64), MAX_NODES, MARGIN).paths  # free nodes: any evidence pays
 
 
 def test_fixed_plan_orders_parents_first_and_rejects_orphans() -> None:

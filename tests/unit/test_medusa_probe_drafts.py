@@ -1,7 +1,7 @@
 """Medusa out of a pessimistic cost cache (issue 49: Medusa and Medusa-chain drafted 0 tokens on SmolLM2 with
 any γ). A cache timed under load overstates v(n) of the wide passes; while nothing drafts, no wide pass runs,
 so no live timing ever corrects it. With measured costs a probe therefore drafts, at one size, so that width
-gets timed (``policy.TRUST`` passes) and ``refine_costs`` brings drafting back."""
+gets timed (``sizing.live.TRUST`` passes) and ``refine_costs`` brings drafting back."""
 
 from __future__ import annotations
 

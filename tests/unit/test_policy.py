@@ -127,7 +127,7 @@ def test_self_sizing_rows_get_their_cap_or_nothing() -> None:
 
 # -- issue #30: live timings over cached ones, evidence per row, probes per request ------------------
 def test_a_spike_of_load_never_sets_an_estimate() -> None:
-    from specdecode.sizing.policy import WINDOW, Timings
+    from specdecode.sizing.live import WINDOW, Timings
 
     t = Timings()
     for i in range(WINDOW - 1):
@@ -166,7 +166,7 @@ def test_an_optimistic_cached_c_gives_way_to_trusted_live_timings() -> None:
 
 
 def test_a_rows_evidence_takes_the_drafters_history_as_a_bounded_prior() -> None:
-    from specdecode.sizing.policy import RowEvidence
+    from specdecode.sizing.estimate import RowEvidence
 
     fresh = RowEvidence(Acceptance())
     assert fresh.alpha == pytest.approx(0.7)
@@ -182,7 +182,7 @@ def test_a_rows_evidence_takes_the_drafters_history_as_a_bounded_prior() -> None
 
 
 def test_a_row_probes_on_its_own_schedule() -> None:
-    from specdecode.sizing.policy import PROBE_GAPS, RowEvidence
+    from specdecode.sizing.estimate import PROBE_GAPS, RowEvidence
 
     row = RowEvidence(Acceptance())
     assert row.probe_due()  # its first pass, whatever came before

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from specdecode.drafters.base import Acceptance
-from specdecode.sizing.policy import HISTORY_WEIGHT, RowEvidence
+from specdecode.sizing.estimate import HISTORY_WEIGHT, RowEvidence
 
 AUTO_PRIOR = (0.75, 6.0)  # (α, weight in judged tokens): what auto starts a member at
 

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING
 from ..config import ConfigError
 from ..sizing.book import get_costs, target_spec
 from ..sizing.costs import MAX_GAMMA, Costs, cost_clock, expected_tokens
-from ..sizing.estimate import Estimate, ProbeSchedule
-from ..sizing.policy import SPECULATION_MARGIN, RowEvidence
+from ..sizing.estimate import Estimate, ProbeSchedule, RowEvidence
+from ..sizing.pricer import DEFAULT_PRICER, Pricer
 from ..draft import Draft, DraftContext
 from .base import Acceptance, BatchDrafter, Gamma, RowZeroAdapter
 from ..sizing.live import Stored, live_v
@@ -147,7 +147,7 @@ class AutoDrafter(RowZeroAdapter):
 
     sizes_itself = True  # each member sizes its draft (see BatchDrafter)
 
-    def __init__(self, members: Mapping[str, BatchDrafter], margin: float = SPECULATION_MARGIN,
+    def __init__(self, members: Mapping[str, BatchDrafter],
                  usable: Mapping[str, Callable[[BatchDrafter], bool]] | None = None,
                  fits: Mapping[str, Callable[[Model], bool]] | None = None) -> None:
         """``usable``: per member name, a check run after ``prepare_rows`` (e.g. layer skip only when
@@ -156,7 +156,7 @@ class AutoDrafter(RowZeroAdapter):
         if not members:
             raise ConfigError("--drafter auto needs at least one drafter to choose from")
         self.members = [Member(n, d) for n, d in members.items()]
-        self.margin = margin
+        self._pricer = DEFAULT_PRICER
         self._usable = dict(usable or {})
         self._fits = dict(fits or {})
         caps = [d.gamma for d in members.values() if isinstance(d.gamma, int)]
@@ -170,6 +170,17 @@ class AutoDrafter(RowZeroAdapter):
         self._clock: Callable[[], float] = time.perf_counter
         self._t1 = 0.0
         self._target: Model | None = None
+
+    @property
+    def pricer(self) -> Pricer:
+        """The core's rule for whether a draft pays: auto weighs its members by it, and hands it to them."""
+        return self._pricer
+
+    @pricer.setter
+    def pricer(self, pricer: Pricer) -> None:
+        self._pricer = pricer
+        for m in self.members:
+            m.drafter.pricer = pricer
 
     @property
     def names(self) -> list[str]:
@@ -206,7 +217,7 @@ class AutoDrafter(RowZeroAdapter):
         self.wants_hidden = any(m.drafter.wants_hidden for m in kept)
         # the core captures these layers for a hidden-state drafter that names them (EAGLE-3 features)
         self.hidden_layers = tuple(sorted({int(i) for m in kept if m.drafter.wants_hidden
-                                           for i in getattr(m.drafter, "hidden_layers", ())}))
+                                           for i in m.drafter.hidden_layers}))
         if target is not self._target:
             self._target = target
             self._base = get_costs(target, target_spec(target))
@@ -227,9 +238,7 @@ class AutoDrafter(RowZeroAdapter):
             self._base, self._t1 = new, new.target_s[0]
             out += self._stored.changed(new)
         for m in self.members:
-            refine = getattr(m.drafter, "refine_costs", None)
-            if refine is not None:
-                out += refine(passes)
+            out += m.drafter.refine_costs(passes)
         return out
 
     def reset_row(self, row: int) -> None:
@@ -345,7 +354,7 @@ class AutoDrafter(RowZeroAdapter):
         out = {r: Draft() for r in contexts}
         if not contexts:
             return out
-        best: dict[int, tuple[float, Member | None]] = {r: (self.margin, None) for r in contexts}
+        best: dict[int, tuple[float, Member | None]] = {r: (self._pricer.margin, None) for r in contexts}
         cap = max(c.max_tokens for c in contexts.values())
         cheap = [m for m in self.members if m.cheap]  # decided once: a member is in one phase per step
         for m in cheap:
@@ -387,7 +396,7 @@ class AutoDrafter(RowZeroAdapter):
             for r, d in got.items():
                 if not probe and d.probs is None and d.expected is not None and self._value(m, d, r) < after:
                     v = self._value(m, d, r)  # its own prediction says a later member does better: let it try
-                    if v > self.margin and v > spare.get(r, (0.0,))[0]:
+                    if v > self._pricer.margin and v > spare.get(r, (0.0,))[0]:
                         spare[r] = (v, m, d)
                     continue
                 # a probe's draft stands (its evidence is the point); another's must be beaten by later members

@@ -21,6 +21,7 @@ from ..config import ConfigError
 from ..draft import Draft, DraftContext
 from ..sizing.estimate import Estimate, judged
 from ..sizing.gamma import Gamma
+from ..sizing.pricer import DEFAULT_PRICER, Pricer
 
 if TYPE_CHECKING:
     from ..sizing.costs import Costs
@@ -116,7 +117,9 @@ class BatchDrafter(Protocol):
     auto`` the γ policy then only switches its rows between drafting up to the cap and plain steps
     (load), and never shortens the draft. ``refine_costs(passes)`` gets the live single-row pass
     seconds by width after each finished request; the core writes back to the cost cache what it
-    returns (``sizing/live.py``). ``BatchDrafterBase`` holds the defaults of everything past
+    returns (``sizing/live.py``). ``pricer`` is the γ policy's rule for whether a draft pays, which the
+    core hands over before ``prepare_rows``; a drafter that sizes its own drafts asks it rather than
+    pricing itself. ``BatchDrafterBase`` holds the defaults of everything past
     ``prepare_rows``/``propose_rows``, so a drafter states only what it does differently."""
 
     gamma: Gamma
@@ -124,6 +127,7 @@ class BatchDrafter(Protocol):
     wants_hidden: bool
     hidden_layers: tuple[int, ...]
     sizes_itself: bool
+    pricer: Pricer
 
     def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None: ...
 
@@ -150,6 +154,7 @@ class BatchDrafterBase:
     wants_hidden: bool = False
     hidden_layers: tuple[int, ...] = ()
     sizes_itself: bool = False
+    pricer: Pricer = DEFAULT_PRICER  # until a core hands its policy's (sizing/pricer.py)
 
     def prepare_rows(self, target: "Model", rows: int, max_len: int) -> None:
         raise NotImplementedError
@@ -175,7 +180,7 @@ class BatchDrafterBase:
         return []
 
 
-BATCH_MEMBERS = ("gamma", "acceptance", "wants_hidden", "hidden_layers", "sizes_itself", "prepare_rows",
+BATCH_MEMBERS = ("gamma", "acceptance", "wants_hidden", "hidden_layers", "sizes_itself", "pricer", "prepare_rows",
                  "propose_rows", "on_verified_row", "reset_row", "move_row", "costs_for", "refine_costs")
 
 

@@ -40,7 +40,6 @@ from ..sizing.book import CostSpec
 from ..sizing.costs import CostSteps, Costs, Step, cost_clock
 from ..config import ConfigError, SamplingConfig
 from ..kernels.quant import QUANT_FORMATS, pack_draft
-from ..sizing.policy import SPECULATION_MARGIN
 from ..draft import Draft, DraftContext
 from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, load_eagle, rope_table
@@ -421,7 +420,7 @@ class EagleDrafter(RowZeroAdapter):
         st.last = (n, tree.tokens, tree.parents, tree.probs)  # the whole grown tree is judged, drafted or not
         # what the levels cost is spent either way (and ingesting is the price of keeping the draft's cache):
         # draft when the tree beats a plain pass after the same spending by the policy's margin
-        if best_n == 0 or best_s * (spent + 1.0) < SPECULATION_MARGIN:
+        if best_n == 0 or not self.pricer.pays(best_s * (spent + 1.0)):
             return Draft()
         chosen = order[:best_n]
         index = {node: k for k, node in enumerate(chosen)}

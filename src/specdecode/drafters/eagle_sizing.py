@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 from ..sizing.book import get_costs
 from ..sizing.costs import Costs
 from ..sizing.estimate import Estimate
-from ..sizing.policy import MIN_DELTA_C
-from ..sizing.live import FOLLOW, StepTimings, differ, live_v, unit_seconds
+from ..sizing.live import StepTimings, follows, live_v, unit_seconds
 from .tree_steps import measured_tree_extra
 
 if TYPE_CHECKING:
@@ -149,7 +148,7 @@ def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int
     one = steps.ratio("level_one", unit) or min(cur.level_one, ingest)
     full = steps.ratio("level", unit) or min(cur.level, expand * one)
     pairs = ((ingest, cur.ingest), (one, cur.level_one), (full, cur.level))
-    if costs is cur.costs and not any(differ(a, b, MIN_DELTA_C, FOLLOW) for a, b in pairs):
+    if costs is cur.costs and not any(follows(a, b) for a, b in pairs):
         return None
     new = EagleCosts(costs, full, cur.tree_extra, ingest, one)
     return replace(new, costs=new.to_costs())

@@ -48,14 +48,13 @@ from ..config import ConfigError
 from ..sizing.book import CostSpec, get_costs
 from ..sizing.costs import CostSteps, Costs, Step, cost_clock
 from ..sizing.estimate import ProbeSchedule
-from ..sizing.policy import MIN_DELTA_C, SPECULATION_MARGIN
 from ..kernels.quant import QUANT_FORMATS, pack_draft
 from ..draft import Draft, DraftContext
 from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
 from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
-from ..sizing.live import FOLLOW, Stored, StepTimings, differ, live_v, unit_seconds
+from ..sizing.live import Stored, StepTimings, follows, live_v, unit_seconds
 from .tree_steps import PROBE, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
@@ -188,7 +187,7 @@ class MedusaDrafter(RowZeroAdapter):
         costs = live_v(cur, passes) or cur
         unit = unit_seconds(costs, passes)
         c = self._steps.ratio("draft", unit) if unit is not None else None
-        if c is not None and differ(c, cur.c, MIN_DELTA_C, FOLLOW):
+        if c is not None and follows(c, cur.c):
             costs = replace(costs, c=c, draft_s=c * unit if unit is not None else cur.draft_s)
         if costs is cur:
             return []
@@ -290,7 +289,7 @@ class MedusaDrafter(RowZeroAdapter):
         key = (rows, cap)
         got = self._plans.get(key)
         if got is None or self.stats.version - got[0] >= REPLAN_EVERY:
-            plan = plan_tree(self.stats.table(), self._costs, cap, chain=not self.tree, rows=rows,
+            plan = plan_tree(self.stats.table(), self._costs, cap, self.pricer.margin, chain=not self.tree, rows=rows,
                              tree_extra=self._tree_extra)
             got = self._plans[key] = (self.stats.version, plan)
         return got[1]
@@ -300,12 +299,12 @@ class MedusaDrafter(RowZeroAdapter):
         if self._fixed is not None:
             return self._fixed
         assert self._costs is not None
-        return plan_tree(self.stats.table(), self._costs, cap, chain=not self.tree, rows=rows, margin=0.0,
+        return plan_tree(self.stats.table(), self._costs, cap, 0.0, chain=not self.tree, rows=rows,
                          tree_extra=self._tree_extra)
 
     def _probe_plan(self, rows: int, cap: int) -> TreePlan:
         """The best-first tree of the size the first probe's best plan had: one width every probe, so its live
-        timing gets trusted (``policy.TRUST`` passes) while the best plan's size drifts with the evidence."""
+        timing gets trusted (``sizing.live.TRUST`` passes) while the best plan's size drifts with the evidence."""
         if self._probe_nodes is None:
             self._probe_nodes = max(1, len(self._best_plan(rows, cap).paths))
         nodes = best_first(self.stats.table(), min(self._probe_nodes, cap), chain=not self.tree)
@@ -323,7 +322,7 @@ class MedusaDrafter(RowZeroAdapter):
         log.info("%s: drafting nothing for now (its best draft is %s plain decoding on this target%s, under the "
                  "%.2fx speculation needs: head 1 right %.0f%% of the time, the heads cost %.2f of a target "
                  "pass); a probe every %d-%d steps checks it", "medusa" if self.tree else "medusa-chain",
-                 predicted, together, SPECULATION_MARGIN, 100 * self.stats.table()[0][0], self._costs.c,
+                 predicted, together, self.pricer.margin, 100 * self.stats.table()[0][0], self._costs.c,
                  PROBE_FIRST, PROBE_MAX)
 
     def propose_rows(self, contexts: Mapping[int, DraftContext]) -> dict[int, Draft]:

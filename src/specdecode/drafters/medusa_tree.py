@@ -11,7 +11,6 @@ from typing import Optional, Sequence
 from ..config import ConfigError
 from ..sizing.costs import Costs
 from ..sizing.estimate import Estimate
-from ..sizing.policy import SPECULATION_MARGIN
 
 MAX_NODES = 63  # the pending token plus 63 nodes = 64 new tokens, the fused path's tree-mask limit
 RANKS = 10  # candidates per head whose acceptance is tracked (trees use at most these)
@@ -131,8 +130,8 @@ def _best_prefix(nodes: Sequence[tuple[float, tuple[int, ...]]], costs: Costs, r
     return TreePlan(paths, parents, best_e, best_s)
 
 
-def plan_tree(table: Sequence[Sequence[float]], costs: Costs, max_nodes: int, chain: bool = False, rows: int = 1,
-              margin: float = SPECULATION_MARGIN, tree_extra: float = 0.0) -> TreePlan:
+def plan_tree(table: Sequence[Sequence[float]], costs: Costs, max_nodes: int, margin: float, chain: bool = False,
+              rows: int = 1, tree_extra: float = 0.0) -> TreePlan:
     """The draft maximising E(n) / cost(n) for ``rows`` rows drafting together, where
     cost(n) = rows·c + v(rows·(n + 1) − 1) against plain decoding's v(rows − 1), plus rows·``tree_extra``
     for a tree (its mask and the compaction of its accepted path cost more than a chain's rollback).

@@ -40,7 +40,6 @@ from ..config import ConfigError
 from ..sizing.book import get_costs, target_spec
 from ..sizing.costs import Costs, cost_clock, expected_tokens
 from ..sizing.estimate import Estimate
-from ..sizing.policy import SPECULATION_MARGIN
 from ..draft import Draft, DraftContext
 from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
 from ..sizing.live import Stored, live_v
@@ -110,7 +109,7 @@ class SuffixDrafter(RowZeroAdapter):
     sizes_itself = True  # plans its own trees (see BatchDrafter)
 
     def __init__(self, gamma: Gamma = "auto", *, max_tokens: int = DEFAULT_MAX_TOKENS, tree: bool = True,
-                 spec_factor: float = 4.0, min_prob: float = 0.1, margin: float = SPECULATION_MARGIN,
+                 spec_factor: float = 4.0, min_prob: float = 0.1,
                  costs: Costs | None = None, store: str | None = None) -> None:
         gamma = check_gamma(gamma, "gamma (most suffix tree nodes)")
         if spec_factor <= 0 or not 0.0 <= min_prob <= 1.0:
@@ -118,7 +117,7 @@ class SuffixDrafter(RowZeroAdapter):
         self.max_nodes = MAX_NODES if gamma == "auto" else int(gamma)
         self.gamma: Gamma = self.max_nodes  # a cap: the drafter sizes its own trees
         self.shared = SuffixIndex(max_tokens)
-        self.tree, self.spec_factor, self.min_prob, self.margin = tree, spec_factor, min_prob, margin
+        self.tree, self.spec_factor, self.min_prob = tree, spec_factor, min_prob
         self.acceptance = Acceptance()  # the core's chain-shaped evidence (reported, not planned with)
         self._costs, self._costs_fixed = costs, costs is not None
         self._stored = Stored(None)  # what the target's cost cache file holds
@@ -234,7 +233,7 @@ class SuffixDrafter(RowZeroAdapter):
             plain = costs.v_at(rows - 1)
             # the best tree of n nodes is a certain chain: E = 1 + q + ... + q^n
             pays = any(expected_tokens(conf, n) * plain / (rows * self._c + costs.v_at(rows * (n + 1) - 1))
-                       > self.margin for n in range(1, cap + 1))
+                       > self.pricer.margin for n in range(1, cap + 1))
             got = self._pays[key] = (conf, self._c, pays)
         return got[2]
 
@@ -268,7 +267,7 @@ class SuffixDrafter(RowZeroAdapter):
         assert self._costs is not None
         costs, conf = self._costs, self.conf(tree.match_len, tree.stored)
         plain = costs.v_at(rows - 1)
-        best_n, best_s, best_e, e = 0, self.margin, 1.0, 1.0
+        best_n, best_s, best_e, e = 0, self.pricer.margin, 1.0, 1.0
         chain = True
         for n, (f, p, d) in enumerate(zip(tree.freqs, tree.parents, tree.depths), start=1):
             e += f * conf ** d

@@ -13,8 +13,9 @@ Leaf module: imports nothing of the project, so drafters may use it without reac
 from __future__ import annotations
 
 import math
+from typing import Optional, Protocol
 
-__all__ = ["Estimate", "ProbeSchedule", "judged"]
+__all__ = ["Estimate", "ProbeSchedule", "RowEvidence", "judged"]
 
 
 def judged(drafted: int, accepted: int) -> int:
@@ -141,3 +142,82 @@ class ProbeSchedule:
 
     def __repr__(self) -> str:
         return f"ProbeSchedule(idle={self.idle}, gap={self.gap:g})"
+
+
+HISTORY_WEIGHT = 0.5  # judged tokens the drafter's history across requests adds to a new row's prior mean
+PROBE_GAPS = (8, 2)  # a switched-off row probes after 8 plain passes, then 16, 32, ... (per request)
+
+
+class History(Protocol):
+    """What a row reads of its drafter's evidence (``drafters.base.Acceptance``)."""
+
+    estimate: Estimate
+
+
+class RowEvidence:
+    """One row's acceptance estimate and its probe schedule.
+
+    α = accepted / judged, judged = accepted tokens plus the one rejected per step (the
+    maximum-likelihood estimate for i.i.d. acceptance) over about the last ``memory`` judged tokens,
+    started from a prior worth the prior's weight that the row's own evidence then replaces. The prior
+    is the drafter's own (its α prior and weight; ``prior``: the reader's own instead, e.g. auto's
+    optimistic one) plus its history across requests at weight ≤ ``HISTORY_WEIGHT``: a prior, never a
+    verdict, so junk requests before this one barely move it."""
+
+    __slots__ = ("estimate", "fresh_alpha", "probes")
+
+    def __init__(self, history: History, memory: float = 100.0, prior: Optional[tuple[float, float]] = None) -> None:
+        past = history.estimate
+        alpha0, weight0 = prior if prior is not None else (past.prior, past.weight)
+        w = min(HISTORY_WEIGHT, past.trials)
+        seen = past.hits / past.trials if past.trials > 0 else 0.0
+        self.fresh_alpha = alpha0
+        # a fresh row's confidence is the prior's weight; the history only moves its mean
+        self.estimate = Estimate((alpha0 * weight0 + seen * w) / (weight0 + w), weight0, memory, forgets_prior=True)
+        self.probes = ProbeSchedule(PROBE_GAPS[0], PROBE_GAPS[1], at_start=True)
+
+    @property
+    def alpha(self) -> float:
+        return self.estimate.mean
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.estimate.add(accepted, judged(drafted, accepted))
+
+    def probe_due(self) -> bool:
+        """Whether a plain pass for this row should be a probe instead (its schedule, not another's)."""
+        return self.probes.due()
+
+    def step(self, drafted: int, probe: bool) -> None:
+        """Record this pass's draft length; ``probe``: the schedule, not the policy, made it draft."""
+        if drafted > 0:
+            self.probes.drafted(probe)
+        else:
+            self.probes.plain()
+
+    # views by the names the core and tests use
+    @property
+    def plain(self) -> int:
+        """Plain passes since the row last drafted."""
+        return self.probes.idle
+
+    @property
+    def started(self) -> bool:
+        """Drafted at least once in this request."""
+        return self.probes.started
+
+    @started.setter
+    def started(self, value: bool) -> None:
+        self.probes.started = value
+
+    @property
+    def accepted(self) -> float:
+        return self.estimate.hits
+
+    @property
+    def evaluated(self) -> float:
+        return self.estimate.trials
+
+    @evaluated.setter
+    def evaluated(self, value: float) -> None:
+        self.estimate.trials = value

@@ -5,28 +5,63 @@ EAGLE, Medusa, suffix drafting and ``auto`` size their own drafts from the targe
 step costs, measured once per machine and cached; the γ policy, which checks a chain drafter's figures
 against every pass, only caps them. So the decode core hands each of them the target's live single-row
 pass timings after every finished request and every 64 passes (``refine_costs(passes)``: seconds by width,
-each a low quantile of at least ``policy.TRUST`` passes), and a drafter times its own steps as they run
+each a low quantile of at least ``TRUST`` passes), and a drafter times its own steps as they run
 (``StepTimings``). As in the γ policy, a trusted live figure then counts instead of the measured one (when
 they differ by more than ``FOLLOW``, so that noise does not re-plan every tree); a pessimistic step cost is
-also bounded by a cheaper step that does more work, so it gets run and measured. Past ``policy.DISAGREE``×
+also bounded by a cheaper step that does more work, so it gets run and measured. Past ``DISAGREE``×
 the drafter returns its figures for the core to write back to the cache. A drafter given fixed costs keeps
 them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 from typing import Callable, Mapping, Optional
 
 from .costs import Costs, plausible
-from .policy import DISAGREE, MIN_DELTA_C, TRUST, Timings
 
+WINDOW = 16  # live timings kept per shape
+QUANTILE = 0.25  # the estimate of a shape: this quantile of its window (a spike of load never sets it)
+TRUST = 4  # live timings of a shape before they outrank an offline figure either way
+DISAGREE = 1.5  # live/offline ratio (either way) past which a drafter's offline costs are replaced
+MIN_DELTA_C = 0.02  # |c live − c offline| below this never counts as a disagreement (noise on tiny c)
 FOLLOW = 1.1  # a trusted live figure replaces the one in use (in memory) when they differ by more than this
+
+
+
+class Timings:
+    """Recent seconds of one pass shape; ``estimate`` is a low quantile of them."""
+
+    __slots__ = ("samples", "n", "_est")
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=WINDOW)
+        self.n = 0
+        self._est: Optional[float] = None
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds)
+        self.n += 1
+        self._est = None
+
+    @property
+    def estimate(self) -> float:
+        if self._est is None:
+            xs = sorted(self.samples)
+            self._est = xs[int(QUANTILE * (len(xs) - 1))]
+        return self._est
 
 
 def differ(a: float, b: float, floor: float = 0.0, factor: float = DISAGREE) -> bool:
     """Whether two cost figures disagree: by more than ``factor``× and by more than ``floor``."""
     return abs(a - b) > floor and max(a, b) > factor * max(1e-12, min(a, b))
+
+
+def follows(new_c: float, old_c: float) -> bool:
+    """Whether a drafter's live step cost (over a one-token pass) should replace the one in use: past
+    ``FOLLOW``× and past ``MIN_DELTA_C`` (noise on a tiny c)."""
+    return differ(new_c, old_c, MIN_DELTA_C, FOLLOW)
 
 
 def costs_differ(a: Costs, b: Costs, factor: float = DISAGREE) -> bool:

@@ -29,121 +29,15 @@ break-even an estimate is as likely to lose (measured: 0.93× at 16 rows without
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, replace
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Sequence
 
 from .costs import MAX_GAMMA, Costs, expected_tokens, plausible
-from .estimate import Estimate, ProbeSchedule, judged
+from .live import DISAGREE, MIN_DELTA_C, TRUST, Timings
+from .pricer import SPECULATION_MARGIN, Pricer
 
-SPECULATION_MARGIN = 1.08  # predicted tokens/s over plain decoding needed before speculating
 ALPHA_BUCKETS = 1024  # α resolution of the memoised single-row choice
-WINDOW = 16  # live timings kept per shape
-QUANTILE = 0.25  # the estimate of a shape: this quantile of its window (a spike of load never sets it)
-TRUST = 4  # live timings of a shape before they outrank an offline figure either way
-DISAGREE = 1.5  # live/offline ratio (either way) past which a drafter's offline costs are replaced
 REFRESH = 16  # timings between rebuilds of the single-row cost table (and its memoised choices)
-HISTORY_WEIGHT = 0.5  # judged tokens the drafter's history across requests adds to a new row's prior mean
-PROBE_GAPS = (8, 2)  # a switched-off row probes after 8 plain passes, then 16, 32, ... (per request)
-MIN_DELTA_C = 0.02  # |c live − c offline| below this never counts as a disagreement (noise on tiny c)
-
-class History(Protocol):
-    """What a row reads of its drafter's evidence (``drafters.base.Acceptance``)."""
-
-    estimate: Estimate
-
-
-class RowEvidence:
-    """One row's acceptance estimate and its probe schedule.
-
-    α = accepted / judged, judged = accepted tokens plus the one rejected per step (the
-    maximum-likelihood estimate for i.i.d. acceptance) over about the last ``memory`` judged tokens,
-    started from a prior worth the prior's weight that the row's own evidence then replaces. The prior
-    is the drafter's own (its α prior and weight; ``prior``: the reader's own instead, e.g. auto's
-    optimistic one) plus its history across requests at weight ≤ ``HISTORY_WEIGHT``: a prior, never a
-    verdict, so junk requests before this one barely move it."""
-
-    __slots__ = ("estimate", "fresh_alpha", "probes")
-
-    def __init__(self, history: History, memory: float = 100.0, prior: Optional[tuple[float, float]] = None) -> None:
-        past = history.estimate
-        alpha0, weight0 = prior if prior is not None else (past.prior, past.weight)
-        w = min(HISTORY_WEIGHT, past.trials)
-        seen = past.hits / past.trials if past.trials > 0 else 0.0
-        self.fresh_alpha = alpha0
-        # a fresh row's confidence is the prior's weight; the history only moves its mean
-        self.estimate = Estimate((alpha0 * weight0 + seen * w) / (weight0 + w), weight0, memory, forgets_prior=True)
-        self.probes = ProbeSchedule(PROBE_GAPS[0], PROBE_GAPS[1], at_start=True)
-
-    @property
-    def alpha(self) -> float:
-        return self.estimate.mean
-
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted:
-            self.estimate.add(accepted, judged(drafted, accepted))
-
-    def probe_due(self) -> bool:
-        """Whether a plain pass for this row should be a probe instead (its schedule, not another's)."""
-        return self.probes.due()
-
-    def step(self, drafted: int, probe: bool) -> None:
-        """Record this pass's draft length; ``probe``: the schedule, not the policy, made it draft."""
-        if drafted > 0:
-            self.probes.drafted(probe)
-        else:
-            self.probes.plain()
-
-    # views by the names the core and tests use
-    @property
-    def plain(self) -> int:
-        """Plain passes since the row last drafted."""
-        return self.probes.idle
-
-    @property
-    def started(self) -> bool:
-        """Drafted at least once in this request."""
-        return self.probes.started
-
-    @started.setter
-    def started(self, value: bool) -> None:
-        self.probes.started = value
-
-    @property
-    def accepted(self) -> float:
-        return self.estimate.hits
-
-    @property
-    def evaluated(self) -> float:
-        return self.estimate.trials
-
-    @evaluated.setter
-    def evaluated(self, value: float) -> None:
-        self.estimate.trials = value
-
-
-class Timings:
-    """Recent seconds of one pass shape; ``estimate`` is a low quantile of them."""
-
-    __slots__ = ("samples", "n", "_est")
-
-    def __init__(self) -> None:
-        self.samples: deque[float] = deque(maxlen=WINDOW)
-        self.n = 0
-        self._est: Optional[float] = None
-
-    def add(self, seconds: float) -> None:
-        self.samples.append(seconds)
-        self.n += 1
-        self._est = None
-
-    @property
-    def estimate(self) -> float:
-        if self._est is None:
-            xs = sorted(self.samples)
-            self._est = xs[int(QUANTILE * (len(xs) - 1))]
-        return self._est
-
 
 @dataclass
 class RowPlan:
@@ -163,6 +57,7 @@ class GammaPolicy:
 
     def __init__(self, margin: float = SPECULATION_MARGIN, max_gamma: int = MAX_GAMMA) -> None:
         self.margin, self.max_gamma = margin, max_gamma
+        self.pricer = Pricer(margin)  # the same rule, handed to drafters that size their own drafts
         self._t: dict[tuple[int, int], Timings] = {}  # (batch, width) -> target pass seconds
         self._draft: dict[tuple[str, int], Timings] = {}  # (drafter, rows drafting) -> seconds per position
         # offline single-row costs per drafter (a chain pass, a tree pass with hidden states: each
