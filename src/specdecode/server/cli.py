@@ -22,6 +22,7 @@ from ..config import ModelLoadConfig, add_dataclass_args, from_args
 from ..drafters.registry import artifacts_from_args, get_spec, options_from_args
 from ..kernels.build import extension_problems, extension_reasons
 from .config import API_KEY_ENV, ServerConfig, resolve_api_key
+from .ray_config import RAY_EXTRA_HINT, RayConfig, ray_config_of
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -36,6 +37,7 @@ def add_subcommands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                    "page at / that colours accepted draft tokens.")
     main_cli.add_model_args(p)  # the drafters' own flags (each artifact's too) are derived from the registry
     add_dataclass_args(p, ServerConfig)
+    add_dataclass_args(p, RayConfig)
     p.set_defaults(func=cmd_serve)
 
 
@@ -75,6 +77,9 @@ def build_state(args: argparse.Namespace, engine_threads: Optional[int] = None) 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    ray_config = ray_config_of(args)
+    if ray_config.ray:
+        return serve_on_ray(args, ray_config)
     from .runner import make_server, raise_fd_limit  # lazy: uvicorn and starlette load only to serve
 
     # Only the engine thread runs parallel ops. An OpenMP team belongs to the thread that starts it, and a
@@ -98,6 +103,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log.warning("fast path off: %s", why)
     server.run()
     return 0
+
+
+def serve_on_ray(args: argparse.Namespace, ray_config: RayConfig) -> int:
+    """``serve --ray``: the flags are checked here, the models load in each replica (``ray_app.py``)."""
+    try:
+        from .ray_app import serve_on_ray as run  # lazy: Ray, an optional extra, loads only with --ray
+    except ImportError as e:
+        if (e.name or "").split(".")[0] != "ray":
+            raise
+        raise main_cli.CLIError(f"--ray needs Ray Serve, which is not installed here: {RAY_EXTRA_HINT}") from None
+    config = from_args(ServerConfig, args)
+    if config.api_key is not None:
+        log.warning("--api-key on the command line is visible to other users in `ps`; prefer $%s or "
+                    "--api-key-file", API_KEY_ENV)
+    config = resolve_api_key(config, os.environ)
+    artifacts_from_args(args)  # a bad artifact flag fails here, not in every replica
+    return run(args, config, ray_config)
 
 
 @contextmanager
