@@ -20,6 +20,9 @@ in arithmetic, so our figures compare with theirs at the same bits per weight (8
 - q6k: GGUF's Q6_K as stored (``pack_q6k``, int32-marked; 6.625 bits per weight): super-blocks of 256 with fp16 d
   and int8 scales per 16, q in 0..63 split into a nibble plane and a 2-bit plane, ``w = (d * sc) * (q - 32)``.
   Likewise only loaded, computed exactly as stored.
+- q5_0, q4_1, q5_1: GGUF's Q5_0, Q4_1 and Q5_1 blocks of 32 as stored (``quant_b32.pack_b32``; 5.5, 5 and 6 bits per
+  weight): int4's nibbles, a plane of 5th bits, fp16 d (and min m), ``w = d * (q - 16)`` or ``d * q + m``. Likewise
+  only loaded, computed exactly as stored.
 
 Activations are quantized to int8 per row and block of 32 inside the call; products are integer
 dot products (AVX-512 VNNI ``vpdpbusd``, AVX-VNNI's 256-bit ``vpdpbusd`` on AVX2 CPUs that have it,
@@ -46,6 +49,7 @@ import torch
 
 from . import Kernels, fast_linear_available, load_extension
 from .build import ExtensionBuildError, build_extension, source_key
+from .quant_b32 import B32_DTYPES, dequantize_b32, pack_b32
 
 __all__ = [
     "QUANT_FORMATS",
@@ -54,6 +58,7 @@ __all__ = [
     "dequantize_rows",
     "is_packed",
     "load_quant_extension",
+    "pack_b32",
     "pack_blocks",
     "pack_gguf",
     "pack_q4k",
@@ -95,22 +100,23 @@ def load_quant_extension() -> ModuleType:
     return _ext
 
 
-_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "q4k": torch.int16, "q6k": torch.int32}
+_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "q4k": torch.int16, "q6k": torch.int32, **B32_DTYPES}
 
 
 def packed_dtype(fmt: str) -> torch.dtype:
     """The tensor dtype that marks a packed weight of ``fmt`` (int8 -> int8, int4 -> uint8, q4k -> int16,
-    q6k -> int32)."""
+    q6k -> int32, q5_0 -> uint16, q4_1 -> uint32, q5_1 -> uint64)."""
     return _DTYPES.get(fmt, torch.uint8)
 
 
 def packed_format(w: torch.Tensor) -> Optional[str]:
-    """"int8", "int4", "q4k" or "q6k" for a packed weight (by its dtype), None for a dense one."""
+    """"int8", "int4", "q4k", "q6k", "q5_0", "q4_1" or "q5_1" for a packed weight (by its dtype), None for a dense
+    one."""
     return next((f for f, dt in _DTYPES.items() if w.dtype == dt), None)
 
 
 def is_packed(w: torch.Tensor) -> bool:
-    return w.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32)
+    return w.dtype in _DTYPES.values()
 
 
 GROUP = 16  # weight rows interleaved per group (quant_linear.cpp has the layout)
@@ -438,11 +444,14 @@ def _unpack(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
     """The fp32 [N, k] matrix a packed weight stands for (tests and quality reports). For q4k, Q4_K's own
     dequantization bit for bit: (d * sc) * q - dmin * m in fp32, where only the subtraction rounds; for q6k, Q6_K's:
-    (d * sc) * (q - 32) in fp32."""
+    (d * sc) * (q - 32) in fp32; for q5_0 / q4_1 / q5_1, GGUF's d * (q - 16) / d * q + m in fp32."""
     if packed.dtype == torch.int16:
         v, ds, dm = _unpack_q4k(packed, k)
         n = v.shape[0]
         return (v.view(n, -1, 32) * ds.unsqueeze(-1) - dm.unsqueeze(-1)).view(n, k)
+    b32 = next((f for f, dt in B32_DTYPES.items() if packed.dtype == dt), None)
+    if b32 is not None:
+        return dequantize_b32(packed, k, b32)
     if packed.dtype == torch.int32:
         q6, ds6 = _unpack_q6k(packed, k)
         n = q6.shape[0]

@@ -43,6 +43,16 @@
 //   second 16 activations, S_lo, S_hi their activation sums (once per token row and block), then
 //   acc = fma(float(I_lo - 32 * S_lo), (d * sc_lo) * d_x, acc); acc = fma(float(I_hi - 32 * S_hi), (d * sc_hi) * d_x, acc).
 //
+// b32: GGUF Q5_0, Q4_1, Q5_1 as stored (kernels/quant_b32.py pack_b32 moves their bytes and 5th bits), a [N, rb / e]
+//   uint16 (q5_0), uint32 (q4_1) or uint64 (q5_1) tensor over GGUF's own rb = K / 32 * 22, 20 or 24 bytes a row
+//   (K a multiple of 32). Per block of 32: q (0..31 for q5_0 / q5_1, 0..15 for q4_1), fp16 d and, for q4_1 / q5_1,
+//   an fp16 min m; w = d * (q - 16) (q5_0) or d * q + m (fp32, as GGUF dequantizes). A group of 16 rows, nb blocks:
+//   [quants: int4's 256 bytes a block, of q's low 4 bits][plane (q5_0, q5_1): 64 bytes a block, row c's byte 4c + i
+//   holding at bit s + 4h the 5th bit of input 16h + 4s + i][the rows' fp16 d, 32 bytes a block][m likewise].
+//   A plain tail row: [GGUF's qs per block (int4's plain order)][GGUF's qh per block][d per block][m per block].
+//   Arithmetic, every path: I_b the exact dot of the unsigned q with the int8 activations (q5_0: from -16 * S_b,
+//   so of q - 16), acc = fma(float(I_b), d * d_x, acc); q4_1 / q5_1 then acc = fma(t_b, m, acc), t_b = float(S_b) * d_x.
+//
 // Arithmetic (every path, bit for bit): activations per row m and block b: d_x = max|x| / 127,
 // q_x = round-half-even(x * (127 / max|x|)) (each path quantizes with its own vector width, to the
 // same bytes; a decode step quantizes ~24k activations, which a scalar loop made ~10% of an int4
@@ -81,6 +91,10 @@
 // 16-bit shifts and masks (q as bytes 0..63, the unsigned operand); vpdpbusd chains start at -32 * S (vnni512,
 // avxvnni); avx2 sums maddubs over two steps in int16 (4 * 63 * 127 < 32768), then madd.
 //
+// The b32 formats (b32_units) take q6k's walks on every path; the 5th bits are merged into the nibbles with 16-bit
+// shifts and masks (q as bytes 0..31); avx2 sums maddubs over a block's 4 steps in int16 per half (4 * 2 * 31 * 127
+// < 32768).
+//
 // Dense (fp32/bf16) weights in the same model (embeddings kept dense, a bf16 head) go to the
 // small-M kernel through its address (set_dense_linear), so one function pointer serves the
 // fused decode ops' whole-stack loop for every projection.
@@ -111,7 +125,12 @@
 
 namespace {
 
-enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2, FMT_Q6K = 3 };
+enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2, FMT_Q6K = 3, FMT_Q5_0 = 4, FMT_Q4_1 = 5, FMT_Q5_1 = 6 };
+// the blocks-of-32 formats stored as GGUF has them (q5_0, q4_1, q5_1): int4's nibbles, a 5th-bit plane (q5_0, q5_1),
+// fp16 d and, for q4_1 / q5_1, an fp16 min m per block (the "b32" section below has the layout)
+inline bool b32_fmt(int fmt) { return fmt == FMT_Q5_0 || fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
+inline bool b32_hi(int fmt) { return fmt == FMT_Q5_0 || fmt == FMT_Q5_1; }
+inline bool b32_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
 // not an order: a CPU may have AVX-512 VNNI without AVX-VNNI (Zen 4) or the reverse (Alder Lake); see supported()
 enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_VNNI512 = 2, ISA_AVXVNNI = 3 };
 constexpr int64_t G = 16;  // weight rows (output columns) interleaved per group: one zmm lane each
@@ -168,6 +187,7 @@ inline int64_t row_bytes(int fmt, int64_t K) {
   if (fmt == FMT_Q4K) return K / QK_K * kQ4kRowSb;  // K % 256 == 0 (checked by the callers)
   if (fmt == FMT_Q6K) return K / QK_K * kQ6kRowSb;
   const int64_t Kp = padded_k(K);
+  if (b32_fmt(fmt)) return Kp / 32 * (16 + 4 * b32_hi(fmt) + 2 + 2 * b32_min(fmt));  // GGUF's own block bytes
   return (quant_bytes(fmt, Kp) + 2 * (Kp / 32) + 3) & ~int64_t(3);
 }
 
@@ -257,6 +277,33 @@ struct Layout {
       std::memcpy(&d, base + 208, 2);
     }
     return half_to_float(d) * static_cast<float>(sc);
+  }
+  // b32 (q5_0 / q4_1 / q5_1): the unsigned q of weight (n, k): 0..15 (q4_1) or 0..31 with the plane's 5th bit
+  int b32_q(const uint8_t* w, int64_t n, int64_t k) const {
+    const int64_t b = k / 32, j = k % 32, h = j / 16;
+    int v, bit = 0;
+    if (n < ng * G) {
+      const uint8_t* grp = group(w, n / G);
+      const int64_t c = n % G, s = (j % 16) / 4, i = j % 4;
+      const uint8_t byte = grp[b * 256 + s * 64 + c * 4 + i];
+      v = h ? byte >> 4 : byte & 0xf;
+      if (b32_hi(fmt)) bit = (grp[G * qb + b * 64 + c * 4 + i] >> (s + 4 * h)) & 1;
+    } else {
+      const uint8_t* row = w + n * rb;
+      const uint8_t byte = row[b * 16 + j % 16];
+      v = h ? byte >> 4 : byte & 0xf;
+      if (b32_hi(fmt)) bit = (row[nb * 16 + b * 4 + j / 8] >> (j % 8)) & 1;
+    }
+    return v | (bit << 4);
+  }
+  // b32: block b's fp16 d (min = false) or m (min = true) of row n
+  uint16_t b32_half(const uint8_t* w, int64_t n, int64_t b, bool min) const {
+    uint16_t h;
+    if (n < ng * G)
+      std::memcpy(&h, group(w, n / G) + G * qb + (b32_hi(fmt) ? 64 * nb : 0) + (min ? 32 * nb : 0) + (b * G + n % G) * 2, 2);
+    else
+      std::memcpy(&h, w + n * rb + 16 * nb + (b32_hi(fmt) ? 4 * nb : 0) + (min ? 2 * nb : 0) + 2 * b, 2);
+    return h;
   }
   uint16_t scale(const uint8_t* w, int64_t n, int64_t b) const {
     uint16_t h;
@@ -383,8 +430,10 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
   out.q.resize(M * out.Kp);
   out.d.resize(M * out.nb);
   out.corr.resize(M * out.nb);
-  // corr = -off * block sum: int8 -128 * sum, int4 -8 * sum, q4k +sum (S_b, the min term's multiplier)
-  const int32_t off = fmt == FMT_Q8 ? 128 : fmt == FMT_Q4 ? 8 : fmt == FMT_Q4K ? -1 : 0;
+  // corr = -off * block sum: int8 -128 * sum, int4 -8 * sum, q5_0 -16 * sum, q4k / q4_1 / q5_1 +sum (S_b, the
+  // min term's multiplier)
+  const bool with_min = fmt == FMT_Q4K || b32_min(fmt);
+  const int32_t off = fmt == FMT_Q8 ? 128 : fmt == FMT_Q4 ? 8 : fmt == FMT_Q5_0 ? 16 : with_min ? -1 : 0;
   for (int64_t m = 0; m < M; ++m) {
     int8_t* q = out.q.data() + m * out.Kp;
     float* d = out.d.data() + m * out.nb;
@@ -401,7 +450,7 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
 #endif
     quantize_row_scalar(off, x + m * K, K, q, d, corr);
   }
-  if (fmt == FMT_Q4K) {
+  if (with_min) {
     out.t.resize(M * out.nb);
     for (int64_t i = 0; i < M * out.nb; ++i) out.t[i] = static_cast<float>(out.corr[i]) * out.d[i];
   }
@@ -1840,6 +1889,414 @@ void q6k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bia
   }
 }
 
+// ------------------------------------------------------------------ b32: GGUF Q5_0, Q4_1, Q5_1 (as stored)
+// Per (token row m, weight row n), every path, bit for bit: per block b of 32, I_b the exact integer dot of the
+// unsigned q (q4_1: 0..15; q5_0, q5_1: 0..31) with row m's int8 activations, for q5_0 less 16 * S_b (its chain
+// starts at qx.corr = -16 * S_b, so I_b is the dot of q - 16), d_w and m_w the block's fp16 d and min:
+//   acc = 0; for b: acc = fma(float(I_b), d_w * d_x, acc);  [q4_1, q5_1: acc = fma(t_b, m_w, acc)];  y = acc + bias
+// with t_b = float(S_b) * d_x as for q4k (qx.t). Q4_0's arithmetic with a 5th bit and Q4_K's min term.
+
+void cols_scalar_b32(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t n0,
+                     int64_t n1) {
+  const bool mn = b32_min(L.fmt);
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t m = 0; m < qx.M; ++m) {
+      const int8_t* xq = qx.q.data() + m * qx.Kp;
+      float acc = 0.f;
+      for (int64_t b = 0; b < qx.nb; ++b) {
+        int32_t isum = mn ? 0 : qx.corr[m * qx.nb + b];
+        for (int64_t k = b * 32; k < b * 32 + 32; ++k) isum += L.b32_q(w, n, k) * int32_t(xq[k]);
+        const float dx = qx.d[m * qx.nb + b];
+        acc = std::fmaf(static_cast<float>(isum), half_to_float(L.b32_half(w, n, b, false)) * dx, acc);
+        if (mn) acc = std::fmaf(qx.t[m * qx.nb + b], half_to_float(L.b32_half(w, n, b, true)), acc);
+      }
+      y[m * L.N + n] = acc + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+// one full group, all token rows (scalar; the layout walk of the SIMD paths)
+void group_scalar_b32(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g) {
+  const bool hi = b32_hi(L.fmt), mn = b32_min(L.fmt);
+  const int64_t nb = qx.nb;
+  const uint8_t* grp = L.group(w, g);
+  const uint8_t* plane = grp + G * L.qb;
+  const uint16_t* ds = reinterpret_cast<const uint16_t*>(plane + (hi ? 64 * nb : 0));
+  const uint16_t* ms = ds + G * nb;
+  for (int64_t m = 0; m < qx.M; ++m) {
+    const int8_t* xq = qx.q.data() + m * qx.Kp;
+    float acc[G] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* wb = grp + b * 256;
+      const uint8_t* hb = plane + b * 64;
+      const int8_t* xb = xq + b * 32;
+      int32_t isum[G];
+      for (int c = 0; c < G; ++c) isum[c] = mn ? 0 : qx.corr[m * nb + b];
+      for (int s = 0; s < 4; ++s)
+        for (int c = 0; c < G; ++c)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = wb[s * 64 + c * 4 + i];
+            int32_t vl = byte & 0xf, vh = byte >> 4;
+            if (hi) {
+              vl |= ((hb[c * 4 + i] >> s) & 1) << 4;
+              vh |= ((hb[c * 4 + i] >> (s + 4)) & 1) << 4;
+            }
+            isum[c] += vl * xb[4 * s + i] + vh * xb[16 + 4 * s + i];
+          }
+      const float dx = qx.d[m * nb + b];
+      for (int c = 0; c < G; ++c) {
+        acc[c] = std::fmaf(static_cast<float>(isum[c]), half_to_float(ds[b * G + c]) * dx, acc[c]);
+        if (mn) acc[c] = std::fmaf(qx.t[m * nb + b], half_to_float(ms[b * G + c]), acc[c]);
+      }
+    }
+    for (int c = 0; c < G; ++c) {
+      const int64_t n = g * G + c;
+      y[m * L.N + n] = acc[c] + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+#if QL_X86
+// b32 streams prefetch kB32Prefetch bytes of quants ahead, and the plane and scales as many blocks ahead: q6k's
+// measured distance (kQ6kPrefetch), where 32 KiB was 1.1-3x slower from DRAM
+constexpr int64_t kB32Prefetch = 4096;
+
+// Group grp's lines kB32Prefetch ahead of block b in each of its regions: quants (4 lines a block), the plane
+// (1 line), d and m (a line per 2 blocks)
+template <bool HI, bool MIN>
+__attribute__((always_inline)) inline void prefetch_b32(const uint8_t* grp, int64_t nb, int64_t b) {
+  const uint8_t* wb = grp + b * 256 + kB32Prefetch;
+  for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64), _MM_HINT_T1);
+  const uint8_t* p = grp + G * 16 * nb;
+  if (HI) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + b * 64 + kB32Prefetch / 4), _MM_HINT_T1);
+    p += 64 * nb;
+  }
+  if ((b & 1) == 0) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + b * 32 + kB32Prefetch / 8), _MM_HINT_T1);
+    if (MIN) _mm_prefetch(reinterpret_cast<const char*>(p + 32 * nb + b * 32 + kB32Prefetch / 8), _MM_HINT_T1);
+  }
+}
+
+// Step S's q as bytes from its nibble vector and the block's plane: the low nibbles (inputs 4S + i) with plane
+// bit S, the high ones (16 + 4S + i) with bit S + 4, each moved to bit 4 (16-bit shifts by at most 4 keep bit 4
+// within its byte); (a & c) | b is ternary-logic 0xEC
+template <int S>
+__attribute__((target(QL_512), always_inline)) inline void b32_merge512(__m512i raw, __m512i qh, __m512i& lo,
+                                                                       __m512i& hi) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+  lo = _mm512_ternarylogic_epi32(raw, _mm512_and_si512(_mm512_slli_epi16(qh, 4 - S), m10), low4, 0xEC);
+  hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), _mm512_and_si512(_mm512_srli_epi16(qh, S), m10), low4,
+                                 0xEC);
+}
+
+// AVX-512 VNNI: groups_vnni_mb's walk (NS groups side by side, one zmm lane per weight row, MB token rows per
+// weight vector). q5_0 / q5_1: q merged to bytes 0..31 (b32_merge512), one vpdpbusd per step and row per half;
+// q4_1: int4's nibbles (the high ones in place, their chain shifted back once per block).
+template <int MB, int NS, bool HI, bool MIN>
+__attribute__((target(QL_512))) void b32_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                int64_t g0, float* out) {
+  const int64_t nb = qx.nb, xstride = qx.Kp / 4;
+  const int64_t hoff = G * L.qb, doff = hoff + (HI ? 64 * nb : 0), moff = doff + 32 * nb;
+  const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
+  const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
+  const uint8_t* grp[NS];
+  for (int i = 0; i < NS; ++i) grp[i] = L.group(w, g0 + i);
+  __m512 acc[NS][MB];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < NS; ++i) {
+      prefetch_b32<HI, MIN>(grp[i], nb, b);
+      const uint8_t* wb = grp[i] + b * 256;
+      __m512i lo[4], hi[4];
+      if constexpr (HI) {
+        const __m512i qh = _mm512_loadu_si512(grp[i] + hoff + b * 64);
+        b32_merge512<0>(_mm512_loadu_si512(wb), qh, lo[0], hi[0]);
+        b32_merge512<1>(_mm512_loadu_si512(wb + 64), qh, lo[1], hi[1]);
+        b32_merge512<2>(_mm512_loadu_si512(wb + 128), qh, lo[2], hi[2]);
+        b32_merge512<3>(_mm512_loadu_si512(wb + 192), qh, lo[3], hi[3]);
+      } else {
+        for (int s = 0; s < 4; ++s) {
+          const __m512i raw = _mm512_loadu_si512(wb + s * 64);
+          lo[s] = _mm512_and_si512(raw, low4);
+          hi[s] = _mm512_and_si512(raw, high4);
+        }
+      }
+      __m512i isum[MB];
+      for (int j = 0; j < MB; ++j) {
+        const int32_t* xb = xq32 + j * xstride + b * 8;
+        __m512i a = MIN ? _mm512_setzero_si512() : _mm512_set1_epi32(qx.corr[(m0 + j) * nb + b]);
+        __m512i a2 = _mm512_setzero_si512();
+        for (int s = 0; s < 4; ++s) {
+          a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
+          a2 = _mm512_dpbusd_epi32(a2, hi[s], _mm512_set1_epi32(xb[4 + s]));
+        }
+        isum[j] = _mm512_add_epi32(a, HI ? a2 : _mm512_srai_epi32(a2, 4));
+      }
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp[i] + doff + b * 32)));
+      __m512 mw = _mm512_setzero_ps();
+      if constexpr (MIN)
+        mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp[i] + moff + b * 32)));
+      for (int j = 0; j < MB; ++j) {
+        const __m512 dx = _mm512_set1_ps(qx.d[(m0 + j) * nb + b]);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(dw, dx), acc[i][j]);
+        if constexpr (MIN) acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(qx.t[(m0 + j) * nb + b]), mw, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+}
+
+template <int NS, bool HI, bool MIN>
+void b32_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const uint8_t* w, int64_t g0, float* out) {
+  switch (mb) {
+    case 1: b32_vnni_mb<1, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+    case 2: b32_vnni_mb<2, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+    case 3: b32_vnni_mb<3, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+    case 4: b32_vnni_mb<4, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+    case 5: b32_vnni_mb<5, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+    case 6: b32_vnni_mb<6, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+    case 7: b32_vnni_mb<7, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+    default: b32_vnni_mb<8, NS, HI, MIN>(L, qx, m0, w, g0, out); break;
+  }
+}
+
+// ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
+template <bool HI, bool MIN>
+void b32_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
+                     int ns) {
+  alignas(64) float out[kStreams * 8 * G];
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
+    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+    if (ns == kStreams)
+      b32_vnni_rows<kStreams, HI, MIN>(L, qx, m0, mb, w, g0, out);
+    else
+      b32_vnni_rows<1, HI, MIN>(L, qx, m0, mb, w, g0, out);
+    write_groups(L, out, 8, ns, m0, mb, g0, bias, y);
+  }
+}
+
+// 256-bit paths: step s of one half group as q bytes (b32_merge512's arithmetic, with or and and); q4_1: the two
+// nibbles, the high one shifted down. s is a constant wherever the callers' 4-step loops are unrolled.
+template <int S>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void b32_merge256(__m256i raw, __m256i qh, __m256i& lo,
+                                                                                __m256i& hi) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+  lo = _mm256_or_si256(_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4 - S), m10));
+  hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                       _mm256_and_si256(_mm256_srli_epi16(qh, S), m10));
+}
+
+template <bool HI>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void b32_step256(const uint8_t* wb, __m256i qh, int s,
+                                                                               __m256i& lo, __m256i& hi) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
+  if constexpr (HI) {
+    switch (s) {
+      case 0: b32_merge256<0>(raw, qh, lo, hi); break;
+      case 1: b32_merge256<1>(raw, qh, lo, hi); break;
+      case 2: b32_merge256<2>(raw, qh, lo, hi); break;
+      default: b32_merge256<3>(raw, qh, lo, hi); break;
+    }
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    lo = _mm256_and_si256(raw, low4);
+    hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  }
+}
+
+// The float tail of block b of one half group (h) for MB token rows, 8 columns a ymm: isum[j] the exact dots,
+// dp / mp the half group's 8 fp16 d / m
+template <int MB, bool MIN>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void b32_tail256(const QX& qx, int64_t m0, int64_t b,
+                                                                               const uint8_t* dp, const uint8_t* mp,
+                                                                               const __m256i* isum, __m256 (*acc)[2],
+                                                                               int h) {
+  const int64_t nb = qx.nb;
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp)));
+  __m256 mw = _mm256_setzero_ps();
+  if constexpr (MIN) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp)));
+  for (int j = 0; j < MB; ++j) {
+    const __m256 dx = _mm256_set1_ps(qx.d[(m0 + j) * nb + b]);
+    acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dx), acc[j][h]);
+    if constexpr (MIN) acc[j][h] = _mm256_fmadd_ps(_mm256_set1_ps(qx.t[(m0 + j) * nb + b]), mw, acc[j][h]);
+  }
+}
+
+// AVX2: NS groups side by side, one half group (8 rows) a ymm, MB token rows (q6k_rows_avx2's walk). maddubs(q, x)
+// summed in int16 over the block's 4 steps, the low and high halves apart for 5-bit q (4 * 2 * 31 * 127 < 32768),
+// together for q4_1 (8 * 2 * 15 * 127 < 32768), then madd to int32.
+template <int MB, int NS, bool HI, bool MIN>
+__attribute__((target("avx2,fma,f16c"))) void b32_rows_avx2(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                           int64_t g0, float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const int64_t hoff = G * L.qb, doff = hoff + (HI ? 64 * nb : 0), moff = doff + 32 * nb;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NS][MB][2];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < NS; ++i) {
+      const uint8_t* grp = L.group(w, g0 + i);
+      prefetch_b32<HI, MIN>(grp, nb, b);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* wb = grp + b * 256 + 32 * h;
+        const __m256i qh = HI ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + hoff + b * 64 + 32 * h))
+                              : _mm256_setzero_si256();
+        __m256i p[MB], p2[MB], isum[MB];
+        for (int j = 0; j < MB; ++j) p[j] = p2[j] = _mm256_setzero_si256();
+        for (int s = 0; s < 4; ++s) {
+          __m256i lo, hi;
+          b32_step256<HI>(wb, qh, s, lo, hi);
+          for (int j = 0; j < MB; ++j) {
+            const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            p[j] = _mm256_add_epi16(p[j], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+            if constexpr (HI)
+              p2[j] = _mm256_add_epi16(p2[j], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+            else
+              p[j] = _mm256_add_epi16(p[j], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+          }
+        }
+        for (int j = 0; j < MB; ++j) {
+          __m256i a = _mm256_madd_epi16(p[j], ones);
+          if constexpr (HI) a = _mm256_add_epi32(a, _mm256_madd_epi16(p2[j], ones));
+          if constexpr (!MIN) a = _mm256_add_epi32(a, _mm256_set1_epi32(qx.corr[(m0 + j) * nb + b]));
+          isum[j] = a;
+        }
+        b32_tail256<MB, MIN>(qx, m0, b, grp + doff + b * 32 + 16 * h, grp + moff + b * 32 + 16 * h, isum, acc[i], h);
+      }
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm256_storeu_ps(out + (i * 4 + j) * G, acc[i][j][0]);
+      _mm256_storeu_ps(out + (i * 4 + j) * G + 8, acc[i][j][1]);
+    }
+}
+
+// AVX-VNNI: b32_rows_avx2's walk with one 256-bit vpdpbusd per step, half group, half block and token row
+template <int MB, int NS, bool HI, bool MIN>
+__attribute__((target(QL_VNNI256))) void b32_rows_vnni256(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
+                                                         int64_t g0, float* out) {
+  const int64_t Kp = qx.Kp, nb = qx.nb;
+  const int64_t hoff = G * L.qb, doff = hoff + (HI ? 64 * nb : 0), moff = doff + 32 * nb;
+  __m256 acc[NS][MB][2];
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < NS; ++i) {
+      const uint8_t* grp = L.group(w, g0 + i);
+      prefetch_b32<HI, MIN>(grp, nb, b);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* wb = grp + b * 256 + 32 * h;
+        const __m256i qh = HI ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + hoff + b * 64 + 32 * h))
+                              : _mm256_setzero_si256();
+        __m256i a[MB], a2[MB];
+        for (int j = 0; j < MB; ++j) {
+          a[j] = MIN ? _mm256_setzero_si256() : _mm256_set1_epi32(qx.corr[(m0 + j) * nb + b]);
+          a2[j] = _mm256_setzero_si256();
+        }
+        for (int s = 0; s < 4; ++s) {
+          __m256i lo, hi;
+          b32_step256<HI>(wb, qh, s, lo, hi);
+          for (int j = 0; j < MB; ++j) {
+            const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
+            int32_t xl, xh;
+            std::memcpy(&xl, xb + 4 * s, 4);
+            std::memcpy(&xh, xb + 16 + 4 * s, 4);
+            a[j] = _mm256_dpbusd_avx_epi32(a[j], lo, _mm256_set1_epi32(xl));
+            a2[j] = _mm256_dpbusd_avx_epi32(a2[j], hi, _mm256_set1_epi32(xh));
+          }
+        }
+        for (int j = 0; j < MB; ++j) a[j] = _mm256_add_epi32(a[j], a2[j]);
+        b32_tail256<MB, MIN>(qx, m0, b, grp + doff + b * 32 + 16 * h, grp + moff + b * 32 + 16 * h, a, acc[i], h);
+      }
+    }
+  }
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j < MB; ++j) {
+      _mm256_storeu_ps(out + (i * 4 + j) * G, acc[i][j][0]);
+      _mm256_storeu_ps(out + (i * 4 + j) * G + 8, acc[i][j][1]);
+    }
+}
+
+// ns (kStreamsAvx2 or 1) full groups from g0, all token rows in register blocks of up to 4
+template <bool VNNI, bool HI, bool MIN>
+void b32_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
+                    int ns) {
+  alignas(32) float out[kStreamsAvx2 * 4 * G];
+#define QL_B32_CALL(MB, NS)                                           \
+  (VNNI ? b32_rows_vnni256<MB, NS, HI, MIN>(L, qx, m0, w, g0, out) \
+        : b32_rows_avx2<MB, NS, HI, MIN>(L, qx, m0, w, g0, out))
+  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+    if (ns == kStreamsAvx2) {
+      switch (mb) {
+        case 1: QL_B32_CALL(1, kStreamsAvx2); break;
+        case 2: QL_B32_CALL(2, kStreamsAvx2); break;
+        case 3: QL_B32_CALL(3, kStreamsAvx2); break;
+        default: QL_B32_CALL(4, kStreamsAvx2); break;
+      }
+    } else {
+      switch (mb) {
+        case 1: QL_B32_CALL(1, 1); break;
+        case 2: QL_B32_CALL(2, 1); break;
+        case 3: QL_B32_CALL(3, 1); break;
+        default: QL_B32_CALL(4, 1); break;
+      }
+    }
+    write_groups(L, out, 4, ns, m0, mb, g0, bias, y);
+  }
+#undef QL_B32_CALL
+}
+#endif  // QL_X86
+
+// the b32 formats' column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
+template <bool HI, bool MIN>
+void b32_units_t(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0,
+                 int64_t u1, int isa) {
+  for (int64_t u = u0; u < u1; ++u) {
+    if (u == L.ng) {
+      cols_scalar_b32(L, qx, w, bias, y, L.ng * G, L.N);
+      continue;
+    }
+#if QL_X86
+    if (isa == ISA_VNNI512) {
+      const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+      b32_groups_vnni<HI, MIN>(L, qx, w, bias, y, u, ns);
+      u += ns - 1;
+      continue;
+    }
+    if (isa == ISA_AVX2 || isa == ISA_AVXVNNI) {
+      const bool streams = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
+      const int ns = streams ? kStreamsAvx2 : 1;
+      if (isa == ISA_AVXVNNI)
+        b32_groups_256<true, HI, MIN>(L, qx, w, bias, y, u, ns);
+      else
+        b32_groups_256<false, HI, MIN>(L, qx, w, bias, y, u, ns);
+      u += ns - 1;
+      continue;
+    }
+#endif
+    group_scalar_b32(L, qx, w, bias, y, u);
+  }
+}
+
+void b32_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
+               int isa) {
+  if (L.fmt == FMT_Q5_0)
+    b32_units_t<true, false>(L, qx, w, bias, y, u0, u1, isa);
+  else if (L.fmt == FMT_Q4_1)
+    b32_units_t<false, true>(L, qx, w, bias, y, u0, u1, isa);
+  else
+    b32_units_t<true, true>(L, qx, w, bias, y, u0, u1, isa);
+}
+
 // ------------------------------------------------------------------ runtime choice
 struct Cpu {
   bool avx2 = false, vnni512 = false, avxvnni = false;
@@ -1915,19 +2372,32 @@ int format_of(const at::Tensor& w) {
   if (w.scalar_type() == at::kByte) return FMT_Q4;
   if (w.scalar_type() == at::kShort) return FMT_Q4K;
   if (w.scalar_type() == at::kInt) return FMT_Q6K;
+  if (w.scalar_type() == at::ScalarType::UInt16) return FMT_Q5_0;
+  if (w.scalar_type() == at::ScalarType::UInt32) return FMT_Q4_1;
+  if (w.scalar_type() == at::ScalarType::UInt64) return FMT_Q5_1;
   return -1;
 }
 
 const char* fmt_name(int fmt) {
-  return fmt == FMT_Q8 ? "int8" : fmt == FMT_Q4 ? "int4" : fmt == FMT_Q4K ? "q4k" : "q6k";
+  switch (fmt) {
+    case FMT_Q8: return "int8";
+    case FMT_Q4: return "int4";
+    case FMT_Q4K: return "q4k";
+    case FMT_Q6K: return "q6k";
+    case FMT_Q5_0: return "q5_0";
+    case FMT_Q4_1: return "q4_1";
+    default: return "q5_1";
+  }
 }
 
 // the packed weight's checks against K; its bytes per row
 int64_t check_packed(const char* who, const at::Tensor& w, int fmt, int64_t K) {
   TORCH_CHECK(fmt >= 0 && w.dim() == 2 && w.is_contiguous(), who,
-              ": weight must be a contiguous packed int8 (Q8), uint8 (Q4), int16 (q4k) or int32 (q6k) [N, row bytes] tensor");
+              ": weight must be a contiguous packed int8 (Q8), uint8 (Q4), int16 (q4k), int32 (q6k), uint16 (q5_0), "
+              "uint32 (q4_1) or uint64 (q5_1) [N, row bytes] tensor");
   TORCH_CHECK(fmt != FMT_Q4K || K % QK_K == 0, who, ": a q4k (GGUF Q4_K) weight needs K a multiple of 256, got K=", K);
   TORCH_CHECK(fmt != FMT_Q6K || K % QK_K == 0, who, ": a q6k (GGUF Q6_K) weight needs K a multiple of 256, got K=", K);
+  TORCH_CHECK(!b32_fmt(fmt) || K % 32 == 0, who, ": a ", fmt_name(fmt), " weight needs K a multiple of 32, got K=", K);
   const int64_t rb = row_bytes(fmt, K);
   TORCH_CHECK(w.size(1) * w.element_size() == rb, who, ": a packed ", fmt_name(fmt), " weight for K=", K, " has ", rb,
               " bytes per row, got ", w.size(1) * w.element_size());
@@ -1977,6 +2447,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   }
   if (fmt == FMT_Q6K) {
     at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q6k_units(L, qx, wp, bp, yp, u0, u1, isa); });
+    return y;
+  }
+  if (b32_fmt(fmt)) {
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { b32_units(L, qx, wp, bp, yp, u0, u1, isa); });
     return y;
   }
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
@@ -2083,6 +2557,15 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
         yp[m * N + n] = acc;
         continue;
       }
+      if (b32_fmt(fmt)) {  // the dequantized weight d * (q - 16) (q5_0) or d * q + m (q4_1, q5_1), exact in fp64
+        for (int64_t k = 0; k < qx.Kp; ++k) {
+          const double d = half_to_float(L.b32_half(wp, n, k / 32, false)), q = L.b32_q(wp, n, k);
+          const double wv = b32_min(fmt) ? d * q + double(half_to_float(L.b32_half(wp, n, k / 32, true))) : d * (q - 16);
+          acc += wv * double(qx.d[m * qx.nb + k / 32]) * qx.q[m * qx.Kp + k];
+        }
+        yp[m * N + n] = acc;
+        continue;
+      }
       if (fmt == FMT_Q6K) {  // the dequantized weight (d * sc) * (q - 32) (exact in fp64)
         for (int64_t k = 0; k < qx.Kp; ++k)
           acc += double(L.q6k_ds(wp, n, k / 16)) * (L.q6k_q(wp, n, k) - 32) * double(qx.d[m * qx.nb + k / 32]) *
@@ -2101,7 +2584,7 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 blocks, Q4_K / Q6_K super-blocks, int8 activations; VNNI-512 / AVX-VNNI / AVX2 / scalar)";
+  m.doc() = "specdecode quantized-weight CPU linear (Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 blocks, Q4_K / Q6_K super-blocks, int8 activations; VNNI-512 / AVX-VNNI / AVX2 / scalar)";
   m.def("linear", &linear, "F.linear drop-in: packed int8/int4 weights -> the kernel, dense -> the small-M kernel",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("bf16_dot") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
@@ -2120,6 +2603,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     TORCH_CHECK(K % QK_K == 0, "q6k_row_bytes: K must be a multiple of 256, got ", K);
     return row_bytes(FMT_Q6K, K);
   }, "bytes per packed q6k row for K inputs (a multiple of 256)", pybind11::arg("k"));
+  m.def("packed_row_bytes", [](int64_t K, const std::string& fmt) {
+    const char* names[] = {"int8", "int4", "q4k", "q6k", "q5_0", "q4_1", "q5_1"};
+    int f = -1;
+    for (int i = 0; i < 7; ++i)
+      if (fmt == names[i]) f = i;
+    TORCH_CHECK(f >= 0, "packed_row_bytes: unknown format '", fmt, "'");
+    TORCH_CHECK((f != FMT_Q4K && f != FMT_Q6K) || K % QK_K == 0, "packed_row_bytes: ", fmt, " needs K a multiple of 256");
+    TORCH_CHECK(!b32_fmt(f) || K % 32 == 0, "packed_row_bytes: ", fmt, " needs K a multiple of 32");
+    return row_bytes(f, K);
+  }, "bytes per packed row of format fmt for K inputs", pybind11::arg("k"), pybind11::arg("fmt"));
   m.def("has_avx2", []() { return kCpu.avx2; }, "whether this CPU has AVX2/FMA/F16C");
   m.def("has_vnni512", []() { return kCpu.vnni512; }, "whether this CPU has AVX-512 VNNI (vpdpbusd)");
   m.def("has_avxvnni", []() { return kCpu.avxvnni; }, "whether this CPU has AVX-VNNI (256-bit vpdpbusd, VEX)");

@@ -8,9 +8,9 @@ the mapping onto our runtime:
 - **Tensors.** F32/F16/BF16 are used as stored. Q8_0 and Q4_0 are llama.cpp's blocks of 32 with an
   fp16 scale, which is exactly our int8/int4 arithmetic, so with ``weight_dtype`` int8/int4 they are
   packed for our kernel as stored, without re-rounding (``kernels.quant.pack_gguf``). Q4_K (most of a
-  Q4_K_M file) is packed as our q4k and computed as stored whatever the quantized ``weight_dtype``
-  (``kernels.quant.pack_q4k``). Every other type (Q4_1, Q5_0/1, Q5_K, Q6_K...) is dequantized by
-  ``gguf.quants.dequantize`` and then rounded once to the ``weight_dtype`` asked for.
+  Q4_K_M file), Q6_K, Q5_0, Q4_1 and Q5_1 have kernel formats of their own (``OWN_FORMAT``) and are computed
+  as stored whatever the quantized ``weight_dtype``. Every other type (Q5_K...), and a fused matrix whose parts
+  mix types, is dequantized by ``gguf.quants.dequantize`` and then rounded once to the ``weight_dtype`` asked for.
 - **Memory.** A quantized load (``read_packed``) goes tensor by tensor from the memory-mapped file to
   the packed form, a chunk of rows at a time, and keeps the embedding table in its stored format
   (``models/tables.py``): it peaks near the size of what it holds, never at a dense copy of the model.
@@ -25,18 +25,20 @@ import ctypes.util
 import mmap
 import struct
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from ..kernels.quant import QUANT_FORMATS, pack_blocks, pack_gguf, pack_q4k, pack_q6k, quantize
+from ..kernels.quant import QUANT_FORMATS, pack_b32, pack_blocks, pack_gguf, pack_q4k, pack_q6k, quantize
+from ..kernels.quant_b32 import B32_FORMATS
 from .assemble import PackedWeights, assemble_model, assemble_packed
 from .config import ModelConfig, UnsupportedModelError
 from .gguf_tokenizer import tokenizer_from_gguf
 from .llama import LlamaModel
-from .tables import StoredRows, decode_rows
+from .tables import PACKED_KINDS, StoredRows, decode_rows
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
@@ -45,7 +47,9 @@ _PERMUTED = {"llama", "mistral"}
 DENSE_TYPES = ("F32", "F16", "BF16")
 STORED_AS = {"Q8_0": "int8", "Q4_0": "int4"}  # block types our int8/int4 kernels read as stored
 # block types with a kernel format of their own, used as stored under any quantized ``weight_dtype``
-OWN_FORMAT = {"Q4_K": "q4k", "Q6_K": "q6k"}
+OWN_FORMAT = {"Q4_K": "q4k", "Q6_K": "q6k", "Q5_0": "q5_0", "Q4_1": "q4_1", "Q5_1": "q5_1"}
+# those a table (an embedding or output matrix looked up by rows, ``models/tables.py``) can also be kept in
+_TABLE_OWN = frozenset(k for k, f in OWN_FORMAT.items() if f in PACKED_KINDS)
 
 _LAYER = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -91,8 +95,9 @@ class GGUFCheckpoint:
 
     def default_weight_format(self) -> Optional[str]:
         """int8/int4 when every layer matrix is Q8_0/Q4_0 (kept as stored); int8 for other block types
-        (a 4/5/6-bit source gains an 8-bit rounding of ~0.5% of its step, far below its own error,
-        and runs at 8.5 bits a weight); None (dense, as stored) for F32/F16/BF16 files."""
+        (those with a kernel format of their own, ``OWN_FORMAT``, stay as stored; the rest, a 4/5/6-bit source,
+        gains an 8-bit rounding of ~0.5% of its step, far below its own error, and runs at 8.5 bits a weight);
+        None (dense, as stored) for F32/F16/BF16 files."""
         kinds = self.matrix_types
         if len(kinds) == 1 and next(iter(kinds)) in STORED_AS:
             return STORED_AS[next(iter(kinds))]
@@ -414,7 +419,9 @@ def llama_fused_names(n_layers: int) -> dict[str, list[str]]:
     return out
 
 
-_OWN_PACKERS = {"Q4_K": pack_q4k, "Q6_K": pack_q6k}
+_OWN_PACKERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "Q4_K": pack_q4k, "Q6_K": pack_q6k,
+    **{k: partial(pack_b32, fmt=f) for k, f in OWN_FORMAT.items() if f in B32_FORMATS}}
 _CHUNK_ROWS = 1024  # rows decoded at a time when a matrix is rounded: a multiple of the packed layout's 16-row groups
 
 
@@ -460,16 +467,18 @@ def _stacked(parts: list[_Source], a: int, b: int, read: Callable[[_Source, int,
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
-def _pack(parts: list[_Source], fmt: str) -> torch.Tensor:
+def _pack(parts: list[_Source], fmt: str, own_kinds: frozenset[str] = frozenset(OWN_FORMAT)) -> torch.Tensor:
     """The matrix stacking ``parts`` packed as ``fmt``: as stored when every part is in ``fmt``'s blocks (no
-    rounding), or Q4_K / Q6_K (our q4k / q6k, which the kernel computes as stored), else decoded and rounded
-    once. Either way a chunk of rows at a time, into the result: the packed layout is local to groups of 16
-    rows, so chunks concatenate, and no copy of the whole matrix other than the result is ever made."""
+    rounding), or in one of ``own_kinds`` (a type with a kernel format of its own, ``OWN_FORMAT``, computed as
+    stored), else decoded and rounded once. Either way a chunk of rows at a time, into the result: the packed
+    layout is local to groups of 16 rows, so chunks concatenate, and no copy of the whole matrix other than the
+    result is ever made."""
     n = sum(p.rows for p in parts)
     out: Optional[torch.Tensor] = None
     as_stored = all(STORED_AS.get(p.kind) == fmt for p in parts)
     kinds = {p.kind for p in parts}
-    own = _OWN_PACKERS.get(next(iter(kinds))) if len(kinds) == 1 else None  # as stored whatever ``fmt``
+    kind = next(iter(kinds))
+    own = _OWN_PACKERS.get(kind) if len(kinds) == 1 and kind in own_kinds else None  # as stored whatever ``fmt``
     for a in range(0, n, _CHUNK_ROWS):
         b = min(n, a + _CHUNK_ROWS)
         if own is not None:
@@ -561,8 +570,8 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
     head_src, emb = sources[head_name], sources[embed_name]
     # the head as stored where a kernel reads its type (whatever ``fmt``), else rounded to int8: the logits are
     # the most sensitive product, and 8 bits keep a 5-6-bit source's values to ~0.4% of its step
-    stored = STORED_AS.get(head_src.kind) or OWN_FORMAT.get(head_src.kind)
-    head = _pack([head_src], stored or "int8")
+    stored = STORED_AS.get(head_src.kind) or (OWN_FORMAT[head_src.kind] if head_src.kind in _TABLE_OWN else None)
+    head = _pack([head_src], stored or "int8", _TABLE_OWN)
     head_fmt = stored or "int8"
     tables: dict[str, StoredRows] = {}
     if cfg.tie_embeddings and stored is not None:  # one copy, packed as stored, serves both
