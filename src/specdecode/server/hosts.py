@@ -30,7 +30,7 @@ def host_name(header: str) -> str:
     return h.rstrip(".")
 
 
-def _is_ip(name: str) -> bool:
+def is_ip(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
         return True
@@ -54,7 +54,7 @@ class HostCheck:
         if self.any_host or header is None:  # no Host at all: HTTP/1.0, which no browser sends
             return True
         name = host_name(header)
-        return name in self.names or (self.wildcard and _is_ip(name))
+        return name in self.names or (self.wildcard and is_ip(name))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -16,7 +16,8 @@ Here a request's headers must arrive within ``header_timeout`` and its body with
 ``body_timeout`` (else HTTP 408 and the connection is closed), and past ``max_connections`` a new
 connection closes the oldest one that has no request in progress (one never answered first, so a burst of
 half-open sockets closes its own kind before a kept-alive client), or is refused with HTTP 503. A burst of
-connections is accepted ``ACCEPTS_PER_TICK`` per pass of the event loop, so requests are read between them.
+connections is accepted ``ACCEPTS_PER_TICK`` per pass of the event loop, so requests are read between them,
+and at the cap the ones that have sent nothing are closed as they are accepted (``SheddingSocket``).
 Refusals are logged as one line per ``LOG_EVERY_S`` at most.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
 import resource
 import socket
@@ -37,6 +39,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import ServerState, create_app
 from .guard import SECURITY_HEADERS, error_json
+from .hosts import is_ip
 
 log = logging.getLogger("specdecode.server")
 
@@ -45,6 +48,7 @@ LOG_EVERY_S = 10.0  # at most one line per this many seconds about refused or ti
 FD_RESERVE = 64  # open files kept for everything but client sockets (models, logs, the listener)
 MAX_BACKLOG = 2048  # uvicorn's default
 ACCEPTS_PER_TICK = 16  # asyncio accepts up to its "backlog" sockets per event-loop pass; see widen_listen_queue
+SHED_PER_ACCEPT = 8  # at most this many sockets closed by one accept() call (SheddingSocket) before it yields
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class _Shared:
     def __init__(self, limits: ConnectionLimits, clock: Callable[[], float] = time.monotonic,
                  call_later: Optional[Callable[[float, Callable[[], None]], object]] = None) -> None:
         self.limits = limits
+        self.open = 0  # connections with a protocol (made, not yet lost)
         self.fresh: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
         self.idle: collections.OrderedDict[GuardedH11, None] = collections.OrderedDict()
         self.counts: collections.Counter[str] = collections.Counter()
@@ -107,6 +112,7 @@ class GuardedH11(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         sh = self.shared
+        sh.open += 1
         if len(self.connections) > sh.limits.max_connections:
             victim = next(iter(sh.fresh), None) or next(iter(sh.idle), None)
             if victim is None:
@@ -131,6 +137,7 @@ class GuardedH11(H11Protocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._disarm()
+        self.shared.open -= 1
         super().connection_lost(exc)
         # asyncio's socket transport (CPython 3.11) keeps a bound method of itself, so a closed one is freed
         # only by a cyclic collection; a burst of half-open sockets left thousands in the oldest generation,
@@ -198,6 +205,47 @@ class GuardedH11(H11Protocol):
         self.transport.close()
 
 
+class SheddingSocket(socket.socket):
+    """The listening socket `serve` binds: during a burst, at the cap, a connection that has sent nothing by the
+    time it is accepted is closed here, in a few microseconds, before asyncio builds a transport and a protocol
+    for it (and before it closes an older connection to make room): a flood of half-open sockets then costs
+    the event loop little, and the listen queue empties fast enough that a client connecting meanwhile is not
+    kept waiting behind it. A burst is a queue that has held connections for more than one pass of the loop;
+    otherwise a new connection is taken as usual (at the cap it closes the oldest idle one), so a client whose
+    request is a moment behind its handshake is not turned away on a calm server."""
+
+    guard: Optional[_Shared] = None
+    _streak = 0  # connections accepted since the queue was last found empty
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        for _ in range(SHED_PER_ACCEPT):
+            try:
+                conn, addr = super().accept()
+            except BlockingIOError:
+                self._streak = 0
+                raise
+            self._streak += 1
+            if not self._shed(conn):
+                return conn, addr
+            conn.close()
+        raise BlockingIOError(errno.EAGAIN, "shed a few; asyncio accepts again on its next pass")
+
+    def _shed(self, conn: socket.socket) -> bool:
+        sh = self.guard
+        if sh is None or self._streak <= ACCEPTS_PER_TICK or sh.open < sh.limits.max_connections:
+            return False
+        try:
+            sent = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = b""
+        except OSError:
+            return False  # let the protocol see the error as it would
+        if sent:
+            return False
+        sh.note("closed at once (a burst at the cap, nothing sent)")
+        return True
+
+
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11]:
     """A ``GuardedH11`` class for one server: its connections share the idle lists and the log counts."""
     return type("GuardedH11", (GuardedH11,), {"shared": _Shared(limits)})
@@ -243,9 +291,23 @@ _accept_errors_logged = [-LOG_EVERY_S]
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState, listen_backlog: int = MAX_BACKLOG) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, listen_backlog: int = MAX_BACKLOG,
+                 guard: Optional[_Shared] = None) -> None:
         super().__init__(config)
-        self.state, self.listen_backlog = state, listen_backlog
+        self.state, self.listen_backlog, self.guard = state, listen_backlog, guard
+
+    def run(self, sockets: Optional[list[socket.socket]] = None) -> None:
+        """Serve; without ``sockets`` and on an IP address, from a ``SheddingSocket`` bound as uvicorn binds one
+        (a host name may stand for several addresses: uvicorn binds them; sockets passed in are the caller's)."""
+        cfg = self.config
+        if sockets is None and is_ip(cfg.host) and cfg.uds is None and cfg.fd is None \
+                and hasattr(socket, "MSG_DONTWAIT"):
+            plain = cfg.bind_socket()
+            sock = SheddingSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+            sock.set_inheritable(False)  # a subprocess (a kernel build) must not hold the port open
+            sock.guard = self.guard
+            sockets = [sock]
+        super().run(sockets)
 
     async def startup(self, sockets: Optional[list[socket.socket]] = None) -> None:
         asyncio.get_running_loop().set_exception_handler(quiet_accept_errors)
@@ -289,7 +351,8 @@ def make_server(state: ServerState, log_level: str = "warning") -> DrainingServe
         log.warning("max_connections %d lowered to %d to fit the open-file limit (`ulimit -n`)",
                     cfg.max_connections, cap)
     limits = ConnectionLimits(cfg.header_timeout, cfg.body_timeout, cap)
+    http = guarded_protocol(limits)
     config = uvicorn.Config(create_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
                             timeout_graceful_shutdown=int(cfg.drain_timeout) + FLUSH_MARGIN_S,
-                            http=guarded_protocol(limits), backlog=min(backlog, ACCEPTS_PER_TICK))
-    return DrainingServer(config, state, listen_backlog=backlog)
+                            http=http, backlog=min(backlog, ACCEPTS_PER_TICK))
+    return DrainingServer(config, state, listen_backlog=backlog, guard=http.shared)
