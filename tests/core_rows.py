@@ -7,7 +7,8 @@ from typing import Optional, Sequence
 
 import specdecode as sd
 from specdecode.config import GenerationConfig
-from specdecode.core import DecodeCore, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import Request
 
 
 def run_rows(core: DecodeCore, target: sd.Model, prompts: Sequence[str], budgets: Sequence[int],

@@ -13,8 +13,9 @@ from .draft import Draft, DraftContext
 from .drafters import (BatchDrafter, BatchDrafterBase, Drafter, DrafterOptions, DraftModelDrafter, EagleDrafter,
                        ExitAdapterDrafter, LayerSkipDrafter, MedusaDrafter, PromptLookupDrafter, QuantDrafter,
                        SuffixDrafter, VocabularyMismatchError, build_drafter, drafter_names)
-from .core import DecodeCore, Request
-from .engine import FinishEvent, GenerationResult, StepEvent, generate, stream
+from .core import DecodeCore
+from .rows import FinishEvent, Request, StepEvent
+from .engine import GenerationResult, generate, stream
 from .metrics import GenerationStats
 from .models import Model, ModelNotFoundError, UnsupportedModelError, load_model
 

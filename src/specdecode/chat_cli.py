@@ -18,7 +18,8 @@ from . import cli  # its functions are looked up at call time, where tests put s
 from .chat import ChatFormatter, ChatTemplateError
 from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
 from .drafters.registry import REGISTRY
-from .engine import FinishEvent, StepEvent, stream
+from .rows import FinishEvent, StepEvent
+from .engine import stream
 from .models.catalog import CATALOG, PullError, model_file, pull
 from .repetition import REPETITION, RepetitionStop, stop_runaway
 

@@ -22,7 +22,8 @@ from .drafters.base import BatchDrafter
 from .drafters.registry import (ALONE_DEFAULT, PAIRED_DEFAULT, PLAIN, REGISTRY, add_drafter_args, artifacts_from_args,
                                 draft_model_beside, get_spec, options_from_args)
 from .drafters.vocab import parse_vocab_spec
-from .engine import FinishEvent, StepEvent, stream
+from .rows import FinishEvent, StepEvent
+from .engine import stream
 from .models import Model, ModelNotFoundError, UnsupportedModelError, load_model
 from .sizing.gamma import DEFAULT_CAP, Gamma
 from .sizing.gamma import parse_gamma as parse_gamma_text

@@ -415,7 +415,7 @@ class ConstraintState:
 
 
 def check_request(request: Any, target: "Model") -> None:
-    """ConfigError unless a constrained ``core.Request`` can run on ``target``: the grammar's
+    """ConfigError unless a constrained ``rows.Request`` can run on ``target``: the grammar's
     vocabulary is the target's, and the row stops at the EOS the grammar ends with."""
     c: Optional[Constraint] = request.constraint
     if request.logit_bias:

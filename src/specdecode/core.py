@@ -15,7 +15,7 @@ the target's cache holds every token of the sequence except the last, which is f
 with the draft at the next pass. Every row is computed identically whatever else is in the
 batch, so a greedy request gives the same tokens alone or beside others.
 
-Requests, rows and events live in ``rows.py`` and the text helpers in ``text.py`` (both re-exported here).
+Requests, rows and events live in ``rows.py``, the text helpers in ``text.py``.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from .models import Model
 from .ops import argmax_list
 from .sizing.policy import GammaPolicy, RowPlan
 from .prefill import Filling
-from .rows import Event, Failure, FinishEvent, Request, Row, StepEvent, coupled_noise
-from .text import IncrementalDetokenizer, Prompt, find_stop, prompt_ids, truncate_pieces
+from .rows import Event, Failure, Request, Row
 from .threads import ThreadGovernor, governor
 from .verify import VerifyResult, tree_mask, verify_draft
 
@@ -446,5 +445,4 @@ class DecodeCore:
             r.layers = {k: v[i, sel] for k, v in layers.items()}
 
 
-__all__ = ["DecodeCore", "Event", "Failure", "FinishEvent", "IncrementalDetokenizer", "Prompt", "Request", "Row",
-           "StepEvent", "coupled_noise", "find_stop", "prompt_ids", "tree_mask", "truncate_pieces"]
+__all__ = ["DecodeCore"]

@@ -12,15 +12,15 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 from .constraints import Constraint, GrammarLimitError, bind, parse_logit_bias, spec_from_args
 from .logprobs import TokenLogprob
 from .config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
-from .core import (DecodeCore, Event, Failure, FinishEvent, IncrementalDetokenizer, Prompt, Request, StepEvent,
-                   find_stop, prompt_ids, truncate_pieces)
+from .core import DecodeCore
+from .rows import Failure, FinishEvent, Request, StepEvent
+from .text import Prompt, prompt_ids
 from .drafters.base import BatchDrafter, Drafter, as_batch_drafter
 from .sizing.gamma import Gamma
 from .metrics import GenerationStats
 from .models import Model
 
-__all__ = ["Event", "FinishEvent", "GenerationResult", "IncrementalDetokenizer", "Prompt", "StepEvent", "find_stop",
-           "generate", "prompt_ids", "stream", "truncate_pieces"]
+__all__ = ["GenerationResult", "generate", "stream"]
 
 _DRAFTER = "drafter"  # the one drafter's name inside a single-row core
 

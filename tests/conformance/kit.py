@@ -87,7 +87,7 @@ Kit = Callable[[sd.Model, Path], Needs]
 
 
 
-def _eagle_flat(target: sd.Model, drafter: object) -> object:
+def _eagle_flat(target: sd.Model, spec: object) -> object:
     from specdecode.drafters.eagle import EagleCosts
 
     return EagleCosts(EAGLE_FLAT, 0.0, 0.0, 0.0, 0.0)
@@ -95,11 +95,11 @@ def _eagle_flat(target: sd.Model, drafter: object) -> object:
 
 # (module, attribute, value) patched while the suite runs: random heads (and suffix's trees) on a tiny target
 # lose to plain decoding by the measured costs and would never draft, which would make the checks vacuous
-MEDUSA_COSTS = ("specdecode.drafters.medusa", "load_or_measure_tree_costs", lambda target, drafter: (MEDUSA_FLAT, 0.0))
+MEDUSA_COSTS = ("specdecode.drafters.medusa", "tree_costs", lambda target, spec: (MEDUSA_FLAT, 0.0))
 COST_PATCHES: dict[str, list[tuple[str, str, object]]] = {  # by drafter: applied while it is built and run
     "medusa": [MEDUSA_COSTS],
     "medusa-chain": [MEDUSA_COSTS],
-    "eagle": [("specdecode.drafters.eagle", "load_or_measure_eagle_costs", _eagle_flat)],
+    "eagle": [("specdecode.drafters.eagle", "eagle_costs", _eagle_flat)],
     "suffix": [("specdecode.drafters.suffix", "get_costs", lambda target, spec: MEDUSA_FLAT)],
 }
 

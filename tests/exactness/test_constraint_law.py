@@ -16,7 +16,8 @@ import specdecode as sd
 from specdecode.config import GenerationConfig, SamplingConfig, VerifyConfig
 from specdecode.constraints import Constraint, ConstraintSpec, token_list_tokenizer
 from specdecode.draft import Draft, DraftContext
-from specdecode.engine import FinishEvent, stream
+from specdecode.rows import FinishEvent
+from specdecode.engine import stream
 from specdecode.sampling import draw, probs_from_logits
 from tiny import build_model
 

@@ -9,7 +9,8 @@ import pytest
 
 import specdecode as sd
 from specdecode.config import GenerationConfig, SamplingConfig, VerifyConfig
-from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import FinishEvent, Request
 
 from .chi2 import gof_pvalue
 from .test_generate_law import N, PROMPT, exact_law, models  # noqa: F401  (the fixture)

@@ -9,7 +9,8 @@ import pytest
 
 from specdecode import generate
 from specdecode.config import ConfigError, GenerationConfig
-from specdecode.core import DecodeCore, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import Request
 from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.eagle import EagleDrafter
 from specdecode.drafters.eagle_model import EagleError

@@ -77,7 +77,7 @@ def test_a_matrix_rounded_a_chunk_at_a_time_equals_it_rounded_whole(monkeypatch:
         dense.append(torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).astype(np.float32)))
     monkeypatch.setattr(gguf_mod, "_CHUNK_ROWS", 32)
     for fmt in ("int8", "int4"):
-        assert torch.equal(gguf_mod._pack(parts, fmt), quantize(torch.cat(dense), fmt))
+        assert torch.equal(gguf_mod._pack(parts, fmt, own_kinds=frozenset()), quantize(torch.cat(dense), fmt))
 
 
 @pytest.mark.parametrize("kind,fmt", [("Q8_0", "int8"), ("Q4_0", "int4")])
@@ -92,7 +92,7 @@ def test_blocks_packed_as_stored_chunk_by_chunk_equal_the_reference_packing(
     parts = [gguf_mod._Source(gguf_mod._Tensor("x", qtype, [96, r.shape[0]], r), None) for r in raws]
     blocks = gguf_mod._raw_blocks(torch.from_numpy(np.concatenate(raws)), fmt)
     monkeypatch.setattr(gguf_mod, "_CHUNK_ROWS", 32)
-    assert torch.equal(gguf_mod._pack(parts, fmt), pack_blocks(blocks.q, blocks.d, fmt))
+    assert torch.equal(gguf_mod._pack(parts, fmt, own_kinds=frozenset()), pack_blocks(blocks.q, blocks.d, fmt))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -76,7 +76,8 @@ def test_quant_drafter_batched_rows_on_the_target_cache(tiny_dirs: dict[str, Pat
     """Three rows through one core, joining at different steps, one plain: the copy drafts on the
     target's own cache (or, as the reference, on a cache of its own) and every row is plain decoding's."""
     from specdecode.config import GenerationConfig
-    from specdecode.core import DecodeCore, Request
+    from specdecode.core import DecodeCore
+    from specdecode.rows import Request
 
     target = sd.load_model(tiny_dirs[arch])
     prompts = [PROMPT, "class Point:\n    def __init__(self", "def add(a, b):\n    return a"]

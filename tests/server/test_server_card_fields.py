@@ -4,7 +4,7 @@ token is a bonus only at a leaf and nodes off the path count at no position. Cha
 
 from __future__ import annotations
 
-from specdecode.engine import StepEvent
+from specdecode.rows import StepEvent
 from specdecode.server.card import card_fields, pass_view
 from specdecode.server.metrics import ServerMetrics
 

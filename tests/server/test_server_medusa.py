@@ -32,7 +32,7 @@ def medusa_server(models: Models, heads: Path) -> Iterator[RunningServer]:
     """Free tree nodes (flat measured costs), so every step verifies a tree of up to 6 nodes per row.
     The patch lasts the server's life: a drafter other than the default is prepared on first use."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(medusa, "load_or_measure_tree_costs", lambda target, drafter: (FLAT, 0.0))
+        mp.setattr(medusa, "tree_costs", lambda target, spec: (FLAT, 0.0))
         state = make_state(models.target, None, ServerConfig(max_batch_size=8, max_queue=16, request_timeout=60,
                                                              speculation="always"),
                            default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,

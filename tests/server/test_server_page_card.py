@@ -41,9 +41,9 @@ def tree_server(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Ite
     heads = make_heads(root / "heads", models.target.config.dim, models.target.vocab_size)
     eagle_dir = make_eagle(root / "eagle", models.target)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(medusa, "load_or_measure_tree_costs", lambda target, drafter: (MEDUSA_FLAT, 0.0))
-        mp.setattr(eagle, "load_or_measure_eagle_costs",
-                   lambda target, drafter: eagle.EagleCosts(EAGLE_FLAT, 0.0, 0.0, 0.0, 0.0))
+        mp.setattr(medusa, "tree_costs", lambda target, spec: (MEDUSA_FLAT, 0.0))
+        mp.setattr(eagle, "eagle_costs",
+                   lambda target, spec: eagle.EagleCosts(EAGLE_FLAT, 0.0, 0.0, 0.0, 0.0))
         state = make_state(models.target, None, ServerConfig(max_batch_size=2, request_timeout=60,
                                                              speculation="always"),
                            default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,
@@ -226,7 +226,7 @@ def test_card_reads_tree_passes_along_the_verified_path(drafter: str, tree_serve
 def _synthetic_tree_chunks() -> list[dict[str, Any]]:
     """Tree passes of every kind, as the server streams them (card fields from ``server/card.py``): the
     tree of test_server_card_fields (6 nodes, depth 3), read at a leaf, mid-path, at the root, cut by EOS."""
-    from specdecode.engine import StepEvent
+    from specdecode.rows import StepEvent
     from specdecode.server.card import card_fields
 
     from test_server_card_fields import PARENTS, TOKENS

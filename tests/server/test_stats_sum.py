@@ -27,7 +27,8 @@ from server_helpers import MODEL_NAME, Models, RunningServer, start_server
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.constraint_spec import ConstraintSpec, json_schema_spec
 from specdecode.constraints import bind
-from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import FinishEvent, Request
 from specdecode.sizing.costs import Costs
 from specdecode.draft import Draft, DraftContext
 from specdecode.drafters import DrafterOptions, build_drafter

@@ -7,7 +7,8 @@ import pytest
 import specdecode as sd
 from specdecode.bundled import DEFAULT_TARGET, default_model_dir
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, FinishEvent, Request, StepEvent
+from specdecode.core import DecodeCore
+from specdecode.rows import FinishEvent, Request, StepEvent
 from specdecode.drafters import DrafterOptions, build_drafter
 
 LONG = "def add(a, b):\n    return a + b\n\n" * 30  # several chunks of the first 64 tokens

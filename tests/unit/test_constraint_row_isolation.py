@@ -13,7 +13,8 @@ import specdecode as sd
 from specdecode.config import ConfigError, GenerationConfig, SamplingConfig
 from specdecode.constraints import (Constraint, GrammarLimitError, bind, grammar_tokenizer, json_schema_spec,
                                     token_list_tokenizer)
-from specdecode.core import DecodeCore, Failure, FinishEvent, Request, StepEvent
+from specdecode.core import DecodeCore
+from specdecode.rows import Failure, FinishEvent, Request, StepEvent
 from specdecode.draft import Draft
 from tiny import build_model
 

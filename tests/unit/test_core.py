@@ -11,7 +11,8 @@ import torch
 
 import specdecode as sd
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import FinishEvent, Request
 from specdecode.draft import Draft, DraftContext
 from specdecode.drafters import DrafterOptions, build_drafter, drafter_names
 from specdecode.verify import greedy_verify_tree

@@ -132,7 +132,8 @@ def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str,
     drafter.on_verified(len(d))
     # and whole generations that start off, probe with a window, then draft: still exact
     from specdecode.config import GenerationConfig
-    from specdecode.core import DecodeCore, FinishEvent, Request
+    from specdecode.core import DecodeCore
+    from specdecode.rows import FinishEvent, Request
 
     plain = sd.generate(target, tokens, max_new_tokens=40, ignore_eos=True)
     drafter.reset()

@@ -9,7 +9,8 @@ import pytest
 
 import specdecode as sd
 from specdecode.config import ConfigError, GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import FinishEvent, Request
 from specdecode.draft import Draft, DraftContext
 from specdecode.drafters.base import BATCH_MEMBERS, Acceptance, BatchDrafter, as_batch_drafter
 

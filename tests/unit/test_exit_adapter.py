@@ -14,7 +14,8 @@ import torch
 import specdecode as sd
 from specdecode.cache import KVCache
 from specdecode.config import ConfigError, GenerationConfig
-from specdecode.core import DecodeCore, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import Request
 from specdecode.drafters.exit_adapter import (CONFIG_FILE, WEIGHTS_FILE, ExitAdapter, ExitAdapterConfig,
                                               ExitAdapterDrafter, ExitAdapterError, load_adapter, save_adapter)
 from specdecode.drafters.layerskip import LayerSkipDrafter
@@ -88,7 +89,7 @@ def test_adapter_is_on_the_draft_path(deep: dict[str, Path]) -> None:
     """An identity adapter (zero W_o, W_2) drafts exactly what the plain early exit drafts (same
     acceptances); a random one drafts otherwise; and with the layers after the exit made the identity,
     an identity adapter's draft is the target itself, so nearly every draft token is accepted."""
-    from specdecode.engine import StepEvent
+    from specdecode.rows import StepEvent
 
     m = sd.load_model(deep["llama"])
     proposals = {}  # what each drafter proposed at every pass (counts alone can coincide: both may miss)

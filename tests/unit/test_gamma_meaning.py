@@ -15,6 +15,7 @@ import pytest
 from specdecode import core as core_module
 from specdecode import cli as cli_module
 from specdecode import engine
+from specdecode.rows import StepEvent
 from specdecode.cli import build_parser, main
 from specdecode.config import ConfigError
 from specdecode.sizing.gamma import DEFAULT_CAP, Gamma, Speculation, parse_gamma, resolve_gamma, speculation_flag
@@ -102,7 +103,7 @@ def _generate(monkeypatch: pytest.MonkeyPatch, flags: list[str], capsys: pytest.
 
     def recording(*args: Any, **kw: Any) -> Iterator[Any]:
         for ev in inner(*args, **kw):
-            if isinstance(ev, engine.StepEvent):
+            if isinstance(ev, StepEvent):
                 passes.append((ev.token_ids, ev.drafted, ev.from_draft))
             yield ev
 

@@ -13,7 +13,8 @@ import torch
 
 import specdecode as sd
 from specdecode.config import ConfigError, GenerationConfig
-from specdecode.core import DecodeCore, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import Request
 from specdecode.drafters import build_drafter, DrafterOptions
 from specdecode.draft import Draft, DraftContext
 from specdecode.drafters.base import Acceptance

@@ -13,7 +13,8 @@ import pytest
 import specdecode as sd
 import specdecode.sizing.book as cm
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.core import REFINE_EVERY, DecodeCore, FinishEvent, Request
+from specdecode.core import REFINE_EVERY, DecodeCore
+from specdecode.rows import FinishEvent, Request
 from specdecode.sizing.book import cached_costs
 from specdecode.sizing.costs import Costs
 from specdecode.drafters.eagle import EagleCosts, EagleDrafter

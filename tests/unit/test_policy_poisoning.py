@@ -13,7 +13,8 @@ import pytest
 import specdecode.sizing.book as cm
 import specdecode.drafters.model as drafter_module
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import FinishEvent, Request
 from specdecode.sizing.book import cached_costs
 from specdecode.sizing.costs import Costs
 from specdecode.metrics import GenerationStats

@@ -78,7 +78,7 @@ def test_a_self_sizing_drafter_sizes_by_the_pricer_it_is_handed(tiny_dirs: dict[
     """Suffix drafting on text that repeats: at the policy's margin it drafts, at a margin no draft can beat it
     drafts nothing, and the tokens are plain decoding's either way."""
     from specdecode.config import GenerationConfig
-    from specdecode.core import Request
+    from specdecode.rows import Request
 
     target = sd.load_model(tiny_dirs["llama"])
     prompt = target.encode("def add(a, b):\n    return a + b\n" * 6)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import specdecode as sd
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.core import DecodeCore, FinishEvent, Request
+from specdecode.core import DecodeCore
+from specdecode.rows import FinishEvent, Request
 from specdecode.sizing.costs import Costs
 from specdecode.drafters import DrafterOptions, build_drafter
 from specdecode.drafters.suffix import SuffixDrafter

@@ -11,7 +11,8 @@ from ..config import GenerationConfig, SamplingConfig, VerifyConfig
 from ..drafters import BatchDrafter, DrafterOptions
 from ..drafters.plugin import BenchVariant, DrafterSpec
 from ..drafters.registry import PLAIN, REGISTRY, build_drafter, get_spec, missing
-from ..engine import StepEvent, stream
+from ..rows import StepEvent
+from ..engine import stream
 from ..models import Model
 from .methods import BenchContext, Method, MethodSpec, MethodUnavailable, RunOutput
 from .stats import Step

@@ -44,7 +44,7 @@ from ..draft import Draft, DraftContext
 from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
 from .eagle_model import EagleNet, check_fits, input_embedding, is_eagle_dir, load_eagle, rope_table
 from .eagle_sizing import (EagleCosts, EdgeCalibration, GrowingTree, best_prefix, level_cost,
-                           load_or_measure_eagle_costs, refined_eagle_costs)
+                           eagle_costs, refined_eagle_costs)
 from ..sizing.live import Stored, StepTimings
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .tree_steps import PROBE, one_token_pass
@@ -178,7 +178,7 @@ class EagleDrafter(RowZeroAdapter):
             table = rope_table(c.head_dim, c.rope_theta, self._max_len + SCRATCH, torch.device("cpu"))
             self._cos, self._sin = table[:, 0].contiguous(), table[:, 1].contiguous()
         if self._costs is None:
-            self._set_costs(load_or_measure_eagle_costs(target, self))
+            self._set_costs(eagle_costs(target, self.cost_spec(target)))
             self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
 
     def _set_costs(self, got: EagleCosts) -> None:
@@ -445,7 +445,7 @@ class EagleDrafter(RowZeroAdapter):
         return drafts
 
 
-__all__ = ["EagleCosts", "EagleDrafter", "EdgeCalibration", "load_or_measure_eagle_costs"]
+__all__ = ["EagleCosts", "EagleDrafter", "EdgeCalibration", "eagle_costs"]
 
 
 EAGLE_DRAFT = Artifact("eagle", "an EAGLE-3 draft directory", "an EAGLE-3 draft directory",

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from ..sizing.book import get_costs
+from ..sizing.book import CostSpec, get_costs
 from ..sizing.costs import Costs
 from ..sizing.estimate import Estimate
 from ..sizing.live import StepTimings, follows, live_v, unit_seconds
@@ -34,7 +34,6 @@ from .tree_steps import measured_tree_extra
 
 if TYPE_CHECKING:
     from ..models import Model
-    from .eagle import EagleDrafter
 
 BUCKETS = 10  # edge calibration: draft probability buckets
 CALIB_PRIOR = 5.0  # observations per bucket the identity prior (acceptance = p) is worth
@@ -154,10 +153,10 @@ def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int
     return replace(new, costs=new.to_costs())
 
 
-def load_or_measure_eagle_costs(target: "Model", drafter: "EagleDrafter") -> EagleCosts:
+def eagle_costs(target: "Model", spec: CostSpec) -> EagleCosts:
     """``EagleCosts`` from the cost book (``get_costs``: measured once per machine, target and draft
     shape, then cached; a tree step's extra: ``tree_steps.TreeStep``, shared by the tree drafters)."""
-    return EagleCosts.from_costs(get_costs(target, drafter.cost_spec(target)), measured_tree_extra(target))
+    return EagleCosts.from_costs(get_costs(target, spec), measured_tree_extra(target))
 
 
 def best_prefix(values: Sequence[float], spent: float, costs: Costs) -> tuple[int, float]:

@@ -69,16 +69,16 @@ REPLAN_EVERY = 8  # proposals between tree re-plans (a plan costs ~0.1 ms)
 # (a probe every 8 steps cost 3% of plain decoding on SmolLM2, AVX2, where the shipped heads never paid)
 PROBE_FIRST, PROBE_MAX = 8, 256
 __all__ = ["MAX_NODES", "NO_TREE", "MedusaDrafter", "RankAcceptance", "TreePlan", "best_first", "fixed_plan",
-           "load_or_measure_tree_costs", "plan_tree"]
+           "tree_costs", "plan_tree"]
 log = logging.getLogger(__name__)
 
 
 # -- costs -----------------------------------------------------------------------------------------
-def load_or_measure_tree_costs(target: "Model", drafter: "MedusaDrafter") -> tuple[Costs, float]:
+def tree_costs(target: "Model", spec: CostSpec) -> tuple[Costs, float]:
     """(costs, tree_extra) from the cost book (``get_costs``: measured once per machine, target
     and heads shape, then cached): ``costs.v[k]`` of a tree pass over k + 1 tokens, ``costs.c`` of
     one row's heads, ``tree_extra`` of a tree step beyond a chain step, over a one-token pass."""
-    return get_costs(target, drafter.cost_spec(target)), measured_tree_extra(target)
+    return get_costs(target, spec), measured_tree_extra(target)
 
 
 # -- the drafter -----------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class MedusaDrafter(RowZeroAdapter):
         self._target = target
         self._said_off, self._probe_nodes = False, None
         if self._costs is None and self._fixed is None:
-            self._costs, self._tree_extra = load_or_measure_tree_costs(target, self)
+            self._costs, self._tree_extra = tree_costs(target, self.cost_spec(target))
             self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
         self._plans.clear()
 

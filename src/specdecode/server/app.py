@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import StepEvent
+from ..rows import StepEvent
 from .choices import chat_logprobs, completion_logprobs, merge_completion_logprobs
 from .guard import BodyLimit, SecurityHeaders, shown
 from .hosts import HostCheck

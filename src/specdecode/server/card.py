@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..engine import StepEvent
+from ..rows import StepEvent
 
 
 @dataclass

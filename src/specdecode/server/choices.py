@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from ..core import Event, Failure, FinishEvent
+from ..rows import Event, Failure, FinishEvent
 from ..logprobs import TokenLogprob
 from .scheduler import RequestHandle
 

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..engine import FinishEvent, StepEvent
+from ..rows import FinishEvent, StepEvent
 from .card import card_fields
 from .choices import Choice, ChoiceGroup
 from .protocol import error_body

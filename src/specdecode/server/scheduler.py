@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 import torch
 
-from ..core import DecodeCore, Event, Failure, FinishEvent, Request, Row, StepEvent
+from ..core import DecodeCore
+from ..rows import Event, Failure, FinishEvent, Request, Row, StepEvent
 from ..drafters.base import BatchDrafter
 from ..models import Model
 from ..sizing.policy import GammaPolicy

@@ -22,7 +22,8 @@ from ..cache import ContextLengthError
 from ..chat import ChatTemplateError
 from ..config import ConfigError, GenerationConfig, SamplingConfig, VerifyConfig
 from ..constraints import Constraint, constraint_from_response_format, grammar_tokenizer, parse_logit_bias
-from ..engine import FinishEvent, prompt_ids
+from ..rows import FinishEvent
+from ..text import prompt_ids
 from .choices import Choice, ChoiceGroup, choice_seed
 from .guard import ECHO_CHARS, BadBody, check_content_type, check_item_count, parse_json_object, shown
 from .protocol import NOT_HONOURED, NOT_SUPPORTED_YET, error_body, refused_parameter, usage
