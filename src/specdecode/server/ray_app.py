@@ -30,6 +30,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from ..cli import CLIError
 from .config import ServerConfig
 from .guard import ASGIApp, BodyLimit, Message, Receive, Scope, SecurityHeaders, Send, error_json, send_json
 from .hosts import HostCheck
@@ -383,8 +384,13 @@ def serve_on_ray(args: argparse.Namespace, config: ServerConfig, rc: RayConfig, 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": config.host, "port": config.port}, proxy_location="HeadOnly",
-                    logging_config=RAY_LOGGING)
+        try:
+            serve.start(http_options={"host": config.host, "port": config.port}, proxy_location="HeadOnly",
+                        logging_config=RAY_LOGGING)
+        except ray.exceptions.RayTaskError as e:  # Ray's proxy could not listen: say which flag to change
+            if "Failed to bind" not in str(e):
+                raise
+            raise CLIError(f"cannot listen on {config.host}:{config.port} (in use?); pick another --port") from None
         serve.run(build_application(args, config, rc), name=APP_NAME, route_prefix="/")
         front = serve.get_deployment_handle(FRONT, APP_NAME)
         deadline = time.monotonic() + startup_timeout
