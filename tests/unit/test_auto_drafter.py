@@ -110,7 +110,8 @@ def test_a_weak_draft_from_a_dear_member_gives_way_to_the_next(tiny_dirs: dict[s
     model = Fake([7, 7, 7, 7], costs=Costs(c=0.05, v=tuple(1.0 + 0.02 * k for k in range(16))))
     suffix = Fake([5], expected=2.0)  # pays over plain decoding, but less than the model is predicted to
     auto = _auto(tiny_dirs, {"model": model, "suffix": suffix})
-    auto.members[1].samples.extend([0.12] * 9)  # measured dear: it is ranked by its realised rate
+    for _ in range(9):
+        auto.members[1].timings.add(0.12)  # measured dear: it is ranked by its realised rate
     auto.members[1].c = 0.12
     auto.members[1].rates.set_mean(6.0)  # ... which is high (it was good on earlier text)
     out = auto.propose_rows({0: _ctx()})
@@ -165,7 +166,8 @@ def test_losing_dear_member_is_probed_at_doubling_intervals_and_adopted_when_goo
     _fixed_base(auto)
     _timed(auto, heads, 0.5)
     m = auto.members[1]
-    m.samples.extend([0.5] * 9)
+    for _ in range(9):
+        m.timings.add(0.5)
     m.c, m.steps = 0.5, 5  # it drafted before and did poorly
     m.rates.set_mean(1.2)
     probes = []
@@ -194,7 +196,8 @@ def test_a_dear_member_that_declines_loses_its_rate_and_is_no_longer_asked(tiny_
     auto = _auto(tiny_dirs, {"heads": heads})
     _timed(auto, heads, 0.3)
     m = auto.members[0]
-    m.samples.extend([0.3] * 9)
+    for _ in range(9):
+        m.timings.add(0.3)
     m.c, m.steps = 0.3, 5  # it drafted well on earlier text
     m.rates.set_mean(2.0)
     for _ in range(40):
@@ -286,7 +289,8 @@ def test_junk_before_a_request_sets_neither_how_it_values_drafts_nor_which_membe
         auto = _auto(tiny_dirs, {"lookup": Fake([5, 6, 7, 8]), "heads": Fake([4, 4, 4])})
         heads = auto.members[1]
         _timed(auto, heads.drafter, 0.5)  # type: ignore[arg-type]
-        heads.samples.extend([0.5] * 9)
+        for _ in range(9):
+            heads.timings.add(0.5)
         heads.c = 0.5  # dear: judged by its realised rate
         return auto
 

@@ -40,9 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import statistics
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -53,7 +52,7 @@ from ..sizing.estimate import Estimate, ProbeSchedule, RowEvidence
 from ..sizing.pricer import DEFAULT_PRICER, Pricer
 from ..draft import Draft, DraftContext
 from .base import Acceptance, BatchDrafter, Gamma, RowZeroAdapter
-from ..sizing.live import Stored, live_v
+from ..sizing.live import Stored, Timings, live_v
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ class Member:
     rates: Estimate = dataclasses.field(default_factory=_rate)  # realised speedup per step drafted (self-sizing)
     sampled: bool = False  # it was seen proposing sampled drafts: never chosen by content
     steps: int = 0  # steps it drafted (the first few weigh more: the optimistic start is one observation)
-    samples: deque = dataclasses.field(default_factory=lambda: deque(maxlen=COST_SAMPLES))  # recent costs
+    timings: Timings = dataclasses.field(default_factory=lambda: Timings(COST_SAMPLES, 0.5))  # its recent costs
     c: float = 0.0  # measured cost per row and step it follows, in one-token target passes
     accepted: int = 0  # accepted draft tokens, all rows and requests (for /health and tests)
     probes: ProbeSchedule = dataclasses.field(default_factory=_probes)  # when a losing dear member is tried again
@@ -300,8 +299,8 @@ class AutoDrafter(RowZeroAdapter):
             self.members.remove(m)
             return {}
         if self._t1 > 0:
-            m.samples.append((self._clock() - t0) / (self._t1 * len(asked)))
-            m.c = statistics.median(m.samples)
+            m.timings.add((self._clock() - t0) / (self._t1 * len(asked)))
+            m.c = m.timings.estimate
         for r, d in got.items():
             if len(d.tokens) > asked[r].max_tokens:
                 raise RuntimeError(f"drafter {m.name!r} proposed {len(d.tokens)} tokens but at most "

@@ -42,7 +42,7 @@ from ..sizing.costs import Costs, cost_clock, expected_tokens
 from ..sizing.estimate import Estimate
 from ..draft import Draft, DraftContext
 from .base import Acceptance, Gamma, RowZeroAdapter, check_gamma
-from ..sizing.live import Stored, live_v
+from ..sizing.live import Stored, Timings, live_v
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec
 from .suffix_index import DEFAULT_MAX_TOKENS, SuffixIndex, SuffixTree, continuation_tree, top_chain
 from .suffix_store import StoreIndex, is_store_dir, load_store
@@ -65,6 +65,7 @@ Q_MAX = 0.99  # q is capped below 1: E(n) of a certain chain then still grows wi
 # drafts again after a few hundred such matches, and new rejections bring it down at once (a faster return
 # drafts more, but the extra drafts are marginal)
 IDLE_AGE = 1.0 / 128
+OWN_WINDOW = 16  # the drafter's own step cost: the median of this many recent steps
 # the datastore's match must beat the live text's (own sequence, earlier outputs) by more than this many tokens:
 # a long answer's own repeats predict it better than other answers' phrases, and past a lead of 2 acceptance no
 # longer rises
@@ -127,7 +128,8 @@ class SuffixDrafter(RowZeroAdapter):
         self._conf = [Estimate(q, CONF_WEIGHT, CONF_MEMORY, forgets_prior=True) for q in CONF_PRIOR + CONF_PRIOR]
         self.store_dir = store
         self.store: StoreIndex | SuffixIndex | None = None  # loaded with the target (its vocabulary is checked)
-        self._c = 0.0  # the drafter's own cost per row and step, in one-token target passes
+        # its own cost per row and step, in one-token target passes: the median of its recent steps
+        self._own = Timings(OWN_WINDOW, 0.5)
         self._clock: Callable[[], float] = time.perf_counter
         self._t1 = 0.0
         self._target: Model | None = None
@@ -165,6 +167,10 @@ class SuffixDrafter(RowZeroAdapter):
         self._costs, self._t1 = new, new.target_s[0]
         self._pays.clear()
         return self._stored.changed(new)
+
+    @property
+    def _c(self) -> float:
+        return self._own.estimate if self._own.n else 0.0
 
     def reset_row(self, row: int) -> None:
         self._rows.pop(row, None)
@@ -289,7 +295,7 @@ class SuffixDrafter(RowZeroAdapter):
             t0 = self._clock()
             out[r] = self._propose_one(r, ctx, rows)
             if self._t1 > 0 and steady:  # c is the per-step cost; indexing a prompt is once per request
-                self._c += 0.1 * ((self._clock() - t0) / self._t1 - self._c)
+                self._own.add((self._clock() - t0) / self._t1)
         return out
 
     def _propose_one(self, row: int, ctx: DraftContext, rows: int) -> Draft:

@@ -31,13 +31,15 @@ FOLLOW = 1.1  # a trusted live figure replaces the one in use (in memory) when t
 
 
 class Timings:
-    """Recent seconds of one pass shape; ``estimate`` is a low quantile of them."""
+    """The one online timer's record: the last ``window`` timings of one thing (a pass shape, a drafter's
+    step); ``estimate`` is their ``quantile`` (by default a low one: load only ever adds time)."""
 
-    __slots__ = ("samples", "n", "_est")
+    __slots__ = ("samples", "n", "quantile", "_est")
 
-    def __init__(self) -> None:
-        self.samples: deque[float] = deque(maxlen=WINDOW)
+    def __init__(self, window: int = WINDOW, quantile: float = QUANTILE) -> None:
+        self.samples: deque[float] = deque(maxlen=window)
         self.n = 0
+        self.quantile = quantile
         self._est: Optional[float] = None
 
     def add(self, seconds: float) -> None:
@@ -49,7 +51,7 @@ class Timings:
     def estimate(self) -> float:
         if self._est is None:
             xs = sorted(self.samples)
-            self._est = xs[int(QUANTILE * (len(xs) - 1))]
+            self._est = xs[int(self.quantile * (len(xs) - 1))]
         return self._est
 
 

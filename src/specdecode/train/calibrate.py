@@ -44,7 +44,7 @@ from ..drafters.registry import target_folder
 from ..engine import generate
 from ..jsonl import read_jsonl
 from ..sizing.book import cpu_name
-from ..sizing.costs import cost_clock, measure_costs
+from ..sizing.costs import Step, cost_clock, measure_costs, time_steps
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -205,27 +205,23 @@ def score(cand: Candidate, hits: Sequence[Sequence[bool]], v: Sequence[float],
 
 
 def layer_costs(target: "Model", context: Sequence[int], reps: int) -> dict[int, float]:
-    """c per layer count k = 1..n-1: the median time of a one-token forward through the first k
-    layers over the median full one-token pass, interleaved (the same clock as the γ policy's)."""
+    """c per layer count k = 1..n-1: the median time of a one-token forward through the first k layers over
+    the median full one-token pass, timed by the one timing loop (``sizing.costs.time_steps``: interleaved,
+    alternating order, the γ policy's clock)."""
     n = target.config.n_layers
-    sets: list[Optional[tuple[int, ...]]] = [None] + [tuple(range(k)) for k in range(1, n)]
-    clock = cost_clock(target)
     ids = list(context)[: target.max_seq_len - 2]
-    times: dict[Optional[tuple[int, ...]], list[float]] = {s: [] for s in sets}
     probe = torch.tensor([[ids[-1]]], device=target.device)
     with torch.inference_mode():
         cache = target.new_cache(1, len(ids) + 1)
         target.forward(torch.tensor([ids], device=target.device), cache, last_only=True)
-        for r in range(reps + 2):
-            for s in sets if r % 2 == 0 else sets[::-1]:
-                t0 = clock()
-                float(target.forward(probe, cache, last_only=True, layers=s)[0, -1, 0])
-                dt = clock() - t0
-                cache.trim(1)
-                if r >= 2:
-                    times[s].append(dt)
-    full = statistics.median(times[None])
-    return {len(s): statistics.median(times[s]) / full for s in sets if s is not None}
+
+    def through(k: int) -> Step:
+        layers = None if k == n else tuple(range(k))
+        return Step(lambda: float(target.forward(probe, cache, last_only=True, layers=layers)[0, -1, 0]),
+                    lambda: cache.trim(1))
+
+    times, _ = time_steps({k: through(k) for k in range(1, n + 1)}, {}, cost_clock(target), target.device, reps)
+    return {k: times[k] / times[n] for k in range(1, n)}
 
 
 # -- the search ----------------------------------------------------------------------------------
