@@ -51,7 +51,8 @@ BURST = Path(__file__).with_name("half_open_burst.py")
 
 class Poller:
     """/health from a thread every 10 ms on one kept-alive connection (or every 100 ms on a new connection each
-    time, ``fresh``): start, latency and status per call (0: the connection failed under it)."""
+    time, ``fresh``): start (``time.monotonic``, the burst process's clock too), latency and status per call (0:
+    the connection failed under it)."""
 
     def __init__(self, url: str, fresh: bool = False) -> None:
         self.url, self.fresh, self.stop = url, fresh, threading.Event()
@@ -63,13 +64,13 @@ class Poller:
         limits = httpx.Limits(max_keepalive_connections=0) if self.fresh else httpx.Limits()
         with httpx.Client(timeout=30, limits=limits) as c:
             while not self.stop.is_set():
-                t0 = time.perf_counter()
+                t0, start = time.perf_counter(), time.monotonic()
                 try:
                     status = c.get(self.url + "/health").status_code
                 except httpx.HTTPError as e:
                     status = 0
                     self.errors.append(repr(e))
-                self.calls.append((t0, time.perf_counter() - t0, status))
+                self.calls.append((start, time.perf_counter() - t0, status))
                 time.sleep(0.1 if self.fresh else 0.01)
 
     def __enter__(self) -> "Poller":
@@ -92,7 +93,7 @@ class LoopStalls:
 
     async def _run(self) -> None:
         while not self.stop:
-            cpu, t = time.thread_time(), time.perf_counter()
+            cpu, t = time.thread_time(), time.monotonic()
             await asyncio.sleep(0.005)
             self.stalls.append((t, time.thread_time() - cpu))
 
@@ -283,8 +284,8 @@ def test_the_loop_stays_responsive_through_a_burst_of_half_open_sockets(models: 
         stalls = LoopStalls(srv.server.servers[0].get_loop())
         with Poller(srv.url) as health:
             time.sleep(0.5)
-            t0 = time.perf_counter()
             got = burst(port, N_SOCKETS, HOLD_S)
+            t0 = got["started_at"]
             time.sleep(1.0)  # the server sees up to --max-connections sockets close at once: part of the test
         stalls.close()
         assert isinstance(srv.server, runner.DrainingServer)
@@ -320,8 +321,8 @@ def probe_cli(target: Path, n: int) -> dict[str, object]:
         with Poller(srv.url) as kept, Poller(srv.url, fresh=True) as fresh:
             time.sleep(1.0)
             log_before = srv.log_path.stat().st_size
-            t0 = time.perf_counter()
             got = burst(srv.port, n, HOLD_S)
+            t0 = got["started_at"]
             time.sleep(1.0)
         after = httpx.post(srv.url + "/v1/completions", timeout=60, json={
             "model": MODEL_NAME, "prompt": "def", "max_tokens": 8, "temperature": 0}).status_code
@@ -335,7 +336,8 @@ def probe_cli(target: Path, n: int) -> dict[str, object]:
             "failed": sum(c[2] != 200 for c in k), "new_connection_max_s": _top(c[1] for c in f),
             "new_connection_median_s": _median(c[1] for c in f), "log_growth": log_growth, "after": after,
             "traceback": "Traceback" in srv.log(),
-            "guard_log": [ln[-200:] for ln in srv.log().splitlines() if "connection guard" in ln]}
+            "guard_log": [ln[-200:] for ln in srv.log().splitlines() if "connection guard" in ln],
+            "worst": [[round(t - t0, 2), round(lat, 3)] for t, lat, _ in sorted(k, key=lambda c: c[1])[-5:]]}
 
 
 if __name__ == "__main__":
