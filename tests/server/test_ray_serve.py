@@ -108,6 +108,11 @@ def test_same_routes_limits_and_errors(ray_server: ServeProcess) -> None:
                      headers={"content-type": "application/json"}, timeout=30)
     assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
     assert big.headers["x-content-type-options"] == "nosniff"
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=60, json={
+            "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[-1] == "[DONE]" and len(events) >= 4
     ok = complete(url, {"model": model, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8
     time.sleep(2.5)  # the replicas report each second
@@ -172,7 +177,12 @@ def replica_pids(root: int) -> list[int]:
 
 def one_request(url: str, model: str, i: int) -> str:
     """What became of request ``i``: "ok", "error_event" (a stream ended by an error event and [DONE]) or "503"."""
-    body = {"model": model, "prompt": f"def f{i}(x):", "max_tokens": 300, "temperature": 0, "stream": i % 2 == 0}
+    body: dict[str, Any] = {"model": model, "max_tokens": 300, "temperature": 0, "stream": i % 2 == 0}
+    path = "/v1/completions"
+    if i % 4 == 0:  # every other stream is a chat stream: its opening role chunk is held back until a token
+        body["messages"], path = [{"role": "user", "content": f"def f{i}(x):"}], "/v1/chat/completions"
+    else:
+        body["prompt"] = f"def f{i}(x):"
     if not body["stream"]:
         r = complete(url, body)
         if r.status_code == 503:
@@ -181,7 +191,7 @@ def one_request(url: str, model: str, i: int) -> str:
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
         return "ok"
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", url + path, json=body, timeout=120) as r:
         if r.status_code == 503:
             assert r.headers.get("retry-after")
             return "503"

@@ -14,7 +14,7 @@ from specdecode.cli import main
 from specdecode.config import ConfigError
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.ray_config import RayConfig, conversation_key
-from specdecode.server.replica_views import Report, fresh, merged_health, merged_metrics
+from specdecode.server.replica_views import Report, fresh, merged_health, merged_metrics, only_role_chunks
 
 
 def chat(*messages: tuple[str, str]) -> bytes:
@@ -105,3 +105,12 @@ def test_merged_health_sums_the_load_and_drops_silent_replicas() -> None:
     assert (body["active_rows"], body["queue_depth"], body["max_batch_size"], body["replicas_live"]) == (3, 2, 8, 2)
     assert [r["status"] for r in body["replicas"]] == ["ok", "warming"]
     assert merged_health([], 2)[0] == 503
+
+
+def test_only_a_chat_streams_opening_is_held_back() -> None:
+    opening = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    token = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    assert only_role_chunks(opening) and only_role_chunks(opening * 2)
+    assert not only_role_chunks(opening + token) and not only_role_chunks(token)
+    assert not only_role_chunks(b"") and not only_role_chunks(b"data: [DONE]\n\n")
+    assert not only_role_chunks(b'data: {"error":{"message":"x"}}\n\n')

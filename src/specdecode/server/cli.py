@@ -118,6 +118,9 @@ def serve_on_ray(args: argparse.Namespace, ray_config: RayConfig) -> int:
         log.warning("--api-key on the command line is visible to other users in `ps`; prefer $%s or "
                     "--api-key-file", API_KEY_ENV)
     config = resolve_api_key(config, os.environ)
+    if config.port == 0:
+        raise main_cli.CLIError("--port 0 (any free port) does not work with --ray: Ray's HTTP proxy needs the port "
+                                "up front; give one")
     artifacts_from_args(args)  # a bad artifact flag fails here, not in every replica
     return run(args, config, ray_config)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -36,7 +37,7 @@ from .guard import ASGIApp, BodyLimit, Message, Receive, Scope, SecurityHeaders,
 from .hosts import HostCheck
 from .ray_config import (CONVERSATIONS_PER_REPLICA, DOWNSCALE_DELAY_S, UPSCALE_DELAY_S, RayConfig,
                          conversation_key)
-from .replica_views import Report, fresh, merged_health, merged_metrics
+from .replica_views import Report, fresh, merged_health, merged_metrics, only_role_chunks
 
 log = logging.getLogger("specdecode.server")
 
@@ -136,7 +137,7 @@ class DecodeReplica:
                 await out.put(None)
 
         task = asyncio.create_task(run())
-        sse, whole, ended = False, bytearray(), False
+        sse, whole, ended, held, yielded = False, bytearray(), False, bytearray(), False
         try:
             while not ended and (msg := await out.get()) is not None:
                 if msg["type"] == "http.response.start":
@@ -154,10 +155,14 @@ class DecodeReplica:
                         ended = True
                         break
                     piece += nxt.get("body", b"")
-                if piece:
-                    yield ("body", bytes(piece))
-            if not sse:
-                yield ("body", bytes(whole))
+                if not yielded and not ended and only_role_chunks(piece):
+                    held += piece  # a chat stream's opening: sent with its first token, so until then the
+                    continue  # front may still send the request to another replica if this one dies
+                if piece or held:
+                    yield ("body", bytes(held + piece))
+                    held, yielded = bytearray(), True
+            if held or not sse:
+                yield ("body", bytes(held or whole))
         finally:
             gone.set()
             if not task.done():
@@ -176,8 +181,6 @@ class DecodeReplica:
         return b"".join(chunks)
 
     async def _report_forever(self) -> None:
-        import json
-
         while True:
             try:
                 health = json.loads(await self._get("/health"))
@@ -241,8 +244,6 @@ class Front:
         await self._forward(req, key if follow_up else None, receive, send)
 
     async def _answer_local(self, path: str, send: Send) -> None:
-        import json
-
         live = fresh(self.reports.values())
         if path == "/health":
             status, body = merged_health(live, self.limits.replicas_wanted)

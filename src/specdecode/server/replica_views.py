@@ -8,10 +8,11 @@ would weigh a replica that ran little like one that ran much. Nothing here impor
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -96,6 +97,23 @@ def merged_metrics(reports: list[Report], per_replica: bool = False) -> str:
         out.append(f"# TYPE {name} {kind}")
         out.extend(f"{sample}{_labels(labels)} {_number(v)}" for (sample, labels), v in rows)
     return "\n".join(out) + "\n"
+
+
+def only_role_chunks(piece: Union[bytes, bytearray]) -> bool:
+    """Whether ``piece`` holds only a chat stream's opening events (the assistant role, no content yet)."""
+    events = [e for e in bytes(piece).split(b"\n\n") if e.strip()]
+    if not events:
+        return False
+    for event in events:
+        if not event.startswith(b"data: {"):
+            return False
+        try:
+            choices = json.loads(event[6:]).get("choices")
+        except ValueError:
+            return False
+        if not choices or any(c.get("delta") != {"role": "assistant", "content": ""} for c in choices):
+            return False
+    return True
 
 
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
