@@ -19,6 +19,7 @@ from .chat import ChatFormatter, ChatTemplateError
 from .config import GenerationConfig, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
 from .drafters.registry import REGISTRY
 from .rows import FinishEvent, StepEvent
+from .sizing.gamma import Gamma
 from .engine import stream
 from .models.catalog import CATALOG, PullError, model_file, pull
 from .repetition import REPETITION, RepetitionStop, stop_runaway
@@ -61,15 +62,16 @@ def _ensure_model(name: str) -> Optional[str]:
 
 
 def _events(target: Any, drafter: Any, prompt: str, sampling: SamplingConfig, generation: GenerationConfig,
-            repetition: Optional[RepetitionStop]) -> Iterator[StepEvent | FinishEvent]:
-    return stop_runaway(stream(target, prompt, drafter, sampling, generation), repetition)
+            repetition: Optional[RepetitionStop], gamma: Optional[Gamma] = None) -> Iterator[StepEvent | FinishEvent]:
+    """``gamma``: ``--gamma`` as ``generate`` reads it (N every pass, "auto" adaptive, None: the drafter's)."""
+    return stop_runaway(stream(target, prompt, drafter, sampling, generation, gamma=gamma), repetition)
 
 
 def _reply(target: Any, drafter: Any, prompt: str, sampling: SamplingConfig, generation: GenerationConfig,
-           repetition: Optional[RepetitionStop], colour: bool) -> FinishEvent:
+           repetition: Optional[RepetitionStop], colour: bool, gamma: Optional[Gamma] = None) -> FinishEvent:
     """Stream one assistant reply to stdout, then its figures to stderr."""
     finish: Optional[FinishEvent] = None
-    for ev in _events(target, drafter, prompt, sampling, generation, repetition):
+    for ev in _events(target, drafter, prompt, sampling, generation, repetition, gamma):
         if isinstance(ev, StepEvent):
             flags = ev.from_draft + [False] * (len(ev.pieces) - len(ev.from_draft))
             for piece, from_draft in zip(ev.pieces, flags):
@@ -133,7 +135,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         messages.append({"role": "user", "content": args.prompt})
         prompt = formatter.render(messages)
-        finish = _reply(target, drafter, prompt, sampling, generation, repetition, colour)
+        finish = _reply(target, drafter, prompt, sampling, generation, repetition, colour, args.gamma)
         if args.compare_plain and drafter is None:
             print("specdecode: --compare-plain: this run already decoded plainly (no drafter); nothing to compare",
                   file=sys.stderr)
@@ -158,7 +160,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "user", "content": line})
         try:
             text = _reply(target, drafter, formatter.render(messages), sampling, generation, repetition,
-                          colour).text
+                          colour, args.gamma).text
         except ChatTemplateError as e:
             print(f"specdecode: {e}", file=sys.stderr)
             messages.pop()

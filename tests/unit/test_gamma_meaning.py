@@ -160,3 +160,14 @@ def test_auto_caps_at_the_same_number_in_generate_and_serve(drafter: str, cap: i
     _generate(monkeypatch, flags, capsys)
     _serve(flags)
     assert rows == [Speculation(cap, True), Speculation(cap, True)]
+
+
+@bundled
+@pytest.mark.parametrize("gamma,expected", [("3", Speculation(3, False)), ("auto", Speculation(DEFAULT_CAP, True))])
+def test_chat_reads_gamma_as_generate_does(gamma: str, expected: Speculation, rows: list[Speculation],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``chat --gamma N`` drafts N every pass, as ``generate --gamma N`` does, with its default drafter (auto) too."""
+    assert main(["chat", *_flags("auto", gamma), "--prompt", "def add(a, b):", "--max-new-tokens", "8",
+                 "--temperature", "0", "--no-color"]) == 0
+    capsys.readouterr()
+    assert rows == [expected]
