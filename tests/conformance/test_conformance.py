@@ -153,7 +153,7 @@ def test_streaming_server_request(setup: tuple[sd.Model, sd.Model, dict[str, Nee
 @pytest.mark.parametrize("name", NAMES)
 def test_bench_methods(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str,
                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from specdecode.bench.ours import baseline_family
+    from specdecode.bench.ours import baseline_family, bench_families
     from specdecode.bench.runners import BenchContext, build_methods
 
     patch_costs(monkeypatch, [name])
@@ -163,7 +163,7 @@ def test_bench_methods(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name:
     spec = get_spec(name)
     ctx = BenchContext(target, draft, str(target.path), str(draft.path), options=n.options,
                        artifacts={k: str(v) for k, v in n.artifacts.items()})
-    families = [baseline_family()] + [v.family for v in spec.bench if not v.eager]
+    families = [baseline_family()] + [b.family for b in bench_families() if b.drafter == name and not b.eager]
     methods, skipped = build_methods(ctx, families, {"gammas": [2], "lookup_tokens": [3], "peer_gammas": [2]})
     assert all("--temperature" in s.reason for s in skipped), skipped  # only the sampled-only families
     assert len(methods) > 1 or spec.name == PLAIN
@@ -175,6 +175,7 @@ def test_bench_methods(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name:
 @pytest.mark.parametrize("name", [n for n, s in REGISTRY.items()
                                   if any(a.required for a in s.artifacts) or s.needs_draft_model])
 def test_its_error_without_what_it_needs(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str) -> None:
+    from specdecode.bench.ours import bench_families
     from specdecode.bench.runners import BenchContext, build_methods
 
     target = setup[0]
@@ -187,7 +188,7 @@ def test_its_error_without_what_it_needs(setup: tuple[sd.Model, sd.Model, dict[s
     with pytest.raises(ConfigError, match=f"default drafter {name!r} needs"):
         make_state(target, None, ServerConfig(), default_drafter=name)
     ctx = BenchContext(target, None, str(target.path), None)
-    methods, skipped = build_methods(ctx, [v.family for v in spec.bench], {"gammas": [2]})
+    methods, skipped = build_methods(ctx, [b.family for b in bench_families() if b.drafter == name], {"gammas": [2]})
     assert not methods and skipped, skipped
     assert all(any(w in s.reason for w in ("--draft", hint, "--temperature")) for s in skipped), skipped
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from specdecode.bench.ours import bench_families
 from specdecode.drafters.registry import REGISTRY
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "specdecode"
@@ -40,8 +41,7 @@ def _names() -> set[str]:
             names |= {o.key, *o.flag_names}
         for a in spec.artifacts:
             names |= {a.name, a.flag}
-        for v in spec.bench:
-            names |= {v.family, *([v.label] if v.label else [])}
+    names |= {n for b in bench_families() for n in (b.family, b.label)}  # declared and derived
     return {n.lstrip("-").replace("_", "-") for n in names} - COMMON
 
 

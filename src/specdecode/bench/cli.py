@@ -26,14 +26,14 @@ from tqdm import tqdm
 from .. import __version__
 from ..cli import model_loader, parse_draft_vocab, resolve_draft_path, resolve_target
 from ..config import ConfigError, ModelLoadConfig, SamplingConfig, add_dataclass_args, from_args
-from ..drafters.registry import (REGISTRY, DrafterOptions, add_drafter_args, artifacts_from_args, options_from_args,
-                                 with_defaults)
+from ..drafters.registry import (REGISTRY, DrafterOptions, add_drafter_args, artifacts_from_args, get_spec,
+                                 options_from_args, with_defaults)
 from ..models.loading import resolve_model_path
 from ..sizing.book import cpu_name
 from ..sizing.costs import measure_costs
 from . import llamacpp, llamacpp_gguf
 from .flags import parse_gammas, parse_int_list, parse_per_category
-from .ours import OursMethod, baseline_family
+from .ours import OursMethod, baseline_family, bench_families
 from .real import REAL_PER_CATEGORY, prepare_real_prompts
 from .report import finite, format_markdown, format_table, summarize, write_json, write_plots
 from .runners import BenchContext, build_methods, default_methods, method_table, run_all, warm_up
@@ -261,7 +261,7 @@ def own_drafts(args: argparse.Namespace, load: Any) -> dict[str, Any]:
 
 def _draft_families() -> set[str]:
     """The bench families of drafters that need a draft model."""
-    return {v.family for s in REGISTRY.values() if s.needs_draft_model for v in s.bench}
+    return {b.family for b in bench_families() if get_spec(b.drafter).needs_draft_model}
 
 
 def _peer_source(target: str) -> Path:

@@ -14,11 +14,12 @@ from typing import Callable, Mapping, Optional, Protocol
 import torch
 
 from ..config import SamplingConfig
+from ..drafters.plugin import SWEEPS as DRAFTER_SWEEPS
 from ..drafters.vocab import VocabSpec, draft_vocab_for
 from ..models import Model, load_model
 from .stats import Step
 
-SWEEPS = ("none", "gammas", "lookup_tokens", "peer_gammas")
+SWEEPS = (*DRAFTER_SWEEPS, "peer_gammas")  # the peers' γs: transformers' assisted generation and its eager match
 
 
 class MethodUnavailable(Exception):

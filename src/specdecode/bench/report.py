@@ -16,18 +16,16 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..sizing.costs import Costs, expected_tokens, predicted_speedup
-from ..drafters.registry import PAIRED_DEFAULT, PLAIN, get_spec
+from .ours import baseline_family, eager_baseline_family, paired_families
 from .positions import by_output_position, format_output_position, plot_output_position, pyplot
 from .runners import Method, MethodFailure, PreparedPrompt, RunRecord, Skipped
 from .stats import Counts, counts_from_steps, first_mismatch, mean_std
 
 OVERALL = "overall"
-BASELINE = get_spec(PLAIN).bench[0].family  # plain decoding's family (bench.ours.baseline_family)
-FP32_BASELINE = next(v.family for v in get_spec(PLAIN).bench if v.eager)  # the reference for runs in fp32
-# arithmetic (eager path, transformers): plain decoding's eager variant
-_DRAFT = get_spec(PAIRED_DEFAULT).bench[0]  # the draft model's first family and its gamma='auto' companion
-GAMMA_PICK_FAMILY = _DRAFT.with_auto
-DRAFT_MODEL_FAMILIES = frozenset({_DRAFT.family, *([GAMMA_PICK_FAMILY] if GAMMA_PICK_FAMILY else [])})  # c from the
+BASELINE = baseline_family()  # plain decoding's family
+FP32_BASELINE = eager_baseline_family()  # the reference for runs in fp32 arithmetic (eager path, transformers)
+_DRAFT, GAMMA_PICK_FAMILY = paired_families()  # the draft model's family and its gamma='auto' companion
+DRAFT_MODEL_FAMILIES = frozenset({_DRAFT, *([GAMMA_PICK_FAMILY] if GAMMA_PICK_FAMILY else [])})  # c from the
 # measured draft forward
 NO_TOKEN_RUNTIMES = frozenset({"llama.cpp"})  # runtimes whose runs report timings, not token ids
 

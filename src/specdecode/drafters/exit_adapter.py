@@ -282,6 +282,4 @@ SPECS = (DrafterSpec(
     "layerskip-adapter", "self-speculation: the target's first layers plus a trained exit adapter (--heads DIR from "
     "`specdecode distill --method early-exit`; the bundled target's by default)", _build, artifacts=(EXIT_ADAPTER,),
     bench=(BenchVariant("layerskip-adapter", "layer-skip early exit through a trained exit adapter, γ from --gammas",
-                        sweep="gammas", with_auto="layerskip-adapter-auto"),
-           BenchVariant("layerskip-adapter-auto", "the exit adapter's draft with gamma='auto' (the γ policy, from its "
-                        "measured c, adapter included)", label="layerskip-adapter/auto"))),)
+                        sweep="gammas"),)),)

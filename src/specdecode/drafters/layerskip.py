@@ -383,9 +383,7 @@ SPECS = (DrafterSpec(
                     "(overrides the calibration)", metavar="LAYERS")),
     artifacts=(CALIBRATION,), auto=AutoMember(3, usable=_usable),
     bench=(BenchVariant("layerskip", "layer-skip self-speculation (the target's calibrated layers, `specdecode "
-                        "calibrate`), γ from --gammas", sweep="gammas", with_auto="layerskip-auto"),
-           BenchVariant("layerskip-auto", "layer-skip self-speculation with gamma='auto' (the γ policy, from the "
-                        "partial model's measured c)", label="layerskip/auto"))),)
+                        "calibrate`), γ from --gammas", sweep="gammas"),)),)
 
 
 __all__ = ["CALIBRATION", "CALIBRATION_FILE", "CALIBRATION_VERSION", "SPECS", "SUPPORTED_FAMILIES", "DraftLayers",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 
 import torch
 
-from ..config import ConfigError, VerifyConfig
+from ..config import ConfigError
 from ..sizing.book import chain_spec, get_costs
 from ..sizing.costs import MAX_GAMMA, Costs
 from ..ops import argmax_list
@@ -294,19 +294,4 @@ def _build(o: DrafterOptions) -> BatchDrafter:
 
 SPECS = (DrafterSpec(
     "model", "a separate small draft model (--draft DIR)", _build, needs_draft_model=True, auto=AutoMember(0),
-    bench=(
-        BenchVariant("draft", "draft model, γ from --gammas (sampled chains: block verification, the default rule)",
-                     sweep="gammas", verify=VerifyConfig(accept_rule="rejection"), with_auto="draft-auto",
-                     with_sampling="draft-token", default=True),
-        BenchVariant("draft-token", "draft model verified token by token, γ from --gammas (sampling only; added "
-                     "beside 'draft' when --temperature > 0)", sweep="gammas",
-                     verify=VerifyConfig(chain_rule="token", accept_rule="rejection"), sampled_only=True),
-        BenchVariant("draft-coupled", "draft model under the Gumbel-max coupled rule (drafter-invariant seeds; the "
-                     "default when a request has a seed), γ from --gammas (sampling only)", sweep="gammas",
-                     verify=VerifyConfig(accept_rule="coupled"), sampled_only=True),
-        BenchVariant("draft-auto", "draft model with gamma='auto': γ chosen every step from measured costs and "
-                     "running α̂", label="draft/auto", default=True),
-        BenchVariant("draft-fullvocab", "draft model over its full output vocabulary (the ablation of "
-                     "draft_vocab.json), γ from --gammas", sweep="gammas", vocab="full"),
-        BenchVariant("eager-draft", "draft model on the eager path, γ from --peer-gammas", sweep="peer_gammas",
-                     eager=True))),)
+    bench=(BenchVariant("draft", "draft model, γ from --gammas", sweep="gammas"),)),)

@@ -98,4 +98,4 @@ SPECS = (DrafterSpec(
              Option("ngram_min", int, 1, "prompt lookup: shortest n-gram to match",
                     ("--ngram-min", "--lookup-min-ngram"))),
     auto=AutoMember(6),
-    bench=(BenchVariant("lookup", "prompt lookup, k from --lookup-tokens", sweep="lookup_tokens", default=True),)),)
+    bench=(BenchVariant("lookup", "prompt lookup, k from --lookup-tokens", sweep="lookup_tokens"),)),)

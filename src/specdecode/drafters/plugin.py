@@ -2,7 +2,7 @@
 
 A spec holds everything the rest of the program needs to know about one drafter: its options
 (typed, with help and a default), the trained artifacts it needs and how they are found, how it is
-built, its own error text, how ``auto`` may use it and its benchmark variants. ``registry.py``
+built, its own error text, how ``auto`` may use it and its benchmark family. ``registry.py``
 collects the specs; the command-line flags, the server's drafters, the bench's methods and auto's
 members are derived from them, so adding a drafter is one module. What the cost model times for a
 drafter is not in the spec but on the drafter itself, where the state to time lives: it declares a
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from ..config import ConfigError, VerifyConfig
+from ..config import ConfigError
 from .base import BatchDrafter, Gamma
 from .vocab import VocabSpec
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..models import Model
 
 SHARED_ARTIFACT_FLAG = "--heads"  # one directory of any kind, told apart by its contents (generate's habit)
-SWEEPS = ("none", "gammas", "lookup_tokens", "peer_gammas")  # the bench's settings lists a variant sweeps
+SWEEPS = ("none", "gammas", "lookup_tokens")  # a drafter's size knob in the bench: none (γ 'auto'), γ, lookup k
 
 
 @dataclass(frozen=True)
@@ -67,21 +67,18 @@ class Artifact:
 
 @dataclass(frozen=True)
 class BenchVariant:
-    """One bench method family of a drafter. ``sweep``: which settings list gives its variants (γ, or
-    lookup tokens), each built with that γ; "none": one variant with γ 'auto'."""
+    """The bench's method family for a drafter: only what the drafter knows about itself. The
+    comparisons the bench runs beside it (verification rules, ablations, the gamma='auto' companion,
+    the default set) are the bench's, applied to every drafter that fits (``bench/ours.py``)."""
 
-    family: str
+    family: str  # the method's name in --methods
     help: str
-    sweep: str = "none"
-    label: Optional[str] = None  # the method name (a swept one gets /g<γ> or /k<k>); default: family
-    vocab: Optional[VocabSpec] = None  # None: the bench's --draft-vocab
-    verify: VerifyConfig = VerifyConfig()
-    sampled_only: bool = False  # compares verification rules: only with --temperature > 0
+    sweep: str = "none"  # which settings list sizes it (SWEEPS), a method built per value; "none": one, γ 'auto'
     history: bool = False  # remembers earlier requests: forgets when a prompt comes round again
-    eager: bool = False  # runs on the eager (fast=False) copies of the models
-    with_auto: Optional[str] = None  # the family 'auto' in --gammas adds beside this one
-    with_sampling: Optional[str] = None  # the family --temperature > 0 adds beside this one
-    default: bool = False  # among the bench's default methods
+
+    def __post_init__(self) -> None:
+        if self.sweep not in SWEEPS:
+            raise ValueError(f"bench family {self.family!r}: sweep must be one of {SWEEPS}, got {self.sweep!r}")
 
 
 @dataclass(frozen=True)

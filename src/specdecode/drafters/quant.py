@@ -117,6 +117,4 @@ SPECS = (DrafterSpec(
     "quant", "self-speculation: an int4 copy of the target drafts (quantized at load; no training, no second "
     "checkpoint; CPU)", _build, auto=AutoMember(4, only_without_draft_model=True, fits=_fits),
     bench=(BenchVariant("quant", "quantized self-draft (--drafter quant): the target's int4 copy drafts, γ from "
-                        "--gammas", sweep="gammas", with_auto="quant-auto"),
-           BenchVariant("quant-auto", "quantized self-draft with gamma='auto' (the γ policy, from the int4 copy's "
-                        "measured c)", label="quant/auto"))),)
+                        "--gammas", sweep="gammas"),)),)

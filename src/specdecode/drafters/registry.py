@@ -201,9 +201,7 @@ def _collect() -> None:
     from .plugin import BenchVariant
 
     register(DrafterSpec(PLAIN, "plain decoding (no drafts)", _none, bench=(
-        BenchVariant("plain", "our decode loop with no drafter: the baseline", default=True),
-        BenchVariant("eager-plain", "plain decoding on PyTorch's eager F.linear with fp32 weights (the fast kernel "
-                     "off)", eager=True, default=True))))
+        BenchVariant("plain", "our decode loop with no drafter: the baseline"),)))
     for info in pkgutil.iter_modules(drafters.__path__):
         if info.name in ("registry", "plugin") or info.name.startswith("_"):
             continue
