@@ -12,7 +12,8 @@ import torch
 import specdecode as sd
 from specdecode.config import SamplingConfig
 from specdecode.sizing.costs import Costs
-from specdecode.drafters.auto import PROBE_FIRST, AutoDrafter
+from specdecode.drafters.auto import AutoDrafter
+from specdecode.drafters.auto_members import PROBE_FIRST
 from specdecode.draft import Draft, DraftContext
 from specdecode.drafters.base import Acceptance
 

@@ -16,8 +16,9 @@ from typing import Any, Optional, cast
 import pytest
 
 import specdecode
-from specdecode.drafters.auto import OPTIMISTIC, PRIOR_ALPHA, PRIOR_WEIGHT, PROBE_FIRST, PROBE_MAX, PROBE_WEIGHT, \
-    RATE_EMA, AutoDrafter, Member
+from specdecode.drafters.auto import AutoDrafter
+from specdecode.drafters.auto_members import OPTIMISTIC, PRIOR_ALPHA, PRIOR_WEIGHT, PROBE_FIRST, PROBE_MAX, \
+    PROBE_WEIGHT, RATE_EMA, Member
 from specdecode.drafters.base import Acceptance
 from specdecode.drafters.eagle_sizing import CALIB_MEMORY, CALIB_PRIOR, EdgeCalibration
 from specdecode.drafters.medusa_tree import RankAcceptance

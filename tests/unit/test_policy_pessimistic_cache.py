@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from specdecode.sizing.costs import Costs
-from specdecode.sizing.live import TRUST
-from specdecode.sizing.policy import GammaPolicy, RowPlan, overstated
+from specdecode.sizing.live import TRUST, overstated
+from specdecode.sizing.policy import GammaPolicy, RowPlan
 
 QUIET_V = tuple(1.0 + 0.02 * k for k in range(16))  # the pair's real v(k): verification nearly flat
 LOADED = Costs(c=0.05, v=(1.0,) + tuple(3.0 * x for x in QUIET_V[1:]))  # every width from 2 timed 3x slow

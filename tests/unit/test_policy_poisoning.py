@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Iterator, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import pytest
 
@@ -17,6 +17,7 @@ from specdecode.core import DecodeCore
 from specdecode.rows import FinishEvent, Request
 from specdecode.sizing.book import cached_costs
 from specdecode.sizing.costs import Costs
+from specdecode.sizing.gamma import Gamma
 from specdecode.metrics import GenerationStats
 from specdecode.models import Model, load_model
 from specdecode.sizing.policy import GammaPolicy
@@ -55,11 +56,11 @@ def new_core(pair: tuple[Model, Model], policy: Union[GammaPolicy, None] = None)
     return DecodeCore(pair[0], {"model": drafter_module.DraftModelDrafter(pair[1])}, max_rows=4, policy=policy)
 
 
-def run(core: DecodeCore, prompt: Union[str, Sequence[int]], max_tokens: int, gamma: Union[int, None] = None
-        ) -> GenerationStats:
+def run(core: DecodeCore, prompt: Union[str, Sequence[int]], max_tokens: int, gamma: Optional[Gamma] = None,
+        drafter: str = "model") -> GenerationStats:
     """One greedy request through the core, as the server runs it; its stats."""
     ids = core.target.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    core.add(Request(ids, SamplingConfig(temperature=0.0), GenerationConfig(max_new_tokens=max_tokens), "model",
+    core.add(Request(ids, SamplingConfig(temperature=0.0), GenerationConfig(max_new_tokens=max_tokens), drafter,
                      gamma=gamma))
     while core.rows:
         for _, ev in core.step():
@@ -141,7 +142,7 @@ def test_a_cache_with_its_wider_passes_timed_under_load_is_corrected_by_the_narr
         pair: tuple[Model, Model], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every width from 2 tokens cached 3x too dear: only γ = 1 looks worth drafting, and a width never run is
     never measured. The narrow widths' live timings show the overstatement, the untried widths are scaled alike
-    (``policy.overstated``) and so tried: by the 3rd request the core accepts within 10% of a fresh one's
+    (``sizing.live.overstated``) and so tried: by the 3rd request the core accepts within 10% of a fresh one's
     (before: 30 against 51 for every request), and the file is rewritten."""
     monkeypatch.setattr(cm, "_MEMO", {})
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "good"))
@@ -161,3 +162,35 @@ def test_a_cache_with_its_wider_passes_timed_under_load_is_corrected_by_the_narr
     monkeypatch.setattr(cm, "_MEMO", {})
     rewritten = cached_costs(f.stem)
     assert rewritten is not None and rewritten.v[4] < 2.0  # the untried widths no longer 3x on disk
+
+
+def test_auto_on_a_target_whose_wider_passes_were_cached_3x_too_dear(pair: tuple[Model, Model], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` sizes its members' drafts with the target's v(n) itself, so the policy's correction of a
+    pessimistic cache must reach it too: the widths its members have run show the overstatement, and the ones
+    not run are scaled alike (``sizing.live.live_v``), and a row where nothing pays drafts a token on a probe
+    schedule so that wider passes get run at all. From the 3rd request it accepts within 10% of a fresh core's
+    (before: 0 drafted, request after request)."""
+    from specdecode.drafters.auto import AutoDrafter
+    from specdecode.drafters.base import as_batch_drafter
+    from specdecode.drafters.ngram import PromptLookupDrafter
+
+    def auto_core() -> DecodeCore:
+        members = {"model": drafter_module.DraftModelDrafter(pair[1]), "ngram": as_batch_drafter(PromptLookupDrafter())}
+        return DecodeCore(pair[0], {"auto": AutoDrafter(members)}, max_rows=4, prepare=["auto"])
+
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "good"))
+    fresh = run(auto_core(), PROMPT, 64, gamma="auto", drafter="auto")
+    monkeypatch.setattr(cm, "_MEMO", {})
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "bad"))
+    auto_core()  # writes the cache files ...
+    for f in (tmp_path / "bad" / "costs").glob("*.json"):  # ... which a measurement under load then spoils
+        d = json.loads(f.read_text())
+        v = [1.0] + [3.0 * x for x in d["v"][1:]]
+        f.write_text(json.dumps(dict(d, v=v, target_s=[d["target_s"][0] * x for x in v])))
+    monkeypatch.setattr(cm, "_MEMO", {})
+    core = auto_core()
+    stats = [run(core, PROMPT, 64, gamma="auto", drafter="auto") for _ in range(4)]
+    assert min(s.accepted for s in stats[2:]) >= 0.9 * fresh.accepted, ([s.accepted for s in stats], fresh.accepted)
+    assert stats[0].drafted > 0  # rows where nothing pays probe one token now and then: so the passes get timed

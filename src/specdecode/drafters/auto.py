@@ -38,7 +38,6 @@ records auto as the request's ``chooser``, never as a source beside its members.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections import defaultdict
@@ -48,97 +47,19 @@ from typing import TYPE_CHECKING
 from ..config import ConfigError
 from ..sizing.book import get_costs, target_spec
 from ..sizing.costs import MAX_GAMMA, Costs, cost_clock, expected_tokens
-from ..sizing.estimate import Estimate, ProbeSchedule, RowEvidence
+from ..sizing.estimate import ProbeSchedule
 from ..sizing.pricer import DEFAULT_PRICER, Pricer
 from ..draft import Draft, DraftContext
 from .base import Acceptance, BatchDrafter, Gamma, RowZeroAdapter
-from ..sizing.live import Stored, Timings, live_v
+from ..sizing.live import Stored, live_v
+from .auto_members import PROBE_WEIGHT, Member
 from .plugin import BenchVariant, DrafterOptions, DrafterSpec
 
 if TYPE_CHECKING:
     from ..models import Model
 
-CHEAP = 0.1  # a self-sizing member costing less than this share of a target pass per row proposes every step
-PRIOR_ALPHA, PRIOR_WEIGHT = 0.75, 6.0  # a member's α before evidence: optimistic, worth a few steps (exploration)
-COST_SAMPLES = 9  # a member's cost c is the median of its last this many proposals (one-offs do not move it)
-OPTIMISTIC = 3.0  # a self-sizing member's rate before it has drafted (so each is tried once)
-RATE_EMA = 0.1  # least weight of one step in a member's realised rate (its memory: 1 / RATE_EMA steps)
-PROBE_FIRST, PROBE_MAX = 32, 1024  # steps before a losing dear self-sizing member is tried again (doubling)
-PROBE_WEIGHT = 0.3  # weight of a probe's step in that member's rate (news after a long pause)
+ROW_PROBES = (8, 2, 32)  # a row where nothing pays drafts one token after 8 plain steps, then 16, then every 32
 log = logging.getLogger(__name__)
-# a realised rate: OPTIMISTIC worth one step (so each member is tried), then each step weighs ≥ RATE_EMA
-_rate = functools.partial(Estimate, OPTIMISTIC, 1.0, 1.0 / RATE_EMA - 1.0, forgets_prior=True)
-_probes = functools.partial(ProbeSchedule, PROBE_FIRST, 2, PROBE_MAX)
-
-
-@dataclasses.dataclass
-class Member:
-    """One drafter inside ``AutoDrafter`` and what auto knows of it."""
-
-    name: str
-    drafter: BatchDrafter
-    costs: Costs | None = None  # offline c and v(γ) (chain drafters); None: it sizes its own drafts
-    rates: Estimate = dataclasses.field(default_factory=_rate)  # realised speedup per step drafted (self-sizing)
-    sampled: bool = False  # it was seen proposing sampled drafts: never chosen by content
-    steps: int = 0  # steps it drafted (the first few weigh more: the optimistic start is one observation)
-    timings: Timings = dataclasses.field(default_factory=lambda: Timings(COST_SAMPLES, 0.5))  # its recent costs
-    c: float = 0.0  # measured cost per row and step it follows, in one-token target passes
-    accepted: int = 0  # accepted draft tokens, all rows and requests (for /health and tests)
-    probes: ProbeSchedule = dataclasses.field(default_factory=_probes)  # when a losing dear member is tried again
-    probing: bool = False  # this step's drafts are a probe
-    # per row, its request's own evidence: what its drafts are valued by, so that no request inherits another's
-    # verdict (junk requests before it, all rejections, would otherwise set what a new request tries: issue 49)
-    evidence: dict[int, RowEvidence] = dataclasses.field(default_factory=dict)  # α (the history a bounded prior)
-    row_rates: dict[int, Estimate] = dataclasses.field(default_factory=lambda: defaultdict(_rate))  # self-sizing
-
-    @property
-    def alpha(self) -> float:
-        """The member's running acceptance with an optimistic prior, so one unlucky step does not
-        rule out a member that is then never tried again."""
-        return self.drafter.acceptance.estimate.mean_with(PRIOR_ALPHA, PRIOR_WEIGHT)
-
-    def row_evidence(self, row: int) -> RowEvidence:
-        ev = self.evidence.get(row)
-        if ev is None:
-            ev = self.evidence[row] = RowEvidence(self.drafter.acceptance, prior=(PRIOR_ALPHA, PRIOR_WEIGHT))
-        return ev
-
-    def rate_at(self, row: int) -> float:
-        """A self-sizing member's realised rate in this row's request: optimistic until it drafts here,
-        as on a fresh server."""
-        return self.row_rates[row].mean if row in self.row_rates else OPTIMISTIC
-
-    def drop_row(self, row: int) -> None:
-        self.evidence.pop(row, None)
-        self.row_rates.pop(row, None)
-
-    def move_row(self, src: int, dst: int) -> None:
-        self.drop_row(dst)
-        if src in self.evidence:
-            self.evidence[dst] = self.evidence.pop(src)
-        if src in self.row_rates:
-            self.row_rates[dst] = self.row_rates.pop(src)
-
-    @property
-    def cheap(self) -> bool:
-        """Proposes before the others: self-sizing, deterministic, and cheaper than ``CHEAP``."""
-        return self.costs is None and not self.sampled and self.c < CHEAP
-
-    def worth(self, cap: int, row: int | None = None) -> tuple[float, int]:
-        """(predicted speedup over plain decoding, draft length to ask for) for ``row`` (None: any row, from
-        the evidence of every request: the order members are asked in)."""
-        if self.costs is None:
-            g = self.drafter.gamma
-            return self.rates.mean if row is None else self.rate_at(row), min(cap, g if isinstance(g, int) else cap)
-        alpha = self.alpha if row is None else self.row_evidence(row).alpha
-        g = self.costs.best_gamma(alpha, min(cap, MAX_GAMMA))
-        return (self.costs.speedup(alpha, g) if g else 0.0), g
-
-    # -- a dear self-sizing member's probes ------------------------------------------------------------
-    @property
-    def probe_due(self) -> bool:
-        """A losing self-sizing member is tried again after ``interval`` idle steps."""
-        return self.costs is None and self.steps > 0 and self.probes.due()
 
 
 class AutoDrafter(RowZeroAdapter):
@@ -164,6 +85,9 @@ class AutoDrafter(RowZeroAdapter):
         self.wants_hidden = any(d.wants_hidden for d in members.values())
         self.hidden_layers: tuple[int, ...] = ()  # the layers EAGLE members read (set by prepare_rows)
         self._pending: dict[int, tuple[Member, int]] = {}  # row -> (member that drafted, draft width)
+        # per row, when a row where no draft pays drafts one token anyway: the pass it verifies in is then timed,
+        # so a cost cache that overstates wide passes (timed under load) is corrected by the live passes
+        self._row_probes: defaultdict[int, ProbeSchedule] = defaultdict(lambda: ProbeSchedule(*ROW_PROBES))
         self._base: Costs | None = None
         self._stored = Stored(None)  # what the target's cost cache file holds
         self._clock: Callable[[], float] = time.perf_counter
@@ -238,10 +162,13 @@ class AutoDrafter(RowZeroAdapter):
             out += self._stored.changed(new)
         for m in self.members:
             out += m.drafter.refine_costs(passes)
+            if m.costs is not None:  # a chain member's v(n), as the γ policy follows a chain drafter's
+                m.costs = live_v(m.costs, passes) or m.costs
         return out
 
     def reset_row(self, row: int) -> None:
         self._pending.pop(row, None)
+        self._row_probes.pop(row, None)
         for m in self.members:
             m.drop_row(row)
             m.drafter.reset_row(row)
@@ -250,6 +177,9 @@ class AutoDrafter(RowZeroAdapter):
         self._pending.pop(dst, None)
         if src in self._pending:
             self._pending[dst] = self._pending.pop(src)
+        self._row_probes.pop(dst, None)
+        if src in self._row_probes:
+            self._row_probes[dst] = self._row_probes.pop(src)
         for m in self.members:
             m.move_row(src, dst)
             m.drafter.move_row(src, dst)
@@ -356,6 +286,7 @@ class AutoDrafter(RowZeroAdapter):
         best: dict[int, tuple[float, Member | None]] = {r: (self._pricer.margin, None) for r in contexts}
         cap = max(c.max_tokens for c in contexts.values())
         cheap = [m for m in self.members if m.cheap]  # decided once: a member is in one phase per step
+        fallback: dict[int, tuple[Member, Draft]] = {}  # a cheap member's draft, for a row's probe
         for m in cheap:
             g = m.drafter.gamma
             got = self._call(m, contexts, min(cap, g if isinstance(g, int) else cap))
@@ -364,6 +295,7 @@ class AutoDrafter(RowZeroAdapter):
                 m.sampled = True
                 continue
             for r, d in got.items():
+                fallback.setdefault(r, (m, d))
                 d = self._best_prefix(m, d, r)
                 v = self._value(m, d, r)
                 if v > best[r][0]:
@@ -403,12 +335,37 @@ class AutoDrafter(RowZeroAdapter):
         for r, (v, m, d) in spare.items():
             if best[r][1] is None:
                 best[r], out[r] = (v, m), d
+        self._probe_rows(contexts, best, out, fallback)
         for r, (_, winner) in best.items():
             if winner is not None:
                 out[r].source = winner.name
                 winner.probes.drafted()
                 self._pending[r] = (winner, len(out[r].tokens))
         return out
+
+    def _probe_rows(self, contexts: Mapping[int, DraftContext], best: dict[int, tuple[float, Member | None]],
+                    out: dict[int, Draft], fallback: Mapping[int, tuple[Member, Draft]]) -> None:
+        """Rows where no draft pays draft one token on their probe schedule: a cheap member's first token when
+        one proposed, else the best-ranked member with costs of its own asked for one. Nothing else times a
+        pass wider than one token while nothing pays, so a cache that overstates them would hold for good."""
+        for r in contexts:
+            sched = self._row_probes[r]
+            if best[r][1] is not None:
+                sched.drafted()
+                continue
+            sched.plain()
+            if not sched.due():
+                continue
+            sched.drafted(probe=True)
+            got = fallback.get(r)
+            if got is None:
+                chain = next((m for m in self.members if m.costs is not None), None)
+                d = self._call(chain, {r: contexts[r]}, 1).get(r) if chain is not None else None
+                got = (chain, d) if chain is not None and d is not None else None
+            if got is not None:
+                m, d = got
+                best[r], out[r] = (0.0, m), dataclasses.replace(d, tokens=d.tokens[:1], parents=None,
+                                                                  probs=None if d.probs is None else d.probs[:1])
 
 
 def _build(o: DrafterOptions) -> AutoDrafter:

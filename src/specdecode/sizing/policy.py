@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from .costs import MAX_GAMMA, Costs, expected_tokens, plausible
-from .live import DISAGREE, MIN_DELTA_C, TRUST, Timings
+from .live import DISAGREE, MIN_DELTA_C, TRUST, Timings, overstated
 from .pricer import SPECULATION_MARGIN, Pricer
 
 ALPHA_BUCKETS = 1024  # α resolution of the memoised single-row choice
@@ -258,16 +258,6 @@ def blend(live: Optional[Timings], offline: float) -> float:
     if live.n >= TRUST:
         return live.estimate
     return min(live.estimate, offline)
-
-
-def overstated(offline: Sequence[float], live: Sequence[Optional[float]]) -> float:
-    """The factor (≤ 1) by which the offline figures overstate the live ones (None: none), at worst: what
-    the widths not yet run are scaled by. A cache timed while load came and went overstates many widths
-    alike, and a width the cache makes look dear is never run, so never measured: with every width from 2
-    tokens cached 3x too dear, γ stays at 1 for good on the bundled pair (59% of a fresh core's accepted
-    tokens; with the scaling, 92% from the first request)."""
-    ratios = [x / o for o, x in zip(offline, live) if x is not None and o > 0]
-    return min([1.0] + ratios)
 
 
 def disagree(offline: Costs, live: Costs) -> bool:
