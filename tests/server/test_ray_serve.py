@@ -16,7 +16,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import httpx
 import pytest
@@ -66,10 +66,11 @@ def port_ray_leaves_alone() -> int:
                 continue
 
 
-def start(models: Models, tmp: Path, extra: list[str]) -> ServeProcess:
+def start(models: Models, tmp: Path, extra: list[str], api_key: str = "") -> ServeProcess:
     draft = models.target_dir.parent / "draft"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(serve_process, "free_port", port_ray_leaves_alone)
+        mp.setenv("SPECDECODE_API_KEY", api_key)
         return ServeProcess(models.target_dir, ["--draft", str(draft), *COMMON, "--ray", *extra],
                             log_path=tmp / "serve-ray.log", startup_timeout=240)
 
@@ -119,6 +120,30 @@ def test_same_routes_limits_and_errors(ray_server: ServeProcess) -> None:
     merged = httpx.get(url + "/metrics", timeout=10).text
     assert "specdecode_generated_tokens_total" in merged and 'replica="' not in merged
     assert 'replica="' in httpx.get(url + "/metrics/replicas", timeout=10).text
+
+
+def test_a_client_that_goes_away_frees_its_row(ray_server: ServeProcess) -> None:
+    url = ray_server.url
+    model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "def f(x):", "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    def cancelled() -> float:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith('specdecode_requests_total{finish_reason="cancelled"}'))
+
+    before = cancelled()
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        deadline = time.monotonic() + 20
+        while sum(rep["active_rows"] or 0 for rep in health(url)["replicas"]) == 0:  # seen decoding
+            assert next(lines) is not None and time.monotonic() < deadline
+    deadline = time.monotonic() + 20
+    while sum(rep["active_rows"] or 0 for rep in health(url)["replicas"]) > 0:
+        assert time.monotonic() < deadline, "a stream whose client left still decodes"
+        time.sleep(0.3)
+    time.sleep(1.5)  # the next report
+    assert cancelled() == before + 1
 
 
 def test_greedy_and_seeded_outputs_match_the_single_process_server(ray_server: ServeProcess, models: Models) -> None:
@@ -175,7 +200,7 @@ def replica_pids(root: int) -> list[int]:
     return sorted(p for p, c in cmd.items() if REPLICA in c and under(p))
 
 
-def one_request(url: str, model: str, i: int) -> str:
+def one_request(url: str, model: str, i: int, headers: Optional[dict[str, str]] = None) -> str:
     """What became of request ``i``: "ok", "error_event" (a stream ended by an error event and [DONE]) or "503"."""
     body: dict[str, Any] = {"model": model, "max_tokens": 300, "temperature": 0, "stream": i % 2 == 0}
     path = "/v1/completions"
@@ -184,14 +209,14 @@ def one_request(url: str, model: str, i: int) -> str:
     else:
         body["prompt"] = f"def f{i}(x):"
     if not body["stream"]:
-        r = complete(url, body)
+        r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120)
         if r.status_code == 503:
             assert r.headers.get("retry-after"), r.text
             return "503"
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
         return "ok"
-    with httpx.stream("POST", url + path, json=body, timeout=120) as r:
+    with httpx.stream("POST", url + path, json=body, headers=headers, timeout=120) as r:
         if r.status_code == 503:
             assert r.headers.get("retry-after")
             return "503"
@@ -235,18 +260,26 @@ def test_a_replica_killed_mid_load_loses_no_request(ray_server: ServeProcess) ->
 
 
 def test_scale_up_under_queue_pressure(models: Models, tmp_path: Path) -> None:
-    srv = start(models, tmp_path, ["--min-replicas", "1", "--max-replicas", "2", "--max-batch-size", "1"])
+    """Also: an API key from $SPECDECODE_API_KEY reaches every replica, the one added included."""
+    srv = start(models, tmp_path, ["--min-replicas", "1", "--max-replicas", "2", "--max-batch-size", "1"],
+                api_key="k-51")
+    key = {"Authorization": "Bearer k-51"}
     try:
         wait_live(srv.url, 1, 120)
-        model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        assert httpx.get(srv.url + "/v1/models", timeout=10).status_code == 401
+        model = httpx.get(srv.url + "/v1/models", headers=key, timeout=10).json()["data"][0]["id"]
         deadline = time.monotonic() + 90
         with ThreadPoolExecutor(6) as pool:
-            futures = [pool.submit(one_request, srv.url, model, 2 * i + 1) for i in range(6)]
+            futures = [pool.submit(one_request, srv.url, model, 2 * i + 1, key) for i in range(6)]
             while health(srv.url)["replicas_live"] < 2:
                 assert time.monotonic() < deadline, "no second replica under a queue of 6 on 1 row"
                 if all(f.done() for f in futures):
-                    futures = [pool.submit(one_request, srv.url, model, 2 * i + 1) for i in range(6)]
+                    futures = [pool.submit(one_request, srv.url, model, 2 * i + 1, key) for i in range(6)]
                 time.sleep(0.5)
             assert all(f.result(timeout=300) == "ok" for f in futures)
+        with ThreadPoolExecutor(4) as pool:  # both replicas hold the key
+            assert list(pool.map(lambda i: one_request(srv.url, model, 2 * i + 1, key), range(8))) == ["ok"] * 8
+        assert httpx.post(srv.url + "/v1/completions", json={"model": model, "prompt": "x"},
+                          timeout=30).status_code == 401
     finally:
         stop(srv)

@@ -15,6 +15,13 @@ as the request's ``drafter`` field (two drafters in one server, alternating per 
 
 Without ``--url`` it starts ``specdecode serve`` itself (``--max-batch-size`` = the largest
 concurrency) and passes ``--target``, ``--draft``, ``--drafter``, ``--gamma``, ``--speculation`` on.
+
+``--ray N`` compares servers instead of modes: ``serve`` with one engine of ``--server-threads``
+threads (1 by default) against ``serve --ray --replicas N`` with N such replicas (the ``ray`` extra),
+both started here and loaded in alternation; each cell's "mode" is then the server, and server CPU
+counts every process under it (Ray's replicas included).
+
+    specdecode bench load --ray 2 --concurrency 8 --duration 30 --repeats 2   # on an idle machine
 """
 
 from __future__ import annotations
@@ -81,6 +88,26 @@ def process_cpu_s(pid: Optional[int]) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def tree_cpu_s(pid: Optional[int]) -> float:
+    """``process_cpu_s`` of ``pid`` and every process under it (a Ray cluster's replicas run as its
+    grandchildren); processes that ended during the cell are not counted, so take it across short cells."""
+    if pid is None:
+        return 0.0
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(process_cpu_s(p) for p in tree)
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict[str, object], cell: Cell) -> None:
@@ -202,8 +229,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(serve_args: list[str], port: int, threads: Optional[int], timeout: float = 120.0
-                 ) -> subprocess.Popen[bytes]:
+def start_server(serve_args: list[str], port: int, threads: Optional[int], timeout: float = 120.0,
+                 replicas: int = 0) -> subprocess.Popen[bytes]:
+    """``specdecode serve`` on ``port``, once /health says 200 (and, with ``replicas``, that many report)."""
     cmd = [sys.executable, "-m", "specdecode.cli", "serve", "--port", str(port), *serve_args]
     env = dict(os.environ)
     if threads is not None:  # on a shared machine, fewer intra-op threads spin less under contention
@@ -214,7 +242,8 @@ def start_server(serve_args: list[str], port: int, threads: Optional[int], timeo
         if proc.poll() is not None:
             raise SystemExit(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            if r.status_code == 200 and r.json().get("replicas_live", 0) >= replicas:
                 return proc
         except httpx.HTTPError:
             pass
@@ -245,6 +274,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     ap.add_argument("--repeats", type=int, default=1, help="alternate the modes this many times per concurrency")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds of untimed load per mode before the cells")
     ap.add_argument("--server-threads", type=int, help="OMP/MKL threads of the server this command starts")
+    ap.add_argument("--ray", type=int, metavar="N",
+                    help="compare `serve` (one engine) with `serve --ray --replicas N` (N engines of --server-threads "
+                         "threads each, 1 by default), both started here, instead of modes (needs the ray extra)")
     ap.add_argument("--json", help="also write the cells to this JSON file")
     ap.add_argument("--start-timeout", type=float, default=300.0,
                     help="seconds to wait for the server this command starts (its first start measures pass costs)")
@@ -253,18 +285,13 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 def cmd_load(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise, under the CLI's logging
+    if args.ray is not None:
+        return cmd_load_ray(args)
     proc: Optional[subprocess.Popen[bytes]] = None
     url = args.url
     try:
         if url is None:
-            serve_args = ["--max-batch-size", str(max(args.concurrency)), "--speculation", args.speculation,
-                          "--gamma", str(args.gamma)]
-            if args.target:
-                serve_args += ["--target", args.target]
-            if args.draft:
-                serve_args += ["--draft", args.draft]
-            if args.drafter:
-                serve_args += ["--drafter", args.drafter]
+            serve_args = _serve_args(args)
             port = _free_port()
             proc = start_server(serve_args, port, args.server_threads, args.start_timeout)
             url = f"http://127.0.0.1:{port}"
@@ -302,6 +329,81 @@ def cmd_load(args: argparse.Namespace) -> int:
             proc.terminate()
             try:
                 proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+def _serve_args(args: argparse.Namespace) -> list[str]:
+    out = ["--max-batch-size", str(max(args.concurrency)), "--speculation", args.speculation,
+           "--gamma", str(args.gamma)]
+    for flag, value in (("--target", args.target), ("--draft", args.draft), ("--drafter", args.drafter)):
+        if value:
+            out += [flag, value]
+    return out
+
+
+def _port_ray_leaves_alone() -> int:
+    """A free port below the ephemeral range, where a starting Ray cluster takes its own ports."""
+    for port in range(23000, 24000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    return _free_port()
+
+
+def cmd_load_ray(args: argparse.Namespace) -> int:
+    """``--ray N``: one `serve` against `serve --ray --replicas N`, the same engine threads per replica, each
+    cell's mode the server; requests use the last of --modes (default: on, the servers' default drafter)."""
+    if args.url:
+        raise SystemExit("--ray starts both servers itself; leave out --url")
+    threads = args.server_threads or 1
+    base = _serve_args(args) + ["--threads", str(threads)]
+    labels = ["serve", f"ray x{args.ray}"]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    urls: dict[str, str] = {}
+    mode = args.modes[-1]
+    try:
+        for label, extra, replicas in ((labels[0], [], 0), (labels[1], ["--ray", "--replicas", str(args.ray)],
+                                                            args.ray)):
+            port = _free_port() if not extra else _port_ray_leaves_alone()
+            procs[label] = start_server(base + extra, port, threads, args.start_timeout, replicas)
+            urls[label] = f"http://127.0.0.1:{port}"
+        model = httpx.get(urls[labels[0]] + "/v1/models").json()["data"][0]["id"]
+        load_start = os.getloadavg()[0]
+        print(f"serve vs serve --ray --replicas {args.ray}, {threads} thread(s) per engine, mode {mode}, "
+              f"{args.duration:.0f}s per cell, machine load {load_start:.1f} (compare only on an idle machine)",
+              flush=True)
+        for label in labels:  # warm-up: each replica measures its pass costs before anything is timed
+            for conc in sorted(set(args.concurrency), reverse=True):
+                asyncio.run(run_cell(urls[label], model, conc, mode, min(args.warmup, args.duration),
+                                     args.max_tokens, args.api_key))
+        cells: list[Cell] = []
+        for conc in args.concurrency:
+            for r in range(args.repeats):
+                for label in (labels if r % 2 == 0 else labels[::-1]):
+                    cpu0 = tree_cpu_s(procs[label].pid)
+                    cell = asyncio.run(run_cell(urls[label], model, conc, mode, args.duration, args.max_tokens,
+                                                args.api_key))
+                    cell.server_cpu_s = tree_cpu_s(procs[label].pid) - cpu0
+                    cell.mode = label
+                    cells.append(cell)
+                    print(f"  done: concurrency {conc}, {label}: {cell.tokens_per_s:.1f} tok/s", flush=True)
+        print()
+        print_table(cells)
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "command": sys.argv, "machine_load_start": load_start, "servers": labels, "mode": mode,
+                "cells": [{**c.__dict__, "tokens_per_s": c.tokens_per_s, "tokens_per_cpu_s": c.tokens_per_cpu_s}
+                          for c in cells], "ratios": ratios(cells)}, indent=1))
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            try:
+                proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
     return 0

@@ -241,7 +241,7 @@ class Front:
             key, follow_up = await asyncio.to_thread(conversation_key, body)
         req = Forwarded(method, path, scope.get("query_string", b""), list(scope.get("headers", [])), body,
                         scope.get("client"), key)
-        await self._forward(req, key if follow_up else None, receive, send)
+        await self._forward(req, key if follow_up else None, send)
 
     async def _answer_local(self, path: str, send: Send) -> None:
         live = fresh(self.reports.values())
@@ -259,24 +259,17 @@ class Front:
                                     (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
 
-    async def _forward(self, req: Forwarded, affinity: Optional[str], receive: Receive, send: Send) -> None:
-        """Send ``req`` to a replica, again to another while nothing has reached the client (see the module)."""
-        current: list[DeploymentResponseGenerator] = []
-
-        async def watch() -> None:  # the client went away: stop the replica's work on it
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            for gen in current:
-                gen.cancel()
-
-        watcher = asyncio.create_task(watch())
+    async def _forward(self, req: Forwarded, affinity: Optional[str], send: Send) -> None:
+        """Send ``req`` to a replica, again to another while nothing has reached the client (see the module).
+        A client that goes away needs no watching here (which would cost a call to the proxy per request):
+        Ray's proxy cancels this task, and the cancellation reaches the replica's work."""
+        gen: Optional[DeploymentResponseGenerator] = None
         sent = False  # any byte has reached the client: from here a failure cannot be hidden by a retry
         head: Optional[tuple[Any, ...]] = None
         try:
             for attempt in range(ATTEMPTS):
                 handle = self.core.options(multiplexed_model_id=affinity) if affinity else self.core
                 gen = cast(DeploymentResponseGenerator, handle.forward.remote(req))  # stream=True: a generator
-                current[:] = [gen]
                 try:
                     async for msg in gen:
                         if msg[0] == "head":
@@ -310,8 +303,10 @@ class Front:
             await _unavailable(send)
         except RequestCancelledError:
             return  # the client went away
-        finally:
-            watcher.cancel()
+        except asyncio.CancelledError:
+            if gen is not None:
+                gen.cancel()  # the replica's app sees a disconnect and frees the request's rows
+            raise
 
 
 async def _unavailable(send: Send) -> None:
