@@ -148,11 +148,13 @@ def test_a_client_that_goes_away_frees_its_row(ray_server: ServeProcess) -> None
 
 def test_greedy_and_seeded_outputs_match_the_single_process_server(ray_server: ServeProcess, models: Models) -> None:
     model = httpx.get(ray_server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-    cases = [{"drafter": d, "temperature": 0} for d in ("model", "ngram", "suffix")]
-    cases.append({"drafter": "model", "temperature": 0.9, "seed": 7})
+    drafters = health(ray_server.url)["drafters"]  # every drafter the flags load, as `serve` loads them
+    assert {"model", "ngram", "suffix"} <= set(drafters)
+    cases = [{"drafter": d, "temperature": t, "seed": 7} for d in drafters for t in (0, 0.9)]
     got_ray = [complete(ray_server.url, {"model": model, "prompt": "def add(a, b):", "max_tokens": 48, **c}).json()
                for c in cases]
     for one in serve(models, models.draft, ServerConfig(max_batch_size=4, request_timeout=60), gamma=4):
+        assert sorted(one.state.scheduler.drafters) == sorted(drafters)
         got_one = [one.post("/v1/completions", {"model": one.state.model_name, "prompt": "def add(a, b):",
                                                 "max_tokens": 48, **c}).json() for c in cases]
     for c, a, b in zip(cases, got_ray, got_one):
