@@ -193,6 +193,8 @@ class DecodeReplica:
     async def __del__(self) -> None:
         """Ray stops this replica after its running requests had ``graceful_shutdown_timeout_s`` (the drain):
         what still runs ends now with an error event, as at the end of ``serve``'s drain."""
+        if not hasattr(self, "_reporter"):  # the constructor failed: nothing was started
+            return
         self._reporter.cancel()
         self.state.scheduler.begin_drain(0.0)
         await self._life.__aexit__(None, None, None)
@@ -387,7 +389,12 @@ def serve_on_ray(args: argparse.Namespace, config: ServerConfig, rc: RayConfig, 
             if "Failed to bind" not in str(e):
                 raise
             raise CLIError(f"cannot listen on {config.host}:{config.port} (in use?); pick another --port") from None
-        serve.run(build_application(args, config, rc), name=APP_NAME, route_prefix="/")
+        try:
+            serve.run(build_application(args, config, rc), name=APP_NAME, route_prefix="/")
+        except RuntimeError as e:  # a replica's constructor raised: Ray has logged its traceback above
+            if "Deploying application" not in str(e):
+                raise
+            raise CLIError(f"the replicas could not start: {e} (their error is in the lines above)") from None
         front = serve.get_deployment_handle(FRONT, APP_NAME)
         deadline = time.monotonic() + startup_timeout
         while True:  # ready once every replica has reported (each has loaded and listens)
