@@ -26,15 +26,19 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, cast
 
 import ray
+import torch
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from ..cli import CLIError
+from .app import create_app
+from .cli import build_state
 from .config import ServerConfig
 from .guard import ASGIApp, BodyLimit, Message, Receive, Scope, SecurityHeaders, Send, error_json, send_json
 from .hosts import HostCheck
+from .protocol import error_body, new_id
 from .ray_config import (CONVERSATIONS_PER_REPLICA, DOWNSCALE_DELAY_S, UPSCALE_DELAY_S, RayConfig,
                          conversation_key)
 from .replica_views import Report, fresh, merged_health, merged_metrics, only_role_chunks
@@ -85,12 +89,6 @@ class DecodeReplica:
     """One decode core behind Ray: ``serve``'s state and app, called in-process by ``forward``."""
 
     async def __init__(self, args: argparse.Namespace, threads: int) -> None:  # type: ignore[misc]  # Ray awaits it
-        # imported here: the front and the driver never load torch, the models or the app
-        import torch
-
-        from .app import create_app
-        from .cli import build_state
-
         torch.set_num_threads(1)  # as cmd_serve: only the engine thread runs parallel ops
         state = await asyncio.to_thread(build_state, args, threads)
         self.app = create_app(state)
@@ -305,6 +303,16 @@ class Front:
             await _unavailable(send)
         except RequestCancelledError:
             return  # the client went away
+        except Exception:  # a fault in this file or in Ray: the client gets a reference, the log the details
+            ref = new_id("err")
+            log.exception("unhandled error %s", ref)
+            message = f"internal server error (reference {ref} in the server log)"
+            if not sent:
+                await send_json(send, 500, error_json(message, "internal_error", "server_error"), close=False)
+            elif head is not None and head[3]:
+                event = json.dumps(error_body(message, "server_error"), separators=(",", ":")).encode()
+                await send({"type": "http.response.body", "body": b"data: " + event + b"\n\ndata: [DONE]\n\n",
+                            "more_body": False})
         except asyncio.CancelledError:
             if gen is not None:
                 gen.cancel()  # the replica's app sees a disconnect and frees the request's rows
