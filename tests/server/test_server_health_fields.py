@@ -4,12 +4,12 @@ and /health and serve's start line say what a request without ``gamma`` gets (is
 
 from __future__ import annotations
 
-import argparse
 import copy
 from typing import Iterator, Optional
 
 import pytest
 
+from specdecode.cli import build_parser
 from specdecode.sizing.gamma import Gamma
 from specdecode.kernels import build
 from specdecode.server import cli, runner
@@ -79,7 +79,7 @@ def test_start_line_says_what_a_request_without_gamma_gets(models: Models, monke
     monkeypatch.setattr(cli, "build_state", lambda args, engine_threads=None: state)
     monkeypatch.setattr(runner, "make_server", lambda s: _NoServer())
     monkeypatch.setattr(runner, "raise_fd_limit", lambda: 0)
-    assert cli.cmd_serve(argparse.Namespace()) == 0
+    assert cli.cmd_serve(build_parser().parse_args(["serve"])) == 0  # build_state is a stand-in: flags unread
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith(f"specdecode serve: {MODEL_NAME} on http://") and said in line, line
 
@@ -93,7 +93,7 @@ def test_start_line_names_each_kernel_that_is_off_and_why(models: Models, monkey
     monkeypatch.setattr(build, "_STATUS", {})
     monkeypatch.setattr(build, "_REASONS", {})
     build.report_fallback("specdecode_decode_ops", "disabled", "SPECDECODE_FUSED_OPS=0 turns it off")
-    assert cli.cmd_serve(argparse.Namespace()) == 0
+    assert cli.cmd_serve(build_parser().parse_args(["serve"])) == 0  # build_state is a stand-in: flags unread
     assert "the fast path is OFF (specdecode_decode_ops: disabled; eager PyTorch" in capsys.readouterr().out
 
 

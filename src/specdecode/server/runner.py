@@ -354,5 +354,6 @@ def make_server(state: ServerState, log_level: str = "warning") -> DrainingServe
     http = guarded_protocol(limits)
     config = uvicorn.Config(create_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
                             timeout_graceful_shutdown=int(cfg.drain_timeout) + FLUSH_MARGIN_S,
-                            http=http, backlog=min(backlog, ACCEPTS_PER_TICK))
+                            http=http, backlog=min(backlog, ACCEPTS_PER_TICK),
+                            loop="asyncio")  # the guard is written for asyncio's loop (the ray extra brings uvloop)
     return DrainingServer(config, state, listen_backlog=backlog, guard=http.shared)
