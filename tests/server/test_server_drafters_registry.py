@@ -94,7 +94,7 @@ def test_artifacts_found_beside_the_target(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.fixture(scope="module")
 def bundled_server() -> Iterator[RunningServer]:
-    from specdecode.server.cli import build_state
+    from specdecode.server.startup import build_state
 
     if not (default_model_dir("code-target") / "config.json").is_file():
         pytest.skip("the bundled target is not in models/")
@@ -135,7 +135,7 @@ def test_serve_with_a_target_and_no_draft_defaults_to_auto_as_generate_does(tiny
     """`serve --target X` once stopped with "--target given without --draft" where `generate --target X`
     ran auto; both now take the same default."""
     from specdecode.cli import default_drafter_name
-    from specdecode.server.cli import build_state
+    from specdecode.server.startup import build_state
 
     args = _args("--target", str(tiny_dirs["llama"]))
     state = build_state(args)

@@ -19,7 +19,7 @@ from specdecode.rows import StepEvent
 from specdecode.cli import build_parser, main
 from specdecode.config import ConfigError
 from specdecode.sizing.gamma import DEFAULT_CAP, Gamma, Speculation, parse_gamma, resolve_gamma, speculation_flag
-from specdecode.server.cli import build_state
+from specdecode.server.startup import build_state
 from specdecode.server.config import ServerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))

@@ -34,7 +34,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from ..cli import CLIError
 from .app import create_app
-from .cli import build_state
+from .startup import build_state
 from .config import ServerConfig
 from .guard import ASGIApp, BodyLimit, Message, Receive, Scope, SecurityHeaders, Send, error_json, send_json
 from .hosts import HostCheck

@@ -46,7 +46,7 @@ log = logging.getLogger("specdecode.server")
 FLUSH_MARGIN_S = 10  # after the drain deadline: time for the last events to reach the clients
 LOG_EVERY_S = 10.0  # at most one line per this many seconds about refused or timed-out connections
 FD_RESERVE = 64  # open files kept for everything but client sockets (models, logs, the listener)
-MAX_BACKLOG = 2048  # uvicorn's default
+MAX_BACKLOG = 4096  # the kernel's usual somaxconn: at 2,048 a 20k flood filled it and dropped new SYNs (1 s each)
 ACCEPTS_PER_TICK = 16  # asyncio accepts up to its "backlog" sockets per event-loop pass; see widen_listen_queue
 SHED_PER_ACCEPT = 8  # at most this many sockets closed by one accept() call (SheddingSocket) before it yields
 
