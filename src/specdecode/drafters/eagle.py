@@ -1,4 +1,5 @@
 """EAGLE drafting: an EAGLE-3 draft layer (``eagle_model.py``) grows an EAGLE-2 dynamic tree each step.
+(Over 450 lines: growing a tree and drafting from it share the per-row state kept here.)
 
 Per step and row the core hands over the target's features of the tokens its last pass verified
 (``DraftContext.layers``: the residual after the three ``aux_layers``; after the prefill, the

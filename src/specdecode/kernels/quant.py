@@ -1,4 +1,5 @@
 """Quantized weights for the CPU kernel: int8 (Q8_0) and int4 (Q4_0) blocks of 32 with fp16 scales.
+(Over 450 lines: each block format's packer sits beside its dequantizer, the pair the tests compare.)
 
 Formats (``quant_linear.cpp`` has the byte layout). Both are symmetric, llama.cpp's Q8_0 and Q4_0
 in arithmetic, so our figures compare with theirs at the same bits per weight (8.5 and 4.5):

@@ -1,4 +1,5 @@
 """GGUF files as an input format: config, tensors, tokenizer and chat template from one file.
+(Over 450 lines: the header reader, the per-type packing and the tokenizer metadata share one cursor.)
 
 We read the file's header ourselves (a few lines; see ``_Cursor``) and let the ``gguf`` package,
 llama.cpp's own Python library, dequantize the block formats we have no kernel for. What we add is

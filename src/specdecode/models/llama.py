@@ -1,4 +1,5 @@
 """Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3 text) in plain PyTorch, gpt-fast style.
+(Over 450 lines: one family's fused and eager forward, kept in one file to read top to bottom.)
 
 q/k/v and gate/up projections are fused into one matrix each: fewer kernel
 launches per layer, which is most of the cost of a small model on a CPU.
