@@ -614,7 +614,10 @@ constexpr int kStreamsAvx2 = 4;
 // into L2 (_MM_HINT_T1), not L1: a 16-row group is 7-80 KB here, and lines fetched into L1 that far
 // ahead evict the ones in use (measured with one stream: T0 made int8 / int4 steps at the 0.5B shape
 // ~1.15 / 1.5x slower at one row, ~1.9 / 1.45x at five)
-constexpr int64_t kStreamPrefetch = 32 * 1024;
+// How far ahead: 2 KiB (2048 x 8192 from memory, one thread: against 32 KiB, int8 1 row 0.655 -> 0.59 ms and
+// int4 5 rows 0.56 -> 0.37 ms on VNNI-512, int4 1 row 0.44 -> 0.32 ms on AVX2; 1 KiB and 4-8 KiB are slower).
+// Far ahead, lines arrive before they are due and crowd out the ones in use.
+constexpr int64_t kStreamPrefetch = 2 * 1024;
 
 __attribute__((target("avx2,fma,f16c"))) void groups_avx2_m1(const Layout& L, const QX& qx, const uint8_t* w,
                                                             const float* bias, float* y, int64_t g0) {
@@ -1194,11 +1197,15 @@ void group_scalar_q4k(const Layout& L, const QX& qx, const uint8_t* w, const flo
 }
 
 #if QL_X86
+// q4k streams prefetch 4 KiB ahead, not kStreamPrefetch's 2 (2048 x 8192 from memory, one thread: against 32 KiB,
+// 1 row 0.37 -> 0.32 ms on VNNI-512 and 0.50 -> 0.27 ms on AVX2; at 2 KiB 0.31 / 0.37 ms: a super-block's scale
+// lines come in at each group's start, so they need the longer lead).
+constexpr int64_t kQ4kPrefetch = 4 * 1024;
 // The lines of a group's super-block past its quants (scales, mins, d, dmin: 320 bytes, not line aligned),
-// kStreamPrefetch ahead; the sub-blocks' loops prefetch the quants' lines.
+// kQ4kPrefetch ahead; the sub-blocks' loops prefetch the quants' lines.
 __attribute__((always_inline)) inline void prefetch_q4k_scales(const uint8_t* base) {
   for (int64_t o = kQ4kSc - 1; o < kQ4kGroupSb + 63; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, kQ4kGroupSb - 1) + kStreamPrefetch), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, kQ4kGroupSb - 1) + kQ4kPrefetch), _MM_HINT_T1);
 }
 
 // A group's 16 fp16 d and dmin as fp32 (dd[0..15]: d, dd[16..31]: dmin), once per super-block
@@ -1259,7 +1266,7 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
       if constexpr (MB == 1) {  // a decode step: one half group at a time (fewer live registers)
         const int8_t* xb = qx.q.data() + m0 * Kp + b * 32;
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         for (int h = 0; h < 2; ++h) {
           __m256i p = _mm256_setzero_si256();
           for (int s = 0; s < 4; ++s) {
@@ -1278,7 +1285,7 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
       }
       for (int j = 0; j < MB; ++j) p16[j][0] = p16[j][1] = _mm256_setzero_si256();
       for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
         const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
@@ -1332,7 +1339,7 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
       if constexpr (MB == 1) {  // a decode step: one half group at a time (fewer live registers)
         const int8_t* xb = qx.q.data() + m0 * Kp + b * 32;
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         for (int h = 0; h < 2; ++h) {
           __m256i a = _mm256_setzero_si256();
           for (int s = 0; s < 4; ++s) {
@@ -1350,7 +1357,7 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
       }
       for (int j = 0; j < MB; ++j) isum[j][0] = isum[j][1] = _mm256_setzero_si256();
       for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
         const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
@@ -1433,7 +1440,7 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
         const uint8_t* wb = base[i] + jb * 256;
         __m512i lo[4], hi16[4];
         for (int s = 0; s < 4; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
           const __m512i raw = _mm512_loadu_si512(wb + s * 64);
           lo[s] = _mm512_and_si512(raw, low4);
           hi16[s] = _mm512_and_si512(raw, high4);
