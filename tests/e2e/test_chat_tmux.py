@@ -64,14 +64,16 @@ def _wait(socket: str, done: Callable[[list[str]], bool], what: str, timeout: fl
 
 
 @pytest.fixture
-def chat_pane() -> Iterator[str]:
-    """A detached tmux session running `specdecode chat` (no --prompt); yields its private socket name."""
+def chat_pane(tmp_path: Path) -> Iterator[str]:
+    """A detached tmux session running `specdecode chat` (no --prompt) from an empty cost cache, as on a
+    fresh machine (the first start measures; its lines must not repeat); yields its private socket name."""
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
     if not model_file(DEFAULT_CHAT_MODEL).is_file():
         pytest.skip(f"{DEFAULT_CHAT_MODEL} is not pulled (`specdecode pull {DEFAULT_CHAT_MODEL}`)")
     socket = f"specdecode-chat-test-{os.getpid()}"  # a private server: never touches a user's sessions
-    command = (f"cd {shlex.quote(str(ROOT))} && {shlex.join([sys.executable, '-m', 'specdecode.cli', 'chat'])}; "
+    command = (f"cd {shlex.quote(str(ROOT))} && SPECDECODE_CACHE={shlex.quote(str(tmp_path))} "
+               f"{shlex.join([sys.executable, '-m', 'specdecode.cli', 'chat'])}; "
                "echo \"[chat exited $?]\"; sleep 600")
     _tmux(socket, "new-session", "-d", "-s", "chat", "-x", "220", "-y", "50", command)
     try:

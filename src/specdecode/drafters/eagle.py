@@ -215,7 +215,7 @@ class EagleDrafter(RowZeroAdapter):
         c = self.cfg
         what = (f"eagle-tree|{c.dim}x{c.ffn}|vocab={c.draft_vocab_size}|expand={self.expand}|topk={self.topk}"
                 f"|layers={c.aux_layers}|{self.runtime}")
-        return CostSpec(what, (target,), steps=lambda: self.cost_steps(target))
+        return CostSpec(what, (target,), steps=lambda: self.cost_steps(target), label="EAGLE's")
 
     def cost_steps(self, target: "Model") -> CostSteps:
         """The steps the cost book times for this drafter: the one-token tree pass with its hidden layers

@@ -153,7 +153,8 @@ class LayerSkipDrafter(BatchDrafterBase):
 
     def cost_spec(self, target: "Model", plan: DraftLayers, cut: Optional[DraftVocab]) -> CostSpec:
         """What the cost book times for this drafter: ``plan``'s layers of the target as the draft step."""
-        return chain_spec(target, target, draft_head=cut.head if cut is not None else None, draft_layers=plan.layers)
+        return chain_spec(target, target, draft_head=cut.head if cut is not None else None, draft_layers=plan.layers,
+                          label="the layer-skip exit's")
 
     def make_cut(self, target: "Model") -> Optional[DraftVocab]:
         """The draft's restricted output on ``target`` (None: every token)."""

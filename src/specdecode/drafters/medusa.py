@@ -220,7 +220,7 @@ class MedusaDrafter(RowZeroAdapter):
     def cost_spec(self, target: "Model") -> CostSpec:
         """What the cost book times for this drafter (``cost_steps``) and what else changes those steps' cost."""
         what = f"medusa-tree|heads={self.num_heads}x{self.dim}|vocab={self.vocab_rows}|{self.runtime}"
-        return CostSpec(what, (target,), steps=lambda: self.cost_steps(target))
+        return CostSpec(what, (target,), steps=lambda: self.cost_steps(target), label="Medusa's")
 
     def cost_steps(self, target: "Model") -> CostSteps:
         """The one-token tree pass as the core runs it (``tree_steps``; wider passes: the target's shared

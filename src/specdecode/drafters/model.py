@@ -110,7 +110,8 @@ class DraftModelDrafter(BatchDrafterBase):
         if self.gamma != "auto":
             return None
         if self._costs is None or self._costs[0] is not target:  # the cache key costs ~1 ms: once per target
-            self._costs = (target, get_costs(target, chain_spec(target, self.model, self._head)))
+            spec = chain_spec(target, self.model, self._head, label="the draft model's")
+            self._costs = (target, get_costs(target, spec))
         return self._costs[1]
 
     @property

@@ -84,7 +84,8 @@ class QuantDrafter(LayerSkipDrafter):
         if self._copy is None:
             return None
         if self._costs is None or self._costs[0] is not target:
-            self._costs = (target, (), get_costs(target, chain_spec(target, self._copy, draft_head=self.cut_head)))
+            spec = chain_spec(target, self._copy, draft_head=self.cut_head, label="the int4 copy's")
+            self._costs = (target, (), get_costs(target, spec))
         return self._costs[2]
 
     def cut_rows(self, target: "Model", ids: torch.Tensor) -> torch.Tensor:

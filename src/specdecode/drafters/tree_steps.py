@@ -51,7 +51,7 @@ class TreeStep:
     mask and compacting the accepted path with ``cache.keep``, the same for every tree drafter."""
 
     def cost_spec(self, target: "Model") -> CostSpec:
-        return CostSpec("tree-step", (target,), steps=lambda: self.cost_steps(target))
+        return CostSpec("tree-step", (target,), steps=lambda: self.cost_steps(target), label="the tree bookkeeping's")
 
     def cost_steps(self, target: "Model") -> CostSteps:
         shared = measure_context.borrow(target)

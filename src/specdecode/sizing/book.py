@@ -54,13 +54,16 @@ class CostSpec:
     steps: Optional[Callable[[], CostSteps]] = None
     base: Optional["CostSpec"] = None
     adjust: Optional[Callable[[Costs], Costs]] = None
+    label: str = "a drafter's"  # whose steps, in the one line a measurement logs ("the target's")
 
 
 def chain_spec(target: "Model", draft: Optional["Model"], draft_head: Optional[torch.Tensor] = None,
-               draft_layers: Optional[tuple[int, ...]] = None, extra: str = "") -> CostSpec:
+               draft_layers: Optional[tuple[int, ...]] = None, extra: str = "",
+               label: str = "the draft chain's") -> CostSpec:
     """A chain drafter's spec: v(k) of ``target`` and c of ``draft`` (``draft_head``: its restricted output
     matrix; ``draft_layers``: the layers of ``draft`` a layer-skip step runs; ``extra``: anything else that
-    changes the draft step). ``draft=None``: the target's own v(k), which every drafter shares."""
+    changes the draft step; ``label``: whose steps, for the log). ``draft=None``: the target's own v(k),
+    which every drafter shares."""
     what = f"draft_head={None if draft_head is None else tuple(draft_head.shape)}"
     if draft_layers is not None:
         what += f"|draft_layers={','.join(map(str, draft_layers))}"
@@ -71,7 +74,7 @@ def chain_spec(target: "Model", draft: Optional["Model"], draft_head: Optional[t
         return chain_steps(target, draft, MAX_GAMMA, draft_head, None, draft_layers, QUICK_WIDTHS,
                            QUICK_DRAFT_RUNS, 1)
 
-    return CostSpec(what, (target, draft), steps=steps)
+    return CostSpec(what, (target, draft), steps=steps, label="the target's" if draft is None else label)
 
 
 def target_spec(target: "Model") -> CostSpec:
@@ -95,8 +98,8 @@ def get_costs(target: "Model", spec: CostSpec) -> Costs:
         if steps.target_v:
             shared = get_costs(target, target_spec(target))
             costs = replace(costs, v=shared.v, target_s=tuple(costs.target_s[0] * v for v in shared.v))
-        log.info("measured step costs in %.1f s (once per machine, model and drafter shape; refined from the "
-                 "live passes)", time.perf_counter() - t0)
+        log.info("measured %s step costs in %.1f s (once per machine, model and drafter shape; refined from "
+                 "the live passes)", spec.label, time.perf_counter() - t0)
     else:
         raise ValueError(f"cost spec {spec.what!r} names neither steps to time nor a base")
     if spec.adjust is not None:
