@@ -65,9 +65,19 @@ def test_rows_of_a_packed_table_are_its_dequantized_rows(fmt: str, n: int) -> No
     assert torch.equal(dequantize_rows(packed, ids, 96), dequantize(packed, 96)[ids])
 
 
-def test_a_matrix_rounded_a_chunk_at_a_time_equals_it_rounded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+def _engine(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    """"torch": the loader's own chunked packing, as where the C++ repack cannot build; "c++": the extension."""
+    if engine == "torch":
+        monkeypatch.setattr(gguf_mod, "repack", lambda parts, k: None)
+        monkeypatch.setattr(gguf_mod, "round_int8", lambda parts, k: None)
+
+
+@pytest.mark.parametrize("engine", ["c++", "torch"])
+def test_a_matrix_rounded_a_chunk_at_a_time_equals_it_rounded_whole(monkeypatch: pytest.MonkeyPatch,
+                                                                    engine: str) -> None:
     """Chunks concatenate only because the packed layout is local to groups of 16 rows: 32-row chunks of a
     q|k|v stack of 40 + 24 + 24 rows (chunks straddle the parts) give the bytes of the whole."""
+    _engine(monkeypatch, engine)
     rng = np.random.default_rng(1)
     parts, dense = [], []
     for rows in (40, 24, 24):
@@ -80,12 +90,14 @@ def test_a_matrix_rounded_a_chunk_at_a_time_equals_it_rounded_whole(monkeypatch:
         assert torch.equal(gguf_mod._pack(parts, fmt, own_kinds=frozenset()), quantize(torch.cat(dense), fmt))
 
 
+@pytest.mark.parametrize("engine", ["c++", "torch"])
 @pytest.mark.parametrize("kind,fmt", [("Q8_0", "int8"), ("Q4_0", "int4")])
 @pytest.mark.parametrize("rows", [(40, 24, 24), (16,), (7,)])
 def test_blocks_packed_as_stored_chunk_by_chunk_equal_the_reference_packing(
-        monkeypatch: pytest.MonkeyPatch, kind: str, fmt: str, rows: tuple[int, ...]) -> None:
-    """``pack_gguf`` moves the file's bytes into our layout; ``pack_blocks`` of the unpacked integers is the
-    reference; chunks straddle the parts of a stack."""
+        monkeypatch: pytest.MonkeyPatch, kind: str, fmt: str, rows: tuple[int, ...], engine: str) -> None:
+    """``pack_gguf`` (or the C++ repack) moves the file's bytes into our layout; ``pack_blocks`` of the unpacked
+    integers is the reference; chunks straddle the parts of a stack."""
+    _engine(monkeypatch, engine)
     rng = np.random.default_rng(2)
     qtype = gguf.GGMLQuantizationType[kind]
     raws = [gguf.quants.quantize(rng.standard_normal((r, 96)).astype(np.float32), qtype) for r in rows]

@@ -12,6 +12,7 @@ import time
 from . import load_extension
 from .fused import load_fused_extension
 from .quant import QuantUnavailableError, load_quant_extension
+from .repack import load_repack_extension
 
 
 def main() -> int:
@@ -23,7 +24,7 @@ def main() -> int:
             return None
 
     for name, build in (("small-M linear", load_extension), ("fused decode ops", load_fused_extension),
-                        ("quantized linear", quant)):
+                        ("quantized linear", quant), ("GGUF repack", load_repack_extension)):
         t = time.perf_counter()
         ok = build() is not None
         print(f"specdecode kernels: {name}: {'ready' if ok else 'unavailable (fallback)'} "

@@ -35,6 +35,7 @@ import torch
 
 from ..kernels.quant import QUANT_FORMATS, pack_b32, pack_blocks, pack_gguf, pack_q4k, pack_q6k, quantize
 from ..kernels.quant_b32 import B32_FORMATS
+from ..kernels.repack import DECODABLE, repack, round_int8
 from .assemble import PackedWeights, assemble_model, assemble_packed
 from .config import ModelConfig, UnsupportedModelError
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -471,15 +472,26 @@ def _stacked(parts: list[_Source], a: int, b: int, read: Callable[[_Source, int,
 def _pack(parts: list[_Source], fmt: str, own_kinds: frozenset[str] = frozenset(OWN_FORMAT)) -> torch.Tensor:
     """The matrix stacking ``parts`` packed as ``fmt``: as stored when every part is in ``fmt``'s blocks (no
     rounding), or in one of ``own_kinds`` (a type with a kernel format of its own, ``OWN_FORMAT``, computed as
-    stored), else decoded and rounded once. Either way a chunk of rows at a time, into the result: the packed
-    layout is local to groups of 16 rows, so chunks concatenate, and no copy of the whole matrix other than the
-    result is ever made."""
+    stored), else decoded and rounded once. In one pass of the C++ repack (``kernels/repack.py``) where it builds;
+    else in torch a chunk of rows at a time, into the result: the packed layout is local to groups of 16 rows, so
+    chunks concatenate, and no copy of the whole matrix other than the result is ever made. Both give the same
+    bytes."""
     n = sum(p.rows for p in parts)
     out: Optional[torch.Tensor] = None
     as_stored = all(STORED_AS.get(p.kind) == fmt for p in parts)
     kinds = {p.kind for p in parts}
     kind = next(iter(kinds))
     own = _OWN_PACKERS.get(kind) if len(kinds) == 1 and kind in own_kinds else None  # as stored whatever ``fmt``
+    # one pass in C++ where it builds (the same bytes as below)
+    stored = [(p.kind, np.asarray(p.t.data).view(np.uint8).reshape(p.rows, -1), p.index) for p in parts]
+    if own is not None or as_stored:
+        moved = repack(stored, parts[0].cols)
+    elif fmt == "int8" and kinds <= DECODABLE and parts[0].cols % 32 == 0:
+        moved = round_int8(stored, parts[0].cols)
+    else:
+        moved = None
+    if moved is not None:
+        return moved
     for a in range(0, n, _CHUNK_ROWS):
         b = min(n, a + _CHUNK_ROWS)
         if own is not None:
