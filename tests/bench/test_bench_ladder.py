@@ -10,7 +10,7 @@ import pytest
 
 from gguf_util import tiny_gguf
 from specdecode import generate, load_model
-from specdecode.bench.ladder import Shape, markdown, measure_first_token, predicted, write_f16
+from specdecode.bench.ladder import Shape, load_pair, markdown, measure_first_token, predicted, write_f16
 from specdecode.sizing.costs import predicted_speedup
 
 
@@ -45,6 +45,18 @@ def test_the_probe_reports_the_childs_own_peak_not_the_parents() -> None:
     del ballast
     with pytest.raises(RuntimeError):
         measure_first_token([sys.executable, "-S", "-c", "raise SystemExit(3)"], 1)
+
+
+def test_each_side_reports_its_median_start_of_several_in_turn(tmp_path: Path) -> None:
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x" * 4096)
+    log = tmp_path / "order"
+    side = "import sys; open(sys.argv[1], 'a').write(sys.argv[2])"
+    ours, theirs = load_pair(f, [sys.executable, "-S", "-c", side, str(log), "o"],
+                             [sys.executable, "-S", "-c", side, str(log), "t"], 1, 3)
+    assert log.read_text() == "ototot"  # in turn, so neither side always starts after the other
+    for r in (ours, theirs):
+        assert len(r["first_token_runs_s"]) == 3 and r["first_token_s"] == sorted(r["first_token_runs_s"])[1]
 
 
 def test_the_table_has_a_row_per_file() -> None:

@@ -194,6 +194,24 @@ def test_q4_k_matrices_are_kept_as_stored_and_drafting_on_them_is_exact(tmp: Pat
     _drafting_is_exact(model)
 
 
+def test_q5_k_matrices_and_a_tied_q5_k_table_are_kept_as_stored(tmp: Path) -> None:
+    """A Q5_K_M file's matrices and table (random Q5_K blocks with sane scales) load as our q5k, exactly the file's
+    values, the tied table one tensor for lookups and the output product; drafting on them is exact."""
+    from specdecode.kernels.quant import packed_format
+
+    path = _k_quant_file(tmp, "Q5_K", ("ffn", "token_embd"))
+    model = load_model(path)
+    layer = model.module.layers[0]
+    assert packed_format(layer.w13) == "q5k" and packed_format(layer.w2) == "q5k"
+    table = model.module.tables["embed"]
+    assert table.kind == "q5k" and _same(table.data, model.quant.head)
+    ckpt, tensors = gguf_mod.read_gguf(path)
+    dense = gguf_mod.load_tensors(ckpt, tensors, None)[0]
+    assert torch.equal(dequantize(layer.w2, 512), dense["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(model.embedding_matrix(), dense["model.embed_tokens.weight"])
+    _drafting_is_exact(model)
+
+
 def _requantize(src: Path, dst: Path, kind: str,
                 encode: Optional[Callable[[str, np.ndarray], Optional[np.ndarray]]] = None) -> None:
     """``src`` (F16 matrices) rewritten with ``kind`` matrices: ``encode(name, dense)``'s bytes where it gives

@@ -1,7 +1,7 @@
-"""What the kernel's K-quant formats share, for each of them (q4k: GGUF Q4_K; q6k: GGUF Q6_K; each format's own
-packing and corruption tests are in ``test_quant_q4k.py`` and ``test_quant_q6k.py``): every ISA path and row
-count from 1 to 33 gives the scalar path's bits and each row the bits it gives alone, the fp64 reference is the
-product of the file's exact weights, and ``linear`` dispatches the format and refuses a wrong K."""
+"""What the kernel's K-quant formats share, for each of them (q4k: GGUF Q4_K; q5k: GGUF Q5_K; q6k: GGUF Q6_K;
+each format's own packing and corruption tests are in ``test_quant_q4k.py``, ``_q5k.py`` and ``_q6k.py``): every
+ISA path and row count from 1 to 33 gives the scalar path's bits and each row the bits it gives alone, the fp64
+reference is the product of the file's exact weights, and ``linear`` dispatches the format and refuses a wrong K."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import test_quant_q4k as Q4
+import test_quant_q5k as Q5
 import test_quant_q6k as Q6
 from specdecode.kernels import quant as Q
 
@@ -34,6 +35,8 @@ class Format:
 FORMATS = [
     Format("q4k", Q.pack_q4k, Q4._raw_q4k, Q4._gguf_dequant, 144,
            lambda n: Q.pack_q4k(Q4._raw_q4k(n, 256))[:, :74 * 320 // 256], 1e-9),
+    Format("q5k", Q.pack_q5k, Q5._raw_q5k, Q5._gguf_dequant, 176,
+           lambda n: torch.zeros(n, 184 * 320 // 256 // 8, dtype=torch.int64), 1e-9),
     Format("q6k", Q.pack_q6k, Q6._raw_q6k, Q6._gguf_dequant, 210,
            lambda n: torch.zeros(n, 212 * 320 // 256 // 4, dtype=torch.int32), 1e-12),
 ]

@@ -18,13 +18,13 @@ from specdecode.models.tables import decode_rows
 if load_repack_extension() is None:
     pytest.skip("the repack extension does not build here", allow_module_level=True)
 
-BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q6_K": (256, 210), "Q5_0": (32, 22),
-         "Q4_1": (32, 20), "Q5_1": (32, 24)}
+BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+         "Q5_0": (32, 22), "Q4_1": (32, 20), "Q5_1": (32, 24)}
 TORCH_PACKERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q8_0": lambda raw: Q.pack_gguf(raw, "int8"), "Q4_0": lambda raw: Q.pack_gguf(raw, "int4"),
-    "Q4_K": Q.pack_q4k, "Q6_K": Q.pack_q6k,
+    "Q4_K": Q.pack_q4k, "Q5_K": Q.pack_q5k, "Q6_K": Q.pack_q6k,
     **{kind: (lambda raw, fmt=fmt: Q.pack_b32(raw, fmt)) for kind, fmt in REPACK_FORMATS.items()
-       if fmt.startswith("q") and fmt not in ("q4k", "q6k")}}
+       if fmt.startswith("q") and fmt not in ("q4k", "q5k", "q6k")}}
 
 
 def _rows(kind: str, n: int, k: int, seed: int) -> np.ndarray:
@@ -77,7 +77,8 @@ def test_bad_input_is_refused_with_what_was_wrong() -> None:
         repack([("Q4_K", rows[:, ::2], None)], 256)
 
 
-SCALES = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}
+SCALES = {"Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2),
+          "Q6_K": (208,)}
 
 
 def _valid_rows(kind: str, n: int, k: int, seed: int) -> np.ndarray:
@@ -114,11 +115,11 @@ def test_rounding_once_gives_the_torch_rounding_bytes(kind: str, n: int) -> None
 
 
 def test_a_mixed_q4k_m_projection_rounds_as_torch_does() -> None:
-    """q|k|v with v in Q6_K (a Q4_K_M file's layers), q and k in llama.cpp's row order."""
+    """q|k|v with v in Q6_K (a Q4_K_M file's layers), q and k in llama.cpp's row order, and a Q5_K part."""
     k = 256
     parts = [("Q4_K", _valid_rows("Q4_K", 48, k, 1), torch.randperm(48, generator=torch.Generator().manual_seed(1))),
              ("Q4_K", _valid_rows("Q4_K", 16, k, 2), torch.arange(16).flip(0)),
-             ("Q6_K", _valid_rows("Q6_K", 21, k, 3), None)]
+             ("Q6_K", _valid_rows("Q6_K", 21, k, 3), None), ("Q5_K", _valid_rows("Q5_K", 7, k, 4), None)]
     ours = round_int8(parts, k)
     assert ours is not None and torch.equal(_bytes(ours), _bytes(_rounded_in_torch(parts, k)))
 

@@ -21,6 +21,8 @@ in arithmetic, so our figures compare with theirs at the same bits per weight (8
 - q6k: GGUF's Q6_K as stored (``pack_q6k``, int32-marked; 6.625 bits per weight): super-blocks of 256 with fp16 d
   and int8 scales per 16, q in 0..63 split into a nibble plane and a 2-bit plane, ``w = (d * sc) * (q - 32)``.
   Likewise only loaded, computed exactly as stored.
+- q5k: GGUF's Q5_K as stored (``quant_q5k.pack_q5k``, int64-marked; 5.75 bits per weight as held): q4k with a fifth
+  bit per weight, ``w = d * sc * q - dmin * m``, q in 0..31. Likewise only loaded, computed exactly as stored.
 - q5_0, q4_1, q5_1: GGUF's Q5_0, Q4_1 and Q5_1 blocks of 32 as stored (``quant_b32.pack_b32``; 5.5, 5 and 6 bits per
   weight): int4's nibbles, a plane of 5th bits, fp16 d (and min m), ``w = d * (q - 16)`` or ``d * q + m``. Likewise
   only loaded, computed exactly as stored.
@@ -51,6 +53,7 @@ import torch
 from . import Kernels, fast_linear_available, load_extension
 from .build import ExtensionBuildError, build_extension, source_key
 from .quant_b32 import B32_DTYPES, dequantize_b32, pack_b32
+from .quant_q5k import dequantize_q5k, pack_q5k
 
 __all__ = [
     "QUANT_FORMATS",
@@ -63,6 +66,7 @@ __all__ = [
     "pack_blocks",
     "pack_gguf",
     "pack_q4k",
+    "pack_q5k",
     "pack_q6k",
     "pack_draft",
     "packed_dtype",
@@ -101,18 +105,19 @@ def load_quant_extension() -> ModuleType:
     return _ext
 
 
-_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "q4k": torch.int16, "q6k": torch.int32, **B32_DTYPES}
+_DTYPES = {"int8": torch.int8, "int4": torch.uint8, "q4k": torch.int16, "q6k": torch.int32, "q5k": torch.int64,
+           **B32_DTYPES}
 
 
 def packed_dtype(fmt: str) -> torch.dtype:
     """The tensor dtype that marks a packed weight of ``fmt`` (int8 -> int8, int4 -> uint8, q4k -> int16,
-    q6k -> int32, q5_0 -> uint16, q4_1 -> uint32, q5_1 -> uint64)."""
+    q6k -> int32, q5k -> int64, q5_0 -> uint16, q4_1 -> uint32, q5_1 -> uint64)."""
     return _DTYPES.get(fmt, torch.uint8)
 
 
 def packed_format(w: torch.Tensor) -> Optional[str]:
-    """"int8", "int4", "q4k", "q6k", "q5_0", "q4_1" or "q5_1" for a packed weight (by its dtype), None for a dense
-    one."""
+    """"int8", "int4", "q4k", "q5k", "q6k", "q5_0", "q4_1" or "q5_1" for a packed weight (by its dtype), None for a
+    dense one."""
     return next((f for f, dt in _DTYPES.items() if w.dtype == dt), None)
 
 
@@ -446,6 +451,8 @@ def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
     """The fp32 [N, k] matrix a packed weight stands for (tests and quality reports). For q4k, Q4_K's own
     dequantization bit for bit: (d * sc) * q - dmin * m in fp32, where only the subtraction rounds; for q6k, Q6_K's:
     (d * sc) * (q - 32) in fp32; for q5_0 / q4_1 / q5_1, GGUF's d * (q - 16) / d * q + m in fp32."""
+    if packed.dtype == torch.int64:
+        return dequantize_q5k(packed, k)
     if packed.dtype == torch.int16:
         v, ds, dm = _unpack_q4k(packed, k)
         n = v.shape[0]

@@ -29,6 +29,12 @@
 //   acc = fma(float(I_b), (d * sc_b) * d_x, acc); acc = fma(-t_b, dmin * m_b, acc), t_b = float(S_b) * d_x with
 //   S_b the block's activation sum (once per token row and block, shared by all columns).
 //
+// q5k: GGUF Q5_K as stored (kernels/quant_q5k.py pack_q5k), a [N, rb / 8] int64 tensor over rb = K / 256 * 184:
+//   q4k's super-block with the 5th bits of v (0..31) after it: a group's super-block sb fills [sb * 2944, +2944) as
+//   q4k's 2368 bytes, then per sub-block j a 64-byte plane (row c's byte 4c + i holding at bit s + 4h the 5th bit of
+//   input 32j + 16h + 4s + i, the b32 plane), then 64 zero bytes (46 whole lines). A plain tail row's super-block:
+//   q4k's 148 bytes, GGUF's 32 qh bytes (input 32j + e's 5th bit at bit j of byte e), 4 zero bytes. Arithmetic: q4k's.
+//
 // q6k: GGUF Q6_K as stored (kernels/quant.py pack_q6k moves and splits its bytes), a [N, rb / 4] int32 tensor over
 //   rb = K / 256 * 212 bytes a row (6.625 bits per weight; K a multiple of 256). Q6_K's super-block of 256 weights
 //   has q in 0..63 (a 4-bit and a 2-bit part), an int8 scale sc[t] per sub-block t of 16 and fp16 d;
@@ -85,7 +91,7 @@
 // 4 on avx2, 8 for int8 passes of 5+ rows there) so each weight vector is loaded and unpacked once
 // for all of them.
 //
-// q4k runs natively on all four paths (q4k_units: vnni512 4 groups side by side in register blocks of up to 8
+// q4k and q5k run natively on all four paths (q4k_units, the 5th bits merged as the b32 formats merge them: vnni512 4 groups side by side in register blocks of up to 8
 // token rows; avx2 / avxvnni 4 groups side by side for 1-5 rows, else one, in register blocks of up to 4).
 // q6k likewise (q6k_units, the same walks): the high-bit vector of two steps is merged into the nibbles with
 // 16-bit shifts and masks (q as bytes 0..63, the unsigned operand); vpdpbusd chains start at -32 * S (vnni512,
@@ -125,7 +131,9 @@
 
 namespace {
 
-enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2, FMT_Q6K = 3, FMT_Q5_0 = 4, FMT_Q4_1 = 5, FMT_Q5_1 = 6 };
+enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2, FMT_Q6K = 3, FMT_Q5_0 = 4, FMT_Q4_1 = 5, FMT_Q5_1 = 6, FMT_Q5K = 7 };
+// q4k and q5k: the Q4_K super-block, q5k with a 5th-bit plane (the "q4k" section below)
+inline bool k4_fmt(int fmt) { return fmt == FMT_Q4K || fmt == FMT_Q5K; }
 // the blocks-of-32 formats stored as GGUF has them (q5_0, q4_1, q5_1): int4's nibbles, a 5th-bit plane (q5_0, q5_1),
 // fp16 d and, for q4_1 / q5_1, an fp16 min m per block (the "b32" section below has the layout)
 inline bool b32_fmt(int fmt) { return fmt == FMT_Q5_0 || fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
@@ -140,6 +148,13 @@ constexpr int64_t QK_K = 256;
 constexpr int64_t kQ4kRowSb = 148;
 constexpr int64_t kQ4kGroupSb = G * kQ4kRowSb;  // 2368
 constexpr int64_t kQ4kSc = 2048, kQ4kMin = 2176, kQ4kD = 2304, kQ4kDmin = 2336;  // offsets in a group's super-block
+// q5k (GGUF Q5_K as stored): q4k's super-block, then the 5th-bit planes (8 x 64) and 64 zero bytes; a plain row's
+// super-block is q4k's 148 bytes, GGUF's 32 qh bytes and 4 zero bytes (184: 8-byte rows for the int64 marker)
+constexpr int64_t kQ5kRowSb = 184;
+constexpr int64_t kQ5kGroupSb = G * kQ5kRowSb;  // 2944
+constexpr int64_t kQ5kQh = kQ4kGroupSb;  // the planes' offset in a group's super-block
+template <bool HI>
+constexpr int64_t k4_group_sb() { return HI ? kQ5kGroupSb : kQ4kGroupSb; }
 // q6k (GGUF Q6_K as stored): per row and super-block, 128 nibble bytes, 64 bytes of 2-bit high parts, 16 int8 scales,
 // fp16 d, 2 zero bytes (212: a group's super-block is 53 whole 64-byte lines); a group's super-block is
 // [nibbles 8 x 256][high bits 8 x 128][sc 16 x 16][d 16][zero 32]
@@ -185,6 +200,7 @@ inline int64_t quant_bytes(int fmt, int64_t Kp) { return fmt == FMT_Q8 ? Kp : Kp
 // a multiple of 4, so a group of G rows is a whole number of 64-byte lines
 inline int64_t row_bytes(int fmt, int64_t K) {
   if (fmt == FMT_Q4K) return K / QK_K * kQ4kRowSb;  // K % 256 == 0 (checked by the callers)
+  if (fmt == FMT_Q5K) return K / QK_K * kQ5kRowSb;
   if (fmt == FMT_Q6K) return K / QK_K * kQ6kRowSb;
   const int64_t Kp = padded_k(K);
   if (b32_fmt(fmt)) return Kp / 32 * (16 + 4 * b32_hi(fmt) + 2 + 2 * b32_min(fmt));  // GGUF's own block bytes
@@ -214,12 +230,23 @@ struct Layout {
     const uint8_t byte = row[b * 16 + j % 16];
     return (j < 16 ? (byte & 0xf) : (byte >> 4)) - 8;
   }
-  // q4k: the nibble v (0..15) of weight (n, k); the weight is d * sc * v - dmin * m (q4k_scales)
+  // q4k / q5k: the unsigned v (0..15, q5k 0..31) of weight (n, k); the weight is d * sc * v - dmin * m (q4k_scales)
+  int64_t k4_group_stride() const { return fmt == FMT_Q5K ? kQ5kGroupSb : kQ4kGroupSb; }
+  int64_t k4_row_stride() const { return fmt == FMT_Q5K ? kQ5kRowSb : kQ4kRowSb; }
   int q4k_v(const uint8_t* w, int64_t n, int64_t k) const {
     const int64_t b = k / 32, j = k % 32, sb = b / 8, s = (j % 16) / 4;
-    const uint8_t byte = n < ng * G ? group(w, n / G)[sb * kQ4kGroupSb + (b % 8) * 256 + s * 64 + (n % G) * 4 + j % 4]
-                                    : w[n * rb + sb * kQ4kRowSb + (b % 8) * 16 + j % 16];
-    return j < 16 ? (byte & 0xf) : (byte >> 4);
+    int bit = 0;
+    uint8_t byte;
+    if (n < ng * G) {
+      const uint8_t* base = group(w, n / G) + sb * k4_group_stride();
+      byte = base[(b % 8) * 256 + s * 64 + (n % G) * 4 + j % 4];
+      if (fmt == FMT_Q5K) bit = (base[kQ5kQh + (b % 8) * 64 + (n % G) * 4 + j % 4] >> (s + 4 * (j / 16))) & 1;
+    } else {
+      const uint8_t* base = w + n * rb + sb * k4_row_stride();
+      byte = base[(b % 8) * 16 + j % 16];
+      if (fmt == FMT_Q5K) bit = (base[148 + j] >> (b % 8)) & 1;
+    }
+    return (j < 16 ? (byte & 0xf) : (byte >> 4)) | (bit << 4);
   }
   // q4k: the exact fp32 d * sc[b] and dmin * m[b] of row n's sub-block b (11-bit by 6-bit mantissas)
   void q4k_scales(const uint8_t* w, int64_t n, int64_t b, float& ds, float& dm) const {
@@ -227,14 +254,14 @@ struct Layout {
     uint16_t d, dmin;
     uint8_t sc, mn;
     if (n < ng * G) {
-      const uint8_t* base = group(w, n / G) + sb * kQ4kGroupSb;
+      const uint8_t* base = group(w, n / G) + sb * k4_group_stride();
       const int64_t c = n % G;
       sc = base[kQ4kSc + j * G + c];
       mn = base[kQ4kMin + j * G + c];
       std::memcpy(&d, base + kQ4kD + 2 * c, 2);
       std::memcpy(&dmin, base + kQ4kDmin + 2 * c, 2);
     } else {
-      const uint8_t* base = w + n * rb + sb * kQ4kRowSb;
+      const uint8_t* base = w + n * rb + sb * k4_row_stride();
       sc = base[128 + j];
       mn = base[136 + j];
       std::memcpy(&d, base + 144, 2);
@@ -432,7 +459,7 @@ void quantize_x(int fmt, const float* x, int64_t M, int64_t K, QX& out, int isa 
   out.corr.resize(M * out.nb);
   // corr = -off * block sum: int8 -128 * sum, int4 -8 * sum, q5_0 -16 * sum, q4k / q4_1 / q5_1 +sum (S_b, the
   // min term's multiplier)
-  const bool with_min = fmt == FMT_Q4K || b32_min(fmt);
+  const bool with_min = k4_fmt(fmt) || b32_min(fmt);
   const int32_t off = fmt == FMT_Q8 ? 128 : fmt == FMT_Q4 ? 8 : fmt == FMT_Q5_0 ? 16 : with_min ? -1 : 0;
   for (int64_t m = 0; m < M; ++m) {
     int8_t* q = out.q.data() + m * out.Kp;
@@ -1161,22 +1188,25 @@ void cols_scalar_q4k(const Layout& L, const QX& qx, const uint8_t* w, const floa
   }
 }
 
-// one full group, all token rows (scalar; the layout walk of the SIMD paths)
+// one full group, all token rows (scalar; the layout walk of the SIMD paths); HI: q5k's 5th bits
+template <bool HI>
 void group_scalar_q4k(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g) {
   const uint8_t* grp = L.group(w, g);
   for (int64_t m = 0; m < qx.M; ++m) {
     const int8_t* xq = qx.q.data() + m * qx.Kp;
     float acc[G] = {};
     for (int64_t b = 0; b < qx.nb; ++b) {
-      const uint8_t* base = grp + (b / 8) * kQ4kGroupSb;
+      const uint8_t* base = grp + (b / 8) * k4_group_sb<HI>();
       const uint8_t* wb = base + (b % 8) * 256;
+      const uint8_t* hb = base + kQ5kQh + (b % 8) * 64;  // read only for q5k
       const int8_t* xb = xq + b * 32;
       int32_t isum[G] = {};
       for (int s = 0; s < 4; ++s)
         for (int c = 0; c < G; ++c)
           for (int i = 0; i < 4; ++i) {
             const uint8_t byte = wb[s * 64 + c * 4 + i];
-            isum[c] += int32_t(byte & 0xf) * xb[4 * s + i] + int32_t(byte >> 4) * xb[16 + 4 * s + i];
+            const int lo5 = HI ? ((hb[c * 4 + i] >> s) & 1) << 4 : 0, hi5 = HI ? ((hb[c * 4 + i] >> (s + 4)) & 1) << 4 : 0;
+            isum[c] += int32_t((byte & 0xf) | lo5) * xb[4 * s + i] + int32_t((byte >> 4) | hi5) * xb[16 + 4 * s + i];
           }
       const float dx = qx.d[m * qx.nb + b], tx = qx.t[m * qx.nb + b];
       for (int c = 0; c < G; ++c) {
@@ -1197,15 +1227,40 @@ void group_scalar_q4k(const Layout& L, const QX& qx, const uint8_t* w, const flo
 }
 
 #if QL_X86
+// Step S's q as bytes from its nibble vector and the block's plane: the low nibbles (inputs 4S + i) with plane
+// bit S, the high ones (16 + 4S + i) with bit S + 4, each moved to bit 4 (16-bit shifts by at most 4 keep bit 4
+// within its byte); (a & c) | b is ternary-logic 0xEC
+template <int S>
+__attribute__((target(QL_512), always_inline)) inline void b32_merge512(__m512i raw, __m512i qh, __m512i& lo,
+                                                                       __m512i& hi) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+  lo = _mm512_ternarylogic_epi32(raw, _mm512_and_si512(_mm512_slli_epi16(qh, 4 - S), m10), low4, 0xEC);
+  hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), _mm512_and_si512(_mm512_srli_epi16(qh, S), m10), low4,
+                                 0xEC);
+}
+
+// 256-bit paths: step S of one half group as q bytes (b32_merge512's arithmetic, with or and and)
+template <int S>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void b32_merge256(__m256i raw, __m256i qh, __m256i& lo,
+                                                                                __m256i& hi) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+  lo = _mm256_or_si256(_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4 - S), m10));
+  hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                       _mm256_and_si256(_mm256_srli_epi16(qh, S), m10));
+}
+
 // q4k streams prefetch 4 KiB ahead, not kStreamPrefetch's 2 (2048 x 8192 from memory, one thread: against 32 KiB,
 // 1 row 0.37 -> 0.32 ms on VNNI-512 and 0.50 -> 0.27 ms on AVX2; at 2 KiB 0.31 / 0.37 ms: a super-block's scale
 // lines come in at each group's start, so they need the longer lead).
 constexpr int64_t kQ4kPrefetch = 4 * 1024;
 // The lines of a group's super-block past its quants (scales, mins, d, dmin: 320 bytes, not line aligned),
 // kQ4kPrefetch ahead; the sub-blocks' loops prefetch the quants' lines.
+// (q5k: and its planes)
+template <bool HI = false>
 __attribute__((always_inline)) inline void prefetch_q4k_scales(const uint8_t* base) {
-  for (int64_t o = kQ4kSc - 1; o < kQ4kGroupSb + 63; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, kQ4kGroupSb - 1) + kQ4kPrefetch), _MM_HINT_T1);
+  constexpr int64_t end = HI ? kQ5kQh + 8 * 64 : kQ4kGroupSb;
+  for (int64_t o = kQ4kSc - 1; o < end + 63; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, end - 1) + kQ4kPrefetch), _MM_HINT_T1);
 }
 
 // A group's 16 fp16 d and dmin as fp32 (dd[0..15]: d, dd[16..31]: dmin), once per super-block
@@ -1241,14 +1296,42 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void q4k_tail_avx
   }
 }
 
+// Step s of one half group as unsigned bytes: q4k's low and high nibbles; q5k (HI) with their 5th bits from the
+// half group's plane qh merged in (b32_merge256)
+template <bool HI>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void k4_step256(__m256i raw, __m256i qh, int s,
+                                                                              __m256i& lo, __m256i& hi) {
+  if constexpr (HI) {
+    switch (s) {
+      case 0: b32_merge256<0>(raw, qh, lo, hi); break;
+      case 1: b32_merge256<1>(raw, qh, lo, hi); break;
+      case 2: b32_merge256<2>(raw, qh, lo, hi); break;
+      default: b32_merge256<3>(raw, qh, lo, hi); break;
+    }
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    lo = _mm256_and_si256(raw, low4);
+    hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  }
+}
+
+// Half group h's plane of sub-block jb (q5k), or nothing (q4k)
+template <bool HI>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline __m256i k4_plane256(const uint8_t* base, int64_t jb,
+                                                                                  int h) {
+  if constexpr (HI) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + kQ5kQh + jb * 64 + 32 * h));
+  return _mm256_setzero_si256();
+}
+
 // AVX2: NS groups side by side (more DRAM lines in flight, as groups_avx2_m1), both half groups per activation
 // broadcast (groups_rows_q4_avx2's walk), MB token rows in registers. Integer dot: maddubs(v, x) summed in int16
-// over the sub-block (8 * 2 * 15 * 127 < 32768), madd to int32; no correction (v is what Q4_K multiplies).
-template <int MB, int NS>
+// over the sub-block (8 * 2 * 15 * 127 < 32768), madd to int32; no correction (v is what Q4_K multiplies). q5k
+// (HI, v up to 31): summed in int16 over one step's two halves (2 * 2 * 31 * 128 < 32768), madd every step.
+template <int MB, int NS, bool HI>
 __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, const QX& qx, int64_t m0,
                                                            const uint8_t* w, int64_t g0, float* out) {
   const int64_t Kp = qx.Kp, nb = qx.nb;
-  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float dd[NS][2 * G];
   __m256 acc[NS][MB][2];
   for (int i = 0; i < NS; ++i)
@@ -1256,10 +1339,10 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t sb = b >> 3, jb = b & 7;
     for (int i = 0; i < NS; ++i) {
-      const uint8_t* base = L.group(w, g0 + i) + sb * kQ4kGroupSb;
+      const uint8_t* base = L.group(w, g0 + i) + sb * k4_group_sb<HI>();
       const uint8_t* wb = base + jb * 256;
       if (jb == 0) {
-        prefetch_q4k_scales(base);
+        prefetch_q4k_scales<HI>(base);
         q4k_d_avx2(base, dd[i]);
       }
       __m256i p16[MB][2], isum[MB][2];
@@ -1268,28 +1351,39 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
         for (int s = 0; s < 4; ++s)
           _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         for (int h = 0; h < 2; ++h) {
-          __m256i p = _mm256_setzero_si256();
+          const __m256i qh = k4_plane256<HI>(base, jb, h);
+          __m256i p = _mm256_setzero_si256(), p32 = _mm256_setzero_si256();
           for (int s = 0; s < 4; ++s) {
             const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32 * h));
             int32_t xl, xh;
             std::memcpy(&xl, xb + 4 * s, 4);
             std::memcpy(&xh, xb + 16 + 4 * s, 4);
-            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(r, low4), _mm256_set1_epi32(xl)));
-            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r, 4), low4),
-                                                         _mm256_set1_epi32(xh)));
+            __m256i lo, hi;
+            k4_step256<HI>(r, qh, s, lo, hi);
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+            if constexpr (HI) {
+              p32 = _mm256_add_epi32(p32, _mm256_madd_epi16(p, ones));
+              p = _mm256_setzero_si256();
+            }
           }
-          isum[0][h] = _mm256_madd_epi16(p, ones);
+          isum[0][h] = HI ? p32 : _mm256_madd_epi16(p, ones);
         }
         q4k_tail_avx2<MB>(qx, m0, b, base, jb, dd[i], isum, acc[i]);
         continue;
       }
-      for (int j = 0; j < MB; ++j) p16[j][0] = p16[j][1] = _mm256_setzero_si256();
+      for (int j = 0; j < MB; ++j) {
+        p16[j][0] = p16[j][1] = _mm256_setzero_si256();
+        isum[j][0] = isum[j][1] = _mm256_setzero_si256();
+      }
+      const __m256i qh0 = k4_plane256<HI>(base, jb, 0), qh1 = k4_plane256<HI>(base, jb, 1);
       for (int s = 0; s < 4; ++s) {
         _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
-        const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
-        const __m256i lo1 = _mm256_and_si256(r1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low4);
+        __m256i lo0, hi0, lo1, hi1;
+        k4_step256<HI>(r0, qh0, s, lo0, hi0);
+        k4_step256<HI>(r1, qh1, s, lo1, hi1);
         for (int j = 0; j < MB; ++j) {
           const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
           int32_t xl, xh;
@@ -1300,12 +1394,18 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
           p16[j][1] = _mm256_add_epi16(p16[j][1], _mm256_maddubs_epi16(lo1, xlv));
           p16[j][0] = _mm256_add_epi16(p16[j][0], _mm256_maddubs_epi16(hi0, xhv));
           p16[j][1] = _mm256_add_epi16(p16[j][1], _mm256_maddubs_epi16(hi1, xhv));
+          if constexpr (HI) {
+            isum[j][0] = _mm256_add_epi32(isum[j][0], _mm256_madd_epi16(p16[j][0], ones));
+            isum[j][1] = _mm256_add_epi32(isum[j][1], _mm256_madd_epi16(p16[j][1], ones));
+            p16[j][0] = p16[j][1] = _mm256_setzero_si256();
+          }
         }
       }
-      for (int j = 0; j < MB; ++j) {
-        isum[j][0] = _mm256_madd_epi16(p16[j][0], ones);
-        isum[j][1] = _mm256_madd_epi16(p16[j][1], ones);
-      }
+      if constexpr (!HI)
+        for (int j = 0; j < MB; ++j) {
+          isum[j][0] = _mm256_madd_epi16(p16[j][0], ones);
+          isum[j][1] = _mm256_madd_epi16(p16[j][1], ones);
+        }
       q4k_tail_avx2<MB>(qx, m0, b, base, jb, dd[i], isum, acc[i]);
     }
   }
@@ -1317,11 +1417,10 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
 }
 
 // AVX-VNNI: q4k_rows_avx2's walk with one 256-bit vpdpbusd per 4 inputs, half group and token row
-template <int MB, int NS>
+template <int MB, int NS, bool HI>
 __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const QX& qx, int64_t m0,
                                                          const uint8_t* w, int64_t g0, float* out) {
   const int64_t Kp = qx.Kp, nb = qx.nb;
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
   alignas(32) float dd[NS][2 * G];
   __m256 acc[NS][MB][2];
   for (int i = 0; i < NS; ++i)
@@ -1329,10 +1428,10 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t sb = b >> 3, jb = b & 7;
     for (int i = 0; i < NS; ++i) {
-      const uint8_t* base = L.group(w, g0 + i) + sb * kQ4kGroupSb;
+      const uint8_t* base = L.group(w, g0 + i) + sb * k4_group_sb<HI>();
       const uint8_t* wb = base + jb * 256;
       if (jb == 0) {
-        prefetch_q4k_scales(base);
+        prefetch_q4k_scales<HI>(base);
         q4k_d_avx2(base, dd[i]);
       }
       __m256i isum[MB][2];
@@ -1341,14 +1440,17 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
         for (int s = 0; s < 4; ++s)
           _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         for (int h = 0; h < 2; ++h) {
+          const __m256i qh = k4_plane256<HI>(base, jb, h);
           __m256i a = _mm256_setzero_si256();
           for (int s = 0; s < 4; ++s) {
             const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32 * h));
             int32_t xl, xh;
             std::memcpy(&xl, xb + 4 * s, 4);
             std::memcpy(&xh, xb + 16 + 4 * s, 4);
-            a = _mm256_dpbusd_avx_epi32(a, _mm256_and_si256(r, low4), _mm256_set1_epi32(xl));
-            a = _mm256_dpbusd_avx_epi32(a, _mm256_and_si256(_mm256_srli_epi16(r, 4), low4), _mm256_set1_epi32(xh));
+            __m256i lo, hi;
+            k4_step256<HI>(r, qh, s, lo, hi);
+            a = _mm256_dpbusd_avx_epi32(a, lo, _mm256_set1_epi32(xl));
+            a = _mm256_dpbusd_avx_epi32(a, hi, _mm256_set1_epi32(xh));
           }
           isum[0][h] = a;
         }
@@ -1356,12 +1458,14 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
         continue;
       }
       for (int j = 0; j < MB; ++j) isum[j][0] = isum[j][1] = _mm256_setzero_si256();
+      const __m256i qh0 = k4_plane256<HI>(base, jb, 0), qh1 = k4_plane256<HI>(base, jb, 1);
       for (int s = 0; s < 4; ++s) {
         _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
-        const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
-        const __m256i lo1 = _mm256_and_si256(r1, low4), hi1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), low4);
+        __m256i lo0, hi0, lo1, hi1;
+        k4_step256<HI>(r0, qh0, s, lo0, hi0);
+        k4_step256<HI>(r1, qh1, s, lo1, hi1);
         for (int j = 0; j < MB; ++j) {
           const int8_t* xb = qx.q.data() + (m0 + j) * Kp + b * 32;
           int32_t xl, xh;
@@ -1385,12 +1489,12 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
 }
 
 // ns (kStreamsAvx2 or 1) full groups from g0, all token rows in register blocks of up to 4 (AVX2 / AVX-VNNI)
-template <bool VNNI>
+template <bool VNNI, bool HI>
 void q4k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
                     int ns) {
   alignas(32) float out[kStreamsAvx2 * 4 * G];
 #define QL_Q4K_CALL(MB, NS) \
-  (VNNI ? q4k_rows_vnni256<MB, NS>(L, qx, m0, w, g0, out) : q4k_rows_avx2<MB, NS>(L, qx, m0, w, g0, out))
+  (VNNI ? q4k_rows_vnni256<MB, NS, HI>(L, qx, m0, w, g0, out) : q4k_rows_avx2<MB, NS, HI>(L, qx, m0, w, g0, out))
   for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
     const int64_t mb = std::min<int64_t>(4, qx.M - m0);
     if (ns == kStreamsAvx2) {
@@ -1416,7 +1520,7 @@ void q4k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float
 // AVX-512 VNNI: groups_vnni_mb's walk (NS groups side by side, one zmm lane per weight row, MB token rows per
 // weight vector), int4's nibble handling without the correction: the high nibbles' chain sums 16x its dot.
 // A group's d and dmin are converted once per super-block (kept in registers).
-template <int MB, int NS>
+template <int MB, int NS, bool HI>
 __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
                                                 int64_t g0, float* out) {
   const int64_t nb = qx.nb, xstride = qx.Kp / 4;
@@ -1429,8 +1533,8 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
     const uint8_t* base[NS];
     alignas(64) float dd[NS][G], dn[NS][G];  // through L1: in registers they crowd out a register block's sums
     for (int i = 0; i < NS; ++i) {
-      base[i] = L.group(w, g0 + i) + sb * kQ4kGroupSb;
-      prefetch_q4k_scales(base[i]);
+      base[i] = L.group(w, g0 + i) + sb * k4_group_sb<HI>();
+      prefetch_q4k_scales<HI>(base[i]);
       _mm512_store_ps(dd[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kD))));
       _mm512_store_ps(dn[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kDmin))));
     }
@@ -1438,12 +1542,21 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
       const int64_t b = sb * 8 + jb;
       for (int i = 0; i < NS; ++i) {
         const uint8_t* wb = base[i] + jb * 256;
-        __m512i lo[4], hi16[4];
-        for (int s = 0; s < 4; ++s) {
+        __m512i lo[4], hi16[4];  // q4k: the high nibbles in place (16 v); q5k: merged to bytes 0..31
+        for (int s = 0; s < 4; ++s)
           _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
-          const __m512i raw = _mm512_loadu_si512(wb + s * 64);
-          lo[s] = _mm512_and_si512(raw, low4);
-          hi16[s] = _mm512_and_si512(raw, high4);
+        if constexpr (HI) {
+          const __m512i qh = _mm512_loadu_si512(base[i] + kQ5kQh + jb * 64);
+          b32_merge512<0>(_mm512_loadu_si512(wb), qh, lo[0], hi16[0]);
+          b32_merge512<1>(_mm512_loadu_si512(wb + 64), qh, lo[1], hi16[1]);
+          b32_merge512<2>(_mm512_loadu_si512(wb + 128), qh, lo[2], hi16[2]);
+          b32_merge512<3>(_mm512_loadu_si512(wb + 192), qh, lo[3], hi16[3]);
+        } else {
+          for (int s = 0; s < 4; ++s) {
+            const __m512i raw = _mm512_loadu_si512(wb + s * 64);
+            lo[s] = _mm512_and_si512(raw, low4);
+            hi16[s] = _mm512_and_si512(raw, high4);
+          }
         }
         __m512i isum[MB];
         for (int j = 0; j < MB; ++j) {
@@ -1453,7 +1566,7 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
             a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
             a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
           }
-          isum[j] = _mm512_add_epi32(a, _mm512_srai_epi32(a2, 4));
+          isum[j] = _mm512_add_epi32(a, HI ? a2 : _mm512_srai_epi32(a2, 4));
         }
         const __m512 ds = _mm512_mul_ps(_mm512_load_ps(dd[i]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[i] + kQ4kSc + jb * G)))));
@@ -1471,38 +1584,39 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
     for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
 }
 
-template <int NS>
+template <int NS, bool HI>
 void q4k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const uint8_t* w, int64_t g0, float* out) {
   switch (mb) {
-    case 1: q4k_vnni_mb<1, NS>(L, qx, m0, w, g0, out); break;
-    case 2: q4k_vnni_mb<2, NS>(L, qx, m0, w, g0, out); break;
-    case 3: q4k_vnni_mb<3, NS>(L, qx, m0, w, g0, out); break;
-    case 4: q4k_vnni_mb<4, NS>(L, qx, m0, w, g0, out); break;
-    case 5: q4k_vnni_mb<5, NS>(L, qx, m0, w, g0, out); break;
-    case 6: q4k_vnni_mb<6, NS>(L, qx, m0, w, g0, out); break;
-    case 7: q4k_vnni_mb<7, NS>(L, qx, m0, w, g0, out); break;
-    default: q4k_vnni_mb<8, NS>(L, qx, m0, w, g0, out); break;
+    case 1: q4k_vnni_mb<1, NS, HI>(L, qx, m0, w, g0, out); break;
+    case 2: q4k_vnni_mb<2, NS, HI>(L, qx, m0, w, g0, out); break;
+    case 3: q4k_vnni_mb<3, NS, HI>(L, qx, m0, w, g0, out); break;
+    case 4: q4k_vnni_mb<4, NS, HI>(L, qx, m0, w, g0, out); break;
+    case 5: q4k_vnni_mb<5, NS, HI>(L, qx, m0, w, g0, out); break;
+    case 6: q4k_vnni_mb<6, NS, HI>(L, qx, m0, w, g0, out); break;
+    case 7: q4k_vnni_mb<7, NS, HI>(L, qx, m0, w, g0, out); break;
+    default: q4k_vnni_mb<8, NS, HI>(L, qx, m0, w, g0, out); break;
   }
 }
 
 // ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
+template <bool HI>
 void q4k_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
                      int ns) {
   alignas(64) float out[kStreams * 8 * G];
   for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
     const int64_t mb = std::min<int64_t>(8, qx.M - m0);
     if (ns == kStreams)
-      q4k_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
+      q4k_vnni_rows<kStreams, HI>(L, qx, m0, mb, w, g0, out);
     else
-      q4k_vnni_rows<1>(L, qx, m0, mb, w, g0, out);
+      q4k_vnni_rows<1, HI>(L, qx, m0, mb, w, g0, out);
     write_groups(L, out, 8, ns, m0, mb, g0, bias, y);
   }
 }
 #endif  // QL_X86
 
-// q4k's column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
-void q4k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
-               int isa) {
+template <bool HI>
+void k4_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
+              int isa) {
   for (int64_t u = u0; u < u1; ++u) {
     if (u == L.ng) {
       cols_scalar_q4k(L, qx, w, bias, y, L.ng * G, L.N);
@@ -1511,7 +1625,7 @@ void q4k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bia
 #if QL_X86
     if (isa == ISA_VNNI512) {
       const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
-      q4k_groups_vnni(L, qx, w, bias, y, u, ns);
+      q4k_groups_vnni<HI>(L, qx, w, bias, y, u, ns);
       u += ns - 1;
       continue;
     }
@@ -1520,15 +1634,24 @@ void q4k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bia
       const bool streams = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
       const int ns = streams ? kStreamsAvx2 : 1;
       if (isa == ISA_AVXVNNI)
-        q4k_groups_256<true>(L, qx, w, bias, y, u, ns);
+        q4k_groups_256<true, HI>(L, qx, w, bias, y, u, ns);
       else
-        q4k_groups_256<false>(L, qx, w, bias, y, u, ns);
+        q4k_groups_256<false, HI>(L, qx, w, bias, y, u, ns);
       u += ns - 1;
       continue;
     }
 #endif
-    group_scalar_q4k(L, qx, w, bias, y, u);
+    group_scalar_q4k<HI>(L, qx, w, bias, y, u);
   }
+}
+
+// q4k's (or q5k's) column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
+void q4k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
+               int isa) {
+  if (L.fmt == FMT_Q5K)
+    k4_units<true>(L, qx, w, bias, y, u0, u1, isa);
+  else
+    k4_units<false>(L, qx, w, bias, y, u0, u1, isa);
 }
 
 // ------------------------------------------------------------------ q6k (GGUF Q6_K, as stored)
@@ -1985,18 +2108,6 @@ __attribute__((always_inline)) inline void prefetch_b32(const uint8_t* grp, int6
   }
 }
 
-// Step S's q as bytes from its nibble vector and the block's plane: the low nibbles (inputs 4S + i) with plane
-// bit S, the high ones (16 + 4S + i) with bit S + 4, each moved to bit 4 (16-bit shifts by at most 4 keep bit 4
-// within its byte); (a & c) | b is ternary-logic 0xEC
-template <int S>
-__attribute__((target(QL_512), always_inline)) inline void b32_merge512(__m512i raw, __m512i qh, __m512i& lo,
-                                                                       __m512i& hi) {
-  const __m512i low4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
-  lo = _mm512_ternarylogic_epi32(raw, _mm512_and_si512(_mm512_slli_epi16(qh, 4 - S), m10), low4, 0xEC);
-  hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), _mm512_and_si512(_mm512_srli_epi16(qh, S), m10), low4,
-                                 0xEC);
-}
-
 // AVX-512 VNNI: groups_vnni_mb's walk (NS groups side by side, one zmm lane per weight row, MB token rows per
 // weight vector). q5_0 / q5_1: q merged to bytes 0..31 (b32_merge512), one vpdpbusd per step and row per half;
 // q4_1: int4's nibbles (the high ones in place, their chain shifted back once per block).
@@ -2085,17 +2196,8 @@ void b32_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const floa
   }
 }
 
-// 256-bit paths: step s of one half group as q bytes (b32_merge512's arithmetic, with or and and); q4_1: the two
-// nibbles, the high one shifted down. s is a constant wherever the callers' 4-step loops are unrolled.
-template <int S>
-__attribute__((target("avx2,fma,f16c"), always_inline)) inline void b32_merge256(__m256i raw, __m256i qh, __m256i& lo,
-                                                                                __m256i& hi) {
-  const __m256i low4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
-  lo = _mm256_or_si256(_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4 - S), m10));
-  hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
-                       _mm256_and_si256(_mm256_srli_epi16(qh, S), m10));
-}
-
+// b32_merge256 at step s (a constant wherever the callers' 4-step loops are unrolled); q4_1: the two nibbles, the
+// high one shifted down
 template <bool HI>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void b32_step256(const uint8_t* wb, __m256i qh, int s,
                                                                                __m256i& lo, __m256i& hi) {
@@ -2382,6 +2484,7 @@ int format_of(const at::Tensor& w) {
   if (w.scalar_type() == at::ScalarType::UInt16) return FMT_Q5_0;
   if (w.scalar_type() == at::ScalarType::UInt32) return FMT_Q4_1;
   if (w.scalar_type() == at::ScalarType::UInt64) return FMT_Q5_1;
+  if (w.scalar_type() == at::kLong) return FMT_Q5K;
   return -1;
 }
 
@@ -2393,6 +2496,7 @@ const char* fmt_name(int fmt) {
     case FMT_Q6K: return "q6k";
     case FMT_Q5_0: return "q5_0";
     case FMT_Q4_1: return "q4_1";
+    case FMT_Q5K: return "q5k";
     default: return "q5_1";
   }
 }
@@ -2401,8 +2505,9 @@ const char* fmt_name(int fmt) {
 int64_t check_packed(const char* who, const at::Tensor& w, int fmt, int64_t K) {
   TORCH_CHECK(fmt >= 0 && w.dim() == 2 && w.is_contiguous(), who,
               ": weight must be a contiguous packed int8 (Q8), uint8 (Q4), int16 (q4k), int32 (q6k), uint16 (q5_0), "
-              "uint32 (q4_1) or uint64 (q5_1) [N, row bytes] tensor");
+              "uint32 (q4_1), uint64 (q5_1) or int64 (q5k) [N, row bytes] tensor");
   TORCH_CHECK(fmt != FMT_Q4K || K % QK_K == 0, who, ": a q4k (GGUF Q4_K) weight needs K a multiple of 256, got K=", K);
+  TORCH_CHECK(fmt != FMT_Q5K || K % QK_K == 0, who, ": a q5k (GGUF Q5_K) weight needs K a multiple of 256, got K=", K);
   TORCH_CHECK(fmt != FMT_Q6K || K % QK_K == 0, who, ": a q6k (GGUF Q6_K) weight needs K a multiple of 256, got K=", K);
   TORCH_CHECK(!b32_fmt(fmt) || K % 32 == 0, who, ": a ", fmt_name(fmt), " weight needs K a multiple of 32, got K=", K);
   const int64_t rb = row_bytes(fmt, K);
@@ -2448,7 +2553,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   const int64_t units = L.ng + (N > L.ng * G ? 1 : 0);
   // ~64k integer multiply-adds per task, so small layers do not wake threads for nothing
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, G * qx.Kp * M));
-  if (fmt == FMT_Q4K) {
+  if (k4_fmt(fmt)) {
     at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q4k_units(L, qx, wp, bp, yp, u0, u1, isa); });
     return y;
   }
@@ -2555,7 +2660,7 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t m = 0; m < M; ++m) {
       double acc = 0;
-      if (fmt == FMT_Q4K) {  // the dequantized weight d * sc * v - dmin * m (exact in fp64)
+      if (k4_fmt(fmt)) {  // the dequantized weight d * sc * v - dmin * m (exact in fp64)
         for (int64_t k = 0; k < qx.Kp; ++k) {
           float ds, dm;
           L.q4k_scales(wp, n, k / 32, ds, dm);
@@ -2611,12 +2716,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return row_bytes(FMT_Q6K, K);
   }, "bytes per packed q6k row for K inputs (a multiple of 256)", pybind11::arg("k"));
   m.def("packed_row_bytes", [](int64_t K, const std::string& fmt) {
-    const char* names[] = {"int8", "int4", "q4k", "q6k", "q5_0", "q4_1", "q5_1"};
+    const char* names[] = {"int8", "int4", "q4k", "q6k", "q5_0", "q4_1", "q5_1", "q5k"};
     int f = -1;
-    for (int i = 0; i < 7; ++i)
+    for (int i = 0; i < 8; ++i)
       if (fmt == names[i]) f = i;
     TORCH_CHECK(f >= 0, "packed_row_bytes: unknown format '", fmt, "'");
-    TORCH_CHECK((f != FMT_Q4K && f != FMT_Q6K) || K % QK_K == 0, "packed_row_bytes: ", fmt, " needs K a multiple of 256");
+    TORCH_CHECK((!k4_fmt(f) && f != FMT_Q6K) || K % QK_K == 0, "packed_row_bytes: ", fmt, " needs K a multiple of 256");
     TORCH_CHECK(!b32_fmt(f) || K % 32 == 0, "packed_row_bytes: ", fmt, " needs K a multiple of 32");
     return row_bytes(f, K);
   }, "bytes per packed row of format fmt for K inputs", pybind11::arg("k"), pybind11::arg("fmt"));

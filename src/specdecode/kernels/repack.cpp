@@ -6,7 +6,8 @@
 // groups of 16 rows in parallel, into memory advised for transparent huge pages (fewer faults on load, fewer TLB
 // misses when a decode step streams the weights).
 //
-// Layouts (quant_linear.cpp reads them; the Python packers document them field by field). A group of G = 16
+// Layouts (quant_linear.cpp reads them; the Python packers document them field by field; q5k is q4k's with the
+// fifth bits after each group's super-block, quant_q5k.py). A group of G = 16
 // rows is stored together, interleaved 4 inputs at a time per row; the last N % 16 rows stay plain.
 //   int8 / int4 (Q8_0 / Q4_0): per block and step of 4 inputs, 16 rows x 4 bytes; then per block 16 fp16 d;
 //     rows padded to a multiple of 4 bytes (zeros).
@@ -69,8 +70,9 @@ void tail_b0(const B0& f, const uint8_t* src, uint8_t* out) {
 
 constexpr int64_t kQ4kSrc = 144, kQ4kOurs = 148;
 
-// Scales, mins and the nibble pairs of one super-block: q[j][t] holds inputs 32j + t (low) and 32j + 16 + t (high).
-void q4k_fields(const uint8_t* src, uint8_t sc[8], uint8_t mn[8], uint8_t q[8][16]) {
+// Scales, mins and the nibble pairs of one super-block (its 128 nibble bytes at ``qs``): q[j][t] holds inputs
+// 32j + t (low) and 32j + 16 + t (high).
+void q4k_fields(const uint8_t* src, const uint8_t* qs, uint8_t sc[8], uint8_t mn[8], uint8_t q[8][16]) {
   const uint8_t* s = src + 4;
   for (int j = 0; j < 4; ++j) {
     sc[j] = s[j] & 63;
@@ -78,7 +80,6 @@ void q4k_fields(const uint8_t* src, uint8_t sc[8], uint8_t mn[8], uint8_t q[8][1
     sc[4 + j] = (s[8 + j] & 15) | ((s[j] >> 2) & 48);
     mn[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 48);
   }
-  const uint8_t* qs = src + 16;
   for (int c = 0; c < 4; ++c)
     for (int t = 0; t < 16; ++t) {
       const uint8_t a = qs[32 * c + t], b = qs[32 * c + 16 + t];
@@ -93,7 +94,7 @@ void group_q4k(int64_t nsb, Rows rows, uint8_t* out) {
     uint8_t* base = out + sb * G * kQ4kOurs;
     for (int64_t r = 0; r < G; ++r) {
       const uint8_t* src = rows[r] + sb * kQ4kSrc;
-      q4k_fields(src, sc, mn, q);
+      q4k_fields(src, src + 16, sc, mn, q);
       for (int j = 0; j < 8; ++j) {
         for (int s = 0; s < 4; ++s) std::memcpy(base + ((j * 4 + s) * G + r) * 4, q[j] + 4 * s, 4);
         base[2048 + j * G + r] = sc[j];
@@ -110,11 +111,58 @@ void tail_q4k(int64_t nsb, const uint8_t* row, uint8_t* out) {
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* src = row + sb * kQ4kSrc;
     uint8_t* base = out + sb * kQ4kOurs;
-    q4k_fields(src, sc, mn, q);
+    q4k_fields(src, src + 16, sc, mn, q);
     std::memcpy(base, q, 128);
     std::memcpy(base + 128, sc, 8);
     std::memcpy(base + 136, mn, 8);
     std::memcpy(base + 144, src, 4);
+  }
+}
+
+// ---- q5k: GGUF Q5_K super-blocks (Q4_K's fields with 32 bytes of fifth bits before the nibbles) ----
+
+constexpr int64_t kQ5kSrc = 176, kQ5kOurs = 184, kQ5kPlanes = G * 148;  // the planes follow q4k's group bytes
+
+// Sub-block j's plane byte i of one row: at bit s + 4h the fifth bit of input 16h + 4s + i (bit j of qh[that input])
+inline uint8_t q5k_plane(const uint8_t* qh, int j, int i) {
+  uint8_t v = 0;
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s) v |= static_cast<uint8_t>(((qh[16 * h + 4 * s + i] >> j) & 1) << (s + 4 * h));
+  return v;
+}
+
+void group_q5k(int64_t nsb, Rows rows, uint8_t* out) {
+  uint8_t sc[8], mn[8], q[8][16];
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    uint8_t* base = out + sb * G * kQ5kOurs;
+    for (int64_t r = 0; r < G; ++r) {
+      const uint8_t* src = rows[r] + sb * kQ5kSrc;
+      q4k_fields(src, src + 48, sc, mn, q);
+      for (int j = 0; j < 8; ++j) {
+        for (int s = 0; s < 4; ++s) std::memcpy(base + ((j * 4 + s) * G + r) * 4, q[j] + 4 * s, 4);
+        base[2048 + j * G + r] = sc[j];
+        base[2176 + j * G + r] = mn[j];
+        for (int i = 0; i < 4; ++i) base[kQ5kPlanes + (j * G + r) * 4 + i] = q5k_plane(src + 16, j, i);
+      }
+      std::memcpy(base + 2304 + r * 2, src, 2);
+      std::memcpy(base + 2304 + (G + r) * 2, src + 2, 2);
+    }
+    std::memset(base + kQ5kPlanes + 8 * G * 4, 0, G * kQ5kOurs - kQ5kPlanes - 8 * G * 4);
+  }
+}
+
+void tail_q5k(int64_t nsb, const uint8_t* row, uint8_t* out) {
+  uint8_t sc[8], mn[8], q[8][16];
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* src = row + sb * kQ5kSrc;
+    uint8_t* base = out + sb * kQ5kOurs;
+    q4k_fields(src, src + 48, sc, mn, q);
+    std::memcpy(base, q, 128);
+    std::memcpy(base + 128, sc, 8);
+    std::memcpy(base + 136, mn, 8);
+    std::memcpy(base + 144, src, 4);
+    std::memcpy(base + 148, src + 16, 32);
+    std::memset(base + 180, 0, 4);
   }
 }
 
@@ -293,16 +341,18 @@ torch::Tensor repack(const std::string& kind, const std::vector<int64_t>& bases,
   int64_t src_rb = 0, out_rb = 0;
   B0 b0{0, 0, 0};
   B32 b32{0, -1, -1, -1, 0, 0};
-  int which = -1;  // 0: B0, 1: q4k, 2: q6k, 3: B32
+  int which = -1;  // 0: B0, 1: q4k, 2: q6k, 3: B32, 4: q5k
   if (kind == "Q8_0" || kind == "Q4_0") {
     if (k % 32) throw std::invalid_argument(kind + " rows have a multiple of 32 inputs");
     const int64_t quant = kind == "Q8_0" ? 32 : 16, nb = k / 32;
     b0 = B0{quant, nb, (nb * quant + 2 * nb + 3) / 4 * 4};
     src_rb = nb * (quant + 2), out_rb = b0.row_bytes, which = 0;
-  } else if (kind == "Q4_K" || kind == "Q6_K") {
+  } else if (kind == "Q4_K" || kind == "Q6_K" || kind == "Q5_K") {
     if (k % 256) throw std::invalid_argument(kind + " rows have a multiple of 256 inputs");
-    const bool q4 = kind == "Q4_K";
-    src_rb = k / 256 * (q4 ? kQ4kSrc : kQ6kSrc), out_rb = k / 256 * (q4 ? kQ4kOurs : kQ6kOurs), which = q4 ? 1 : 2;
+    const bool q4 = kind == "Q4_K", q5 = kind == "Q5_K";
+    src_rb = k / 256 * (q4 ? kQ4kSrc : q5 ? kQ5kSrc : kQ6kSrc);
+    out_rb = k / 256 * (q4 ? kQ4kOurs : q5 ? kQ5kOurs : kQ6kOurs);
+    which = q4 ? 1 : q5 ? 4 : 2;
   } else if (kind == "Q5_0" || kind == "Q4_1" || kind == "Q5_1") {
     if (k % 32) throw std::invalid_argument(kind + " rows have a multiple of 32 inputs");
     if (kind == "Q5_0") b32 = B32{22, 0, -1, 2, 6, k / 32};
@@ -329,6 +379,7 @@ torch::Tensor repack(const std::string& kind, const std::vector<int64_t>& bases,
       if (which == 0) group_b0(b0, r, dst);
       else if (which == 1) group_q4k(nsb, r, dst);
       else if (which == 2) group_q6k(nsb, r, dst);
+      else if (which == 4) group_q5k(nsb, r, dst);
       else group_b32(b32, r, dst);
     }
   });
@@ -337,6 +388,7 @@ torch::Tensor repack(const std::string& kind, const std::vector<int64_t>& bases,
     if (which == 0) tail_b0(b0, rows[i], dst);
     else if (which == 1) tail_q4k(nsb, rows[i], dst);
     else if (which == 2) tail_q6k(nsb, rows[i], dst);
+    else if (which == 4) tail_q5k(nsb, rows[i], dst);
     else tail_b32(b32, rows[i], dst);
   }
   return out;
@@ -359,7 +411,8 @@ inline float half_at(const uint8_t* p) {
 int64_t stored_row_bytes(const std::string& kind, int64_t k) {
   static const std::pair<const char*, std::pair<int64_t, int64_t>> kSizes[] = {
       {"F32", {1, 4}}, {"F16", {1, 2}}, {"BF16", {1, 2}}, {"Q8_0", {32, 34}}, {"Q4_0", {32, 18}},
-      {"Q5_0", {32, 22}}, {"Q4_1", {32, 20}}, {"Q5_1", {32, 24}}, {"Q4_K", {256, 144}}, {"Q6_K", {256, 210}}};
+      {"Q5_0", {32, 22}}, {"Q4_1", {32, 20}}, {"Q5_1", {32, 24}}, {"Q4_K", {256, 144}}, {"Q5_K", {256, 176}},
+      {"Q6_K", {256, 210}}};
   for (const auto& [name, size] : kSizes)
     if (kind == name) {
       if (k <= 0 || k % size.first)
@@ -384,17 +437,19 @@ void decode_row(const std::string& kind, const uint8_t* src, int64_t k, float* w
       const float d = half_at(src);
       for (int i = 0; i < 32; ++i) w[32 * b + i] = d * static_cast<float>(static_cast<int8_t>(src[2 + i]));
     }
-  } else if (kind == "Q4_K") {
+  } else if (kind == "Q4_K" || kind == "Q5_K") {  // Q5_K: the fifth bit of input 32j + e is bit j of qh[e]
+    const bool q5 = kind == "Q5_K";
     uint8_t sc[8], mn[8], q[8][16];
-    for (int64_t sb = 0; sb < k / 256; ++sb, src += kQ4kSrc) {
-      q4k_fields(src, sc, mn, q);
+    for (int64_t sb = 0; sb < k / 256; ++sb, src += q5 ? kQ5kSrc : kQ4kSrc) {
+      q4k_fields(src, src + (q5 ? 48 : 16), sc, mn, q);
       const float d = half_at(src), dmin = half_at(src + 2);
       for (int j = 0; j < 8; ++j) {
         const float ds = d * static_cast<float>(sc[j]), dm = dmin * static_cast<float>(mn[j]);
         float* o = w + 256 * sb + 32 * j;
         for (int t = 0; t < 16; ++t) {
-          o[t] = ds * static_cast<float>(q[j][t] & 15) - dm;
-          o[16 + t] = ds * static_cast<float>(q[j][t] >> 4) - dm;
+          const int lo = q5 ? ((src[16 + t] >> j) & 1) << 4 : 0, hi = q5 ? ((src[32 + t] >> j) & 1) << 4 : 0;
+          o[t] = ds * static_cast<float>((q[j][t] & 15) | lo) - dm;
+          o[16 + t] = ds * static_cast<float>((q[j][t] >> 4) | hi) - dm;
         }
       }
     }

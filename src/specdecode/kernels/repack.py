@@ -24,7 +24,7 @@ from .quant_b32 import B32_FORMATS
 __all__ = ["DECODABLE", "REPACK_FORMATS", "load_repack_extension", "repack", "round_int8"]
 
 # GGUF type -> the kernel format its rows are repacked into, bytes untouched
-REPACK_FORMATS = {"Q8_0": "int8", "Q4_0": "int4", "Q4_K": "q4k", "Q6_K": "q6k",
+REPACK_FORMATS = {"Q8_0": "int8", "Q4_0": "int4", "Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k",
                   **{f.gguf: name for name, f in B32_FORMATS.items()}}
 DECODABLE = frozenset({"F32", "F16", "BF16", *REPACK_FORMATS})  # types ``round_int8`` decodes
 EXTENSION = "specdecode_repack"

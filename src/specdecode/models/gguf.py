@@ -9,11 +9,12 @@ the mapping onto our runtime:
 - **Tensors.** F32/F16/BF16 are used as stored. Q8_0 and Q4_0 are llama.cpp's blocks of 32 with an
   fp16 scale, which is exactly our int8/int4 arithmetic, so with ``weight_dtype`` int8/int4 they are
   packed for our kernel as stored, without re-rounding (``kernels.quant.pack_gguf``). Q4_K (most of a
-  Q4_K_M file), Q6_K, Q5_0, Q4_1 and Q5_1 have kernel formats of their own (``OWN_FORMAT``) and are computed
-  as stored whatever the quantized ``weight_dtype``. Every other type (Q5_K...), and a fused matrix whose parts
-  mix types, is dequantized by ``gguf.quants.dequantize`` and then rounded once to the ``weight_dtype`` asked for.
+  Q4_K_M file), Q5_K (most of a Q5_K_M file), Q6_K, Q5_0, Q4_1 and Q5_1 have kernel formats of their own
+  (``OWN_FORMAT``) and are computed as stored whatever the quantized ``weight_dtype``. Every other type
+  (Q2_K, Q3_K, the IQ types...), and a fused matrix whose parts mix types, is dequantized and then rounded once to
+  the ``weight_dtype`` asked for.
 - **Memory.** A quantized load (``read_packed``) goes tensor by tensor from the memory-mapped file to
-  the packed form, a chunk of rows at a time, and keeps the embedding table in its stored format
+  the packed form (one C++ pass a matrix, ``kernels/repack.py``), and keeps the embedding table in its stored format
   (``models/tables.py``): it peaks near the size of what it holds, never at a dense copy of the model.
 - **q/k rows.** llama.cpp's converter permutes the q and k rows of llama-family models for its RoPE
   layout (pairs interleaved); we use transformers' layout (halves), so the rows are put back.
@@ -33,7 +34,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..kernels.quant import QUANT_FORMATS, pack_b32, pack_blocks, pack_gguf, pack_q4k, pack_q6k, quantize
+from ..kernels.quant import QUANT_FORMATS, pack_b32, pack_blocks, pack_gguf, pack_q4k, pack_q5k, pack_q6k, quantize
 from ..kernels.quant_b32 import B32_FORMATS
 from ..kernels.repack import DECODABLE, repack, round_int8
 from .assemble import PackedWeights, assemble_model, assemble_packed
@@ -49,7 +50,7 @@ _PERMUTED = {"llama", "mistral"}
 DENSE_TYPES = ("F32", "F16", "BF16")
 STORED_AS = {"Q8_0": "int8", "Q4_0": "int4"}  # block types our int8/int4 kernels read as stored
 # block types with a kernel format of their own, used as stored under any quantized ``weight_dtype``
-OWN_FORMAT = {"Q4_K": "q4k", "Q6_K": "q6k", "Q5_0": "q5_0", "Q4_1": "q4_1", "Q5_1": "q5_1"}
+OWN_FORMAT = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k", "Q5_0": "q5_0", "Q4_1": "q4_1", "Q5_1": "q5_1"}
 # those a table (an embedding or output matrix looked up by rows, ``models/tables.py``) can also be kept in
 _TABLE_OWN = frozenset(k for k, f in OWN_FORMAT.items() if f in PACKED_KINDS)
 
@@ -422,7 +423,7 @@ def llama_fused_names(n_layers: int) -> dict[str, list[str]]:
 
 
 _OWN_PACKERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "Q4_K": pack_q4k, "Q6_K": pack_q6k,
+    "Q4_K": pack_q4k, "Q5_K": pack_q5k, "Q6_K": pack_q6k,
     **{k: partial(pack_b32, fmt=f) for k, f in OWN_FORMAT.items() if f in B32_FORMATS}}
 _CHUNK_ROWS = 1024  # rows decoded at a time when a matrix is rounded: a multiple of the packed layout's 16-row groups
 

@@ -17,7 +17,7 @@ import torch
 
 from ..kernels.quant import dequantize_rows
 
-PACKED_KINDS = ("int8", "int4", "q4k", "q6k")  # our kernel formats (``kernels/quant.py``)
+PACKED_KINDS = ("int8", "int4", "q4k", "q5k", "q6k")  # our kernel formats (``kernels/quant.py``)
 
 # rows decoded per chunk by ``dense``: bounds the transient fp32 copy when a drafter asks for the whole table
 _CHUNK = 4096
@@ -27,8 +27,8 @@ _CHUNK = 4096
 class StoredRows:
     """A [rows, dim] table as stored in ``data`` ([rows, row bytes] uint8/int8).
 
-    ``kind``: "int8", "int4", "q4k" or "q6k" (our packed layouts, ``kernels/quant.py``) or a GGUF type name ("Q8_0",
-    "Q4_K", "F16", ...: the file's own bytes, one row per table row)."""
+    ``kind``: "int8", "int4", "q4k", "q5k" or "q6k" (our packed layouts, ``kernels/quant.py``) or a GGUF type name
+    ("Q8_0", "Q4_K", "F16", ...: the file's own bytes, one row per table row)."""
 
     kind: str
     data: torch.Tensor
