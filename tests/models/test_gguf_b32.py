@@ -108,8 +108,8 @@ def test_a_file_of_each_type_runs_as_stored(tmp: Path, arch: str, kind: str) -> 
 
 
 def test_mixed_types_keep_each_matrix_in_its_own_format(tmp: Path) -> None:
-    """Gemma 3's Q4_K_M file mixes Q5_0 with other types: a Q5_0 matrix runs as q5_0, a fused q|k|v whose parts
-    differ (Q5_0 q and k, a Q8_0 v) is rounded to int8 as a whole, and drafting on the mix is exact."""
+    """Gemma 3's Q4_K_M file mixes Q5_0 with other types: a Q5_0 matrix runs as q5_0, a q|k|v whose v alone differs
+    (Q5_0 q and k, a Q8_0 v) keeps q|k as q5_0 and v apart as stored (int8), and drafting on the mix is exact."""
     from specdecode.bench.ladder import Shape, write_f16
 
     _, tok = tiny_gguf(tmp, "F16")
@@ -120,8 +120,10 @@ def test_mixed_types_keep_each_matrix_in_its_own_format(tmp: Path) -> None:
     model = load_model(path)
     layer = model.module.layers[0]
     assert packed_format(layer.w13) == "q5_0" and packed_format(layer.w2) == "q5_0"
-    assert packed_format(layer.wqkv) == "int8" and packed_format(layer.wo) == "int8"
+    assert packed_format(layer.wqkv) == "q5_0" and packed_format(layer.wv) == "int8"
+    assert packed_format(layer.wo) == "int8"
     dense = _dense_matrices(path)
+    assert torch.equal(dequantize(layer.wv, 128), dense["model.layers.0.self_attn.v_proj.weight"])
     m = "model.layers.1.mlp."
     want = torch.cat([dense[m + "gate_proj.weight"], dense[m + "up_proj.weight"]])
     assert torch.equal(dequantize(model.module.layers[1].w13, 128), want)

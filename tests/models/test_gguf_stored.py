@@ -213,9 +213,11 @@ def test_q5_k_matrices_and_a_tied_q5_k_table_are_kept_as_stored(tmp: Path) -> No
 
 
 def _requantize(src: Path, dst: Path, kind: str,
-                encode: Optional[Callable[[str, np.ndarray], Optional[np.ndarray]]] = None) -> None:
+                encode: Optional[Callable[[str, np.ndarray], Optional[np.ndarray]]] = None,
+                kind_of: Callable[[str], str] = lambda name: "") -> None:
     """``src`` (F16 matrices) rewritten with ``kind`` matrices: ``encode(name, dense)``'s bytes where it gives
-    them, else the gguf package's quantization (Q8_0 where it has none for ``kind``)."""
+    them (of type ``kind_of(name)`` where that names one, else ``kind``), else the gguf package's quantization
+    (Q8_0 where it has none for ``kind``)."""
     ckpt, tensors = gguf_mod.read_gguf(src)
     w = gguf.GGUFWriter(str(dst), "llama")
     for key, value in ckpt.meta.items():
@@ -234,7 +236,7 @@ def _requantize(src: Path, dst: Path, kind: str,
         arr = np.asarray(t.data)
         raw = encode(t.name, arr) if encode is not None else None
         if raw is not None:
-            w.add_tensor(t.name, raw, raw_dtype=qt)
+            w.add_tensor(t.name, raw, raw_dtype=gguf.GGMLQuantizationType[kind_of(t.name) or kind])
         elif arr.ndim == 2:
             fallback = qt if kind not in _K_SCALES else gguf.GGMLQuantizationType.Q8_0
             w.add_tensor(t.name, gguf.quants.quantize(arr.astype(np.float32), fallback), raw_dtype=fallback)
@@ -276,6 +278,55 @@ def test_q6_k_matrices_and_a_tied_q6_k_table_are_kept_as_stored(tmp: Path) -> No
     assert torch.equal(dequantize(model.module.layers[0].w2, 512), dense["model.layers.0.mlp.down_proj.weight"])
     assert torch.equal(model.embedding_matrix(), dense["model.embed_tokens.weight"])
     _drafting_is_exact(model)
+
+
+def test_a_q6_k_v_beside_q4_k_q_and_k_is_held_apart_and_computed_as_stored(tmp: Path) -> None:
+    """A Q4_K_M file's layers whose v is Q6_K: q|k stay q4k and v q6k (``LlamaBlock.wv``), exactly the file's
+    values, where one fused matrix would have been rounded to int8; plain and speculative decoding agree."""
+    from specdecode.bench.ladder import Shape, write_f16
+    from specdecode.kernels.quant import packed_format
+
+    _, tok = tiny_gguf(tmp, "F16")
+    f16 = tmp / "k-F16.gguf"
+    if not f16.exists():
+        write_f16(Shape("test", 256, 2, 4, 2, 512, True), tok, f16)
+    path = tmp / "k-mixed-v.gguf"
+    rng = np.random.default_rng(7)
+
+    def kind_of(name: str) -> str:
+        return "Q6_K" if "attn_v" in name else "Q4_K" if ("attn_q" in name or "attn_k" in name) else ""
+
+    _requantize(f16, path, "Q4_K", lambda name, arr: (
+        _random_blocks(kind_of(name), arr.shape[0], arr.shape[1], rng) if arr.ndim == 2 and kind_of(name) else None),
+        kind_of)
+    model = load_model(path)
+    ckpt, tensors = gguf_mod.read_gguf(path)
+    dense = gguf_mod.load_tensors(ckpt, tensors, None)[0]
+    for i, layer in enumerate(model.module.layers):
+        assert packed_format(layer.wqkv) == "q4k" and packed_format(layer.wv) == "q6k"
+        a = f"model.layers.{i}.self_attn."
+        assert torch.equal(dequantize(layer.wv, 256), dense[a + "v_proj.weight"])
+        assert torch.equal(dequantize(layer.wqkv, 256)[-dense[a + "k_proj.weight"].shape[0]:],
+                           dense[a + "k_proj.weight"])
+    _drafting_is_exact(model)
+
+
+def test_q_k_and_v_apart_add_the_bias_as_the_kernel_does() -> None:
+    """The joined product's bias, added after the join, gives the bits of the kernel adding it (one fp32 add)."""
+    from specdecode.kernels.quant import load_quant_extension
+    from specdecode.models.llama import project_qkv
+
+    ext = load_quant_extension()
+    g = torch.Generator().manual_seed(0)
+    w, wv = quantize(torch.randn(48, 64, generator=g), "int8"), quantize(torch.randn(16, 64, generator=g), "int8")
+    h, b = torch.randn(2, 3, 64, generator=g), torch.randn(64, generator=g)
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return ext.linear(x, weight, bias, True)
+
+    joined = project_qkv(linear, h, w, b, wv)
+    assert torch.equal(joined[..., :48], linear(h, w, b[:48])) and torch.equal(joined[..., 48:], linear(h, wv, b[48:]))
+    assert torch.equal(project_qkv(linear, h, w, b[:48], None), linear(h, w, b[:48]))
 
 
 def _k_quant_file(tmp: Path, kind: str, names: tuple[str, ...]) -> Path:

@@ -855,7 +855,8 @@ std::vector<int64_t> sample_rows(const at::Tensor& w, const std::vector<double>&
 // forward is one call: a small model's step otherwise spends a third of its time going back
 // and forth between Python and ~10 C++ calls per layer.
 struct Stack {
-  std::vector<at::Tensor> wqkv, bqkv, wo, w13, w2, attn_norm, mlp_norm;  // bqkv entries may be undefined
+  // bqkv entries may be undefined; so may wv's: where defined, v's rows held apart from q|k's (another format)
+  std::vector<at::Tensor> wqkv, bqkv, wo, w13, w2, attn_norm, mlp_norm, wv;
   at::Tensor final_norm;
 };
 
@@ -887,7 +888,14 @@ at::Tensor stack_run(const Stack& st, at::Tensor& x, const at::Tensor& cos, cons
   if (states != nullptr) states->assign(capture.size(), at::Tensor());
   at::Tensor h = rms_norm(x, st.attn_norm[0], eps);
   for (size_t i = 0; i < n; ++i) {
-    at::Tensor qkv = lin(linear_fn, bf16_dot, h, st.wqkv[i], st.bqkv[i]);
+    at::Tensor qkv;
+    if (st.wv[i].defined()) {  // q|k and v apart, joined; the bias after the join (the kernel's one fp32 add)
+      qkv = at::cat({lin(linear_fn, bf16_dot, h, st.wqkv[i], at::Tensor()),
+                     lin(linear_fn, bf16_dot, h, st.wv[i], at::Tensor())}, -1);
+      if (st.bqkv[i].defined()) qkv.add_(st.bqkv[i]);
+    } else {
+      qkv = lin(linear_fn, bf16_dot, h, st.wqkv[i], st.bqkv[i]);
+    }
     at::Tensor kc = k_layers[i], vc = v_layers[i];
     at::Tensor attn = attention_impl(qkv, cos, sin, kc, vc, row0, starts, H, KV, D, scale, tree);
     h = add_rms_norm_(x, lin(linear_fn, bf16_dot, attn, st.wo[i], at::Tensor()), st.mlp_norm[i], eps);
@@ -1150,7 +1158,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init([](std::vector<at::Tensor> wqkv, std::vector<std::optional<at::Tensor>> bqkv,
                              std::vector<at::Tensor> wo, std::vector<at::Tensor> w13, std::vector<at::Tensor> w2,
                              std::vector<at::Tensor> attn_norm, std::vector<at::Tensor> mlp_norm,
-                             at::Tensor final_norm) {
+                             at::Tensor final_norm, std::vector<std::optional<at::Tensor>> wv) {
         Stack st;
         st.wqkv = std::move(wqkv);
         for (auto& b : bqkv) st.bqkv.push_back(b.has_value() ? *b : at::Tensor());
@@ -1160,9 +1168,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         st.attn_norm = std::move(attn_norm);
         st.mlp_norm = std::move(mlp_norm);
         st.final_norm = std::move(final_norm);
+        for (auto& v : wv) st.wv.push_back(v.has_value() ? *v : at::Tensor());
         const size_t n = st.wqkv.size();
         TORCH_CHECK(st.bqkv.size() == n && st.wo.size() == n && st.w13.size() == n && st.w2.size() == n &&
-                        st.attn_norm.size() == n && st.mlp_norm.size() == n,
+                        st.attn_norm.size() == n && st.mlp_norm.size() == n && st.wv.size() == n,
                     "decode_ops: every per-layer list needs one entry per layer");
         return st;
       }));

@@ -535,6 +535,16 @@ def pack_layers(path: Path, cfg: ModelConfig, fmt: str) -> dict[str, torch.Tenso
     return out
 
 
+def _v_apart(parts: list[_Source], fmt: str) -> bool:
+    """Whether q|k|v's parts are q and k of one type, v of another, each computed as stored (a K-quant file's
+    layers whose v is Q6_K): held as one matrix they would be rounded to ``fmt``."""
+    def as_stored(kind: str) -> bool:
+        return kind in OWN_FORMAT or STORED_AS.get(kind) == fmt
+
+    kinds = [p.kind for p in parts]
+    return len(kinds) == 3 and kinds[0] == kinds[1] != kinds[2] and as_stored(kinds[0]) and as_stored(kinds[2])
+
+
 def _return_freed_memory() -> None:
     """Hand the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
 
@@ -577,8 +587,12 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
     logical: dict[str, int] = {}
     for ours, parts in fused.items():
         srcs = [sources[p] for p in parts]
-        params[ours] = _pack(srcs, fmt)
-        logical[ours] = sum(s.rows for s in srcs) * srcs[0].cols
+        # q|k|v whose v alone is of another type that the kernel computes as stored: v's rows held apart
+        # (``LlamaBlock.wv``), so neither part is rounded
+        stacks = [srcs[:-1], srcs[-1:]] if ours.endswith(".wqkv") and _v_apart(srcs, fmt) else [srcs]
+        for name, stack in zip((ours, ours.removesuffix("wqkv") + "wv"), stacks):
+            params[name] = _pack(stack, fmt)
+            logical[name] = sum(s.rows for s in stack) * stack[0].cols
         for s in srcs:
             s.t.release()
     head_src, emb = sources[head_name], sources[embed_name]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence, cast
+from typing import Callable, Optional, Sequence, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,8 +72,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def project_qkv(linear: Callable[..., torch.Tensor], h: torch.Tensor, wqkv: torch.Tensor,
+                bqkv: Optional[torch.Tensor], wv: Optional[torch.Tensor]) -> torch.Tensor:
+    """q|k|v of ``h``: one product, or, where v's rows are held apart (``wv``: a K-quant file keeps some layers'
+    v in Q6_K, computed as stored beside q|k's Q4_K), two products joined; the bias is added after the join, the
+    same one fp32 addition the kernel makes."""
+    if wv is None:
+        return linear(h, wqkv, bqkv)
+    out = torch.cat([linear(h, wqkv), linear(h, wv)], dim=-1)
+    return out if bqkv is None else out.add_(bqkv)
+
+
 class LlamaBlock(nn.Module):
     kernels: Kernels = EAGER  # set per loaded model (kernels.install_kernels)
+    wv: Optional[nn.Parameter]  # v's rows when held in another format than q|k's (``project_qkv``); else None
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -82,6 +94,7 @@ class LlamaBlock(nn.Module):
         qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.wqkv = nn.Parameter(torch.empty(qkv_out, cfg.dim))
         self.bqkv = nn.Parameter(torch.empty(qkv_out)) if cfg.qkv_bias else None
+        self.register_parameter("wv", None)
         self.wo = nn.Parameter(torch.empty(cfg.dim, cfg.n_heads * cfg.head_dim))
         self.w13 = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.dim))
         self.w2 = nn.Parameter(torch.empty(cfg.dim, cfg.intermediate_size))
@@ -105,7 +118,7 @@ class LlamaBlock(nn.Module):
         linear = self.kernels.linear
         b, t, _ = x.shape
         h = rms_norm(x, self.attn_norm, self.eps)
-        qkv = linear(h, self.wqkv, self.bqkv).view(b, t, self.n_heads + 2 * self.n_kv, self.hd)
+        qkv = project_qkv(linear, h, self.wqkv, self.bqkv, self.wv).view(b, t, self.n_heads + 2 * self.n_kv, self.hd)
         if self.q_norm is not None:
             qkv = self._qk_norm(qkv)
         qkv = qkv.transpose(1, 2)
@@ -144,7 +157,7 @@ class LlamaBlock(nn.Module):
 class _FusedPlan:
     """A Llama module's tensors as the fused forward uses them (see ``LlamaModel._fused_plan``)."""
 
-    layers: list[tuple]  # (wqkv, bqkv, wo, w13, w2, mlp_norm, next norm) per layer
+    layers: list[tuple]  # (wqkv, bqkv, wo, w13, w2, mlp_norm, wv, next norm) per layer
     attn_norms: list[torch.Tensor]
     embed: torch.Tensor
     lm_head: Optional[torch.Tensor]
@@ -173,8 +186,8 @@ class _FusedPlan:
                 raise ValueError(
                     f"extra blocks need cache layers after the model's {n}, got {[b.layer for b in blocks]}")
             norms = [self.attn_norms[i] for i in layers] + [b.attn_norm for b in blocks]
-            own = ([self.layers[i][:6] for i in layers]
-                   + [(b.wqkv, b.bqkv, b.wo, b.w13, b.w2, b.mlp_norm) for b in blocks])
+            own = ([self.layers[i][:7] for i in layers]
+                   + [(b.wqkv, b.bqkv, b.wo, b.w13, b.w2, b.mlp_norm, b.wv) for b in blocks])
             per_layer = [cols + (nxt,) for cols, nxt in zip(own, norms[1:] + [self.norm])]
             sub = _FusedPlan(per_layer, norms, self.embed, self.lm_head, self.head, self.norm, self.rope_cos,
                              self.rope_sin, self.wqkv0, index=layers + tuple(b.layer for b in blocks))
@@ -317,7 +330,7 @@ class LlamaModel(nn.Module):
         capture, states = meta.capture, {}
         h = ext.rms_norm(x, run[0].attn_norm, eps)
         for i, block in enumerate(run):
-            qkv = linear(h, block.wqkv, block.bqkv)
+            qkv = project_qkv(linear, h, block.wqkv, block.bqkv, block.wv)
             if block.q_norm is not None and block.k_norm is not None:  # each q and k head, before RoPE
                 heads = qkv.view(*qkv.shape[:2], n_h + 2 * n_kv, hd)
                 heads[:, :, :n_h] = ext.rms_norm(heads[:, :, :n_h].contiguous(), block.q_norm, eps)
@@ -411,7 +424,7 @@ class LlamaModel(nn.Module):
                 or self._buffers["rope_cos"] is not plan.rope_cos):
             layers = cast(list[LlamaBlock], list(self.layers))
             nexts = [layer.attn_norm for layer in layers[1:]] + [self.norm]
-            per_layer = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, nxt)
+            per_layer = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, lay.wv, nxt)
                          for lay, nxt in zip(layers, nexts)]
             stored = ("embed" if self.lm_head is None else "lm_head") in self.tables
             plan = _FusedPlan(per_layer, [lay.attn_norm for lay in layers], self.embed, self.lm_head,
@@ -443,7 +456,7 @@ class LlamaModel(nn.Module):
         if native is not None:  # the whole stack in one C++ call
             if plan.stack is None:
                 cols = [list(col) for col in zip(*plan.layers)]
-                plan.stack = ext.Stack(*cols[:5], plan.attn_norms, cols[5], plan.norm)
+                plan.stack = ext.Stack(*cols[:5], plan.attn_norms, cols[5], plan.norm, cols[6])
             k_layers, v_layers = cache.k_layers(), cache.v_layers()
             if index is not None:  # a layer subset: its own layers' caches, in the stack's order
                 k_layers, v_layers = [k_layers[i] for i in index], [v_layers[i] for i in index]
@@ -467,9 +480,9 @@ class LlamaModel(nn.Module):
         h = ext.rms_norm(x, plan.attn_norms[0], eps)
         last = len(plan.layers) - 1
         states = {}
-        for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, next_norm) in enumerate(plan.layers):
+        for i, (wqkv, bqkv, wo, w13, w2, mlp_norm, wv, next_norm) in enumerate(plan.layers):
             n = i if index is None else index[i]  # the module's layer number (its cache layer)
-            qkv = linear(h, wqkv, bqkv)
+            qkv = project_qkv(linear, h, wqkv, bqkv, wv)
             attn = ext.attention(qkv, plan.rope_cos, plan.rope_sin, cache.k_layer(n), cache.v_layer(n), row0,
                                  meta.starts, cfg.n_heads, cfg.n_kv_heads, hd, scale, positions, tree)
             h = ext.add_rms_norm_(x, linear(attn, wo), mlp_norm, eps)

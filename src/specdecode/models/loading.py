@@ -58,7 +58,7 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
         module = cls(cfg, model.max_seq_len)
     src = cast(LlamaModel | GPT2Model, model.module)
     for name, p in src.named_parameters():  # share everything; packed ones are replaced below
-        if not kept(name):
+        if not kept(name) or name.endswith(".wv"):  # the copy holds q|k|v as one matrix of its own format
             continue
         owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
         setattr(owner, name.rsplit(".", 1)[-1], p)
