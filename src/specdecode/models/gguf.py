@@ -12,7 +12,8 @@ the mapping onto our runtime:
   Q4_K_M file), Q5_K (most of a Q5_K_M file), Q6_K, Q5_0, Q4_1 and Q5_1 have kernel formats of their own
   (``OWN_FORMAT``) and are computed as stored whatever the quantized ``weight_dtype``. Every other type
   (Q2_K, Q3_K, the IQ types...), and a fused matrix whose parts mix types, is dequantized and then rounded once to
-  the ``weight_dtype`` asked for.
+  the ``weight_dtype`` asked for; but a q|k|v whose v alone differs (a K-quant file's Q6_K v) keeps v apart, both
+  as stored (``_v_apart``, ``LlamaBlock.wv``).
 - **Memory.** A quantized load (``read_packed``) goes tensor by tensor from the memory-mapped file to
   the packed form (one C++ pass a matrix, ``kernels/repack.py``), and keeps the embedding table in its stored format
   (``models/tables.py``): it peaks near the size of what it holds, never at a dense copy of the model.

@@ -69,7 +69,9 @@ def quantized_copy(model: "Model", fmt: str, n_layers: Optional[int] = None) -> 
     if packed is not None:
         quant = quantize_module(module, fmt, packed=packed)
         assert model.quant is not None
-        quant.logical = {n: model.quant.logical[n] for n in quant.logical}  # weight counts, not bytes
+        logical = model.quant.logical  # weight counts, not bytes; the target's q|k and v apart are one matrix here
+        quant.logical = {n: logical[n] + logical.get(n.removesuffix("wqkv") + "wv", 0) if n.endswith(".wqkv")
+                         else logical[n] for n in quant.logical}
     else:
         if sources is None:
             sources = {n: p for n, p in src.named_parameters()
