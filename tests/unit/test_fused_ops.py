@@ -117,6 +117,32 @@ def test_attention_is_batch_invariant() -> None:
             assert torch.equal(one[0, 0], full[r, t])
 
 
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("window", [0, 8, 64])
+def test_windowed_and_wide_heads_are_batch_invariant(d: int, window: int) -> None:
+    """Head dim 256 and sliding windows (Gemma 3): a pass of 5 tokens past the window (each query skipping its own
+    keys) gives every token the bits of its one-token step (the grouped walk, its keys from the window's first), and
+    a window wider than the context the bits of no window at all."""
+    h, kv, L = 4, 1, 40
+    cfg = _cfg(h, kv, d, L)
+    cos, sin = rope_tables(cfg, L)
+    g = torch.Generator().manual_seed(5)
+    kc0, vc0 = torch.randn(2, kv, L, d, generator=g), torch.randn(2, kv, L, d, generator=g)
+    qkv = torch.randn(2, 5, (h + 2 * kv) * d, generator=g)
+    starts = [20, 3]
+    kc, vc = kc0.clone(), vc0.clone()
+    full = ext.attention(qkv, cos, sin, kc, vc, 0, starts, h, kv, d, 0.125, None, None, window)
+    for r, start in enumerate(starts):
+        kc1, vc1 = kc0.clone(), vc0.clone()
+        for t in range(5):
+            one = ext.attention(qkv[r:r + 1, t:t + 1].contiguous(), cos, sin, kc1, vc1, r, [start + t], h, kv, d,
+                                0.125, None, None, window)
+            assert torch.equal(one[0, 0], full[r, t]), (r, t)
+    if window == 64:  # wider than every position here: no key is outside it
+        kc2, vc2 = kc0.clone(), vc0.clone()
+        assert torch.equal(ext.attention(qkv, cos, sin, kc2, vc2, 0, starts, h, kv, d, 0.125), full)
+
+
 def test_model_logits_fused_equal_eager_and_rows_invariant(tmp_path: Path) -> None:
     """The whole llama forward with the fused ops equals the eager layer; a verification pass
     equals the one-token passes bit for bit."""

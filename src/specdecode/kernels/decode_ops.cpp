@@ -487,8 +487,9 @@ void attend_grouped(int64_t nv, const float* Q, const int64_t* nkeys, const uint
   case N: attend_grouped_t<N, T>(Q, nkeys, extra, extra_base, nq, kbase, vbase, n_keys, scale, S, acc_buf, outs); break;
     DOPS_CASE(1) DOPS_CASE(2) DOPS_CASE(3) DOPS_CASE(4) DOPS_CASE(5) DOPS_CASE(6) DOPS_CASE(7) DOPS_CASE(8)
     DOPS_CASE(9) DOPS_CASE(10) DOPS_CASE(11) DOPS_CASE(12) DOPS_CASE(13) DOPS_CASE(14) DOPS_CASE(15) DOPS_CASE(16)
+    DOPS_CASE(32)  // head_dim 256 (Gemma 3)
 #undef DOPS_CASE
-    default: TORCH_CHECK(false, "decode_ops: grouped attention needs head_dim/8 in 1..16");
+    default: TORCH_CHECK(false, "decode_ops: grouped attention needs head_dim/8 in 1..16 or 32");
   }
 }
 
@@ -633,15 +634,20 @@ at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const a
       }
     }
   }
-  // 2) Attention. Head dims that are a multiple of 8 (up to 128): one unit per (row, kv head)
+  // 2) Attention. Head dims that are a multiple of 8 (up to 128, or 256): one unit per (row, kv head)
   // with all its queries together (each key is loaded once for all of them, outputs stay in
   // registers); anything else: one query at a time. Both do each query's arithmetic in the
   // same order, so a query's result does not depend on which other queries share the call.
+  // A sliding-window layer takes the grouped walk where its queries share their first key: a
+  // one-token chain step (its first key shifted to the window's), or a pass no key of which is
+  // outside any query's window; else the per-query walk, which skips keys query by query.
   at::Tensor out = at::empty({B, NT, H * D}, qkv.options());
   float* op = out.data_ptr<float>();
   const int64_t group = H / KV;
   const int64_t max_keys = *std::max_element(starts.begin(), starts.end()) + NT;
-  const bool grouped = D % 8 == 0 && D <= 128 && window <= 0;
+  const bool one_step = NT == 1 && anc == nullptr && pos == nullptr;  // every query of a unit at one position
+  const bool window_whole = window <= 0 || one_step || (anc == nullptr && pos == nullptr && max_keys <= window);
+  const bool grouped = D % 8 == 0 && (D <= 128 || D == 256) && window_whole;
   const int64_t work = grouped ? B * KV : B * NT * H;
   const int64_t per_unit = (grouped ? NT * group : 1) * max_keys * D * 2;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, per_unit));
@@ -656,7 +662,9 @@ at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const a
       std::vector<float*> outs(tb * group);
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t b = w / KV, g = w % KV;
-        const int64_t off = (row0 + b) * s_row + g * s_head;
+        // a windowed one-token step: its keys from the window's first (attend_one's lo), for every query alike
+        const int64_t lo = window > 0 && one_step ? std::max<int64_t>(0, starts[b] - window + 1) : 0;
+        const int64_t off = (row0 + b) * s_row + g * s_head + lo * D;
         for (int64_t t0 = 0; t0 < NT; t0 += tb) {
           const int64_t t1 = std::min(NT, t0 + tb);
           for (int64_t t = t0; t < t1; ++t) {
@@ -664,14 +672,14 @@ at::Tensor attention_typed(const at::Tensor& qkv, const at::Tensor& cos, const a
             for (int64_t hh = 0; hh < group; ++hh) {
               const int64_t qi = (t - t0) * group + hh, h = g * group + hh;
               rope(src + (b * NT + t) * W + h * D, cp + r * D, sp + r * D, qbuf.data() + qi * D, D);
-              nkeys[qi] = anc ? starts[b] : p + 1;
+              nkeys[qi] = (anc ? starts[b] : p + 1) - lo;
               if (anc) extra[qi] = anc[b * NT + t];
               outs[qi] = op + (b * NT + t) * H * D + h * D;
             }
           }
           // a tree query may read any of the pass's keys (prefix + at most NT): that bounds its row of scores
-          attend_grouped(D / 8, qbuf.data(), nkeys.data(), anc ? extra.data() : nullptr, starts[b],
-                         (t1 - t0) * group, kc + off, vc + off, starts[b] + (anc ? NT : t1),
+          attend_grouped(D / 8, qbuf.data(), nkeys.data(), anc ? extra.data() : nullptr, starts[b] - lo,
+                         (t1 - t0) * group, kc + off, vc + off, starts[b] - lo + (anc ? NT : t1),
                          static_cast<float>(scale), scores.data(), acc_buf.data(), outs.data());
         }
       }
