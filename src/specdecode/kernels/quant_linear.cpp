@@ -2201,19 +2201,7 @@ void b32_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const floa
 template <bool HI>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void b32_step256(const uint8_t* wb, __m256i qh, int s,
                                                                                __m256i& lo, __m256i& hi) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
-  if constexpr (HI) {
-    switch (s) {
-      case 0: b32_merge256<0>(raw, qh, lo, hi); break;
-      case 1: b32_merge256<1>(raw, qh, lo, hi); break;
-      case 2: b32_merge256<2>(raw, qh, lo, hi); break;
-      default: b32_merge256<3>(raw, qh, lo, hi); break;
-    }
-  } else {
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    lo = _mm256_and_si256(raw, low4);
-    hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  }
+  k4_step256<HI>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64)), qh, s, lo, hi);
 }
 
 // The float tail of block b of one half group (h) for MB token rows, 8 columns a ymm: isum[j] the exact dots,

@@ -88,37 +88,6 @@ void q4k_fields(const uint8_t* src, const uint8_t* qs, uint8_t sc[8], uint8_t mn
     }
 }
 
-void group_q4k(int64_t nsb, Rows rows, uint8_t* out) {
-  uint8_t sc[8], mn[8], q[8][16];
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    uint8_t* base = out + sb * G * kQ4kOurs;
-    for (int64_t r = 0; r < G; ++r) {
-      const uint8_t* src = rows[r] + sb * kQ4kSrc;
-      q4k_fields(src, src + 16, sc, mn, q);
-      for (int j = 0; j < 8; ++j) {
-        for (int s = 0; s < 4; ++s) std::memcpy(base + ((j * 4 + s) * G + r) * 4, q[j] + 4 * s, 4);
-        base[2048 + j * G + r] = sc[j];
-        base[2176 + j * G + r] = mn[j];
-      }
-      std::memcpy(base + 2304 + r * 2, src, 2);
-      std::memcpy(base + 2304 + (G + r) * 2, src + 2, 2);
-    }
-  }
-}
-
-void tail_q4k(int64_t nsb, const uint8_t* row, uint8_t* out) {
-  uint8_t sc[8], mn[8], q[8][16];
-  for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* src = row + sb * kQ4kSrc;
-    uint8_t* base = out + sb * kQ4kOurs;
-    q4k_fields(src, src + 16, sc, mn, q);
-    std::memcpy(base, q, 128);
-    std::memcpy(base + 128, sc, 8);
-    std::memcpy(base + 136, mn, 8);
-    std::memcpy(base + 144, src, 4);
-  }
-}
-
 // ---- q5k: GGUF Q5_K super-blocks (Q4_K's fields with 32 bytes of fifth bits before the nibbles) ----
 
 constexpr int64_t kQ5kSrc = 176, kQ5kOurs = 184, kQ5kPlanes = G * 148;  // the planes follow q4k's group bytes
@@ -131,38 +100,46 @@ inline uint8_t q5k_plane(const uint8_t* qh, int j, int i) {
   return v;
 }
 
-void group_q5k(int64_t nsb, Rows rows, uint8_t* out) {
+// q4k and q5k (Q5: the fifth bits' planes after q4k's group bytes, GGUF's qh after a tail row's q4k bytes)
+template <bool Q5>
+void group_k4(int64_t nsb, Rows rows, uint8_t* out) {
+  constexpr int64_t src_sb = Q5 ? kQ5kSrc : kQ4kSrc, ours = Q5 ? kQ5kOurs : kQ4kOurs, qs_at = Q5 ? 48 : 16;
   uint8_t sc[8], mn[8], q[8][16];
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    uint8_t* base = out + sb * G * kQ5kOurs;
+    uint8_t* base = out + sb * G * ours;
     for (int64_t r = 0; r < G; ++r) {
-      const uint8_t* src = rows[r] + sb * kQ5kSrc;
-      q4k_fields(src, src + 48, sc, mn, q);
+      const uint8_t* src = rows[r] + sb * src_sb;
+      q4k_fields(src, src + qs_at, sc, mn, q);
       for (int j = 0; j < 8; ++j) {
         for (int s = 0; s < 4; ++s) std::memcpy(base + ((j * 4 + s) * G + r) * 4, q[j] + 4 * s, 4);
         base[2048 + j * G + r] = sc[j];
         base[2176 + j * G + r] = mn[j];
-        for (int i = 0; i < 4; ++i) base[kQ5kPlanes + (j * G + r) * 4 + i] = q5k_plane(src + 16, j, i);
+        if constexpr (Q5)
+          for (int i = 0; i < 4; ++i) base[kQ5kPlanes + (j * G + r) * 4 + i] = q5k_plane(src + 16, j, i);
       }
       std::memcpy(base + 2304 + r * 2, src, 2);
       std::memcpy(base + 2304 + (G + r) * 2, src + 2, 2);
     }
-    std::memset(base + kQ5kPlanes + 8 * G * 4, 0, G * kQ5kOurs - kQ5kPlanes - 8 * G * 4);
+    if constexpr (Q5) std::memset(base + kQ5kPlanes + 8 * G * 4, 0, G * kQ5kOurs - kQ5kPlanes - 8 * G * 4);
   }
 }
 
-void tail_q5k(int64_t nsb, const uint8_t* row, uint8_t* out) {
+template <bool Q5>
+void tail_k4(int64_t nsb, const uint8_t* row, uint8_t* out) {
+  constexpr int64_t src_sb = Q5 ? kQ5kSrc : kQ4kSrc, ours = Q5 ? kQ5kOurs : kQ4kOurs, qs_at = Q5 ? 48 : 16;
   uint8_t sc[8], mn[8], q[8][16];
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const uint8_t* src = row + sb * kQ5kSrc;
-    uint8_t* base = out + sb * kQ5kOurs;
-    q4k_fields(src, src + 48, sc, mn, q);
+    const uint8_t* src = row + sb * src_sb;
+    uint8_t* base = out + sb * ours;
+    q4k_fields(src, src + qs_at, sc, mn, q);
     std::memcpy(base, q, 128);
     std::memcpy(base + 128, sc, 8);
     std::memcpy(base + 136, mn, 8);
     std::memcpy(base + 144, src, 4);
-    std::memcpy(base + 148, src + 16, 32);
-    std::memset(base + 180, 0, 4);
+    if constexpr (Q5) {
+      std::memcpy(base + 148, src + 16, 32);
+      std::memset(base + 180, 0, 4);
+    }
   }
 }
 
@@ -377,18 +354,18 @@ torch::Tensor repack(const std::string& kind, const std::vector<int64_t>& bases,
       Rows r = rows.data() + g * G;
       uint8_t* dst = o + g * G * out_rb;
       if (which == 0) group_b0(b0, r, dst);
-      else if (which == 1) group_q4k(nsb, r, dst);
+      else if (which == 1) group_k4<false>(nsb, r, dst);
       else if (which == 2) group_q6k(nsb, r, dst);
-      else if (which == 4) group_q5k(nsb, r, dst);
+      else if (which == 4) group_k4<true>(nsb, r, dst);
       else group_b32(b32, r, dst);
     }
   });
   for (int64_t i = full; i < n; ++i) {
     uint8_t* dst = o + i * out_rb;
     if (which == 0) tail_b0(b0, rows[i], dst);
-    else if (which == 1) tail_q4k(nsb, rows[i], dst);
+    else if (which == 1) tail_k4<false>(nsb, rows[i], dst);
     else if (which == 2) tail_q6k(nsb, rows[i], dst);
-    else if (which == 4) tail_q5k(nsb, rows[i], dst);
+    else if (which == 4) tail_k4<true>(nsb, rows[i], dst);
     else tail_b32(b32, rows[i], dst);
   }
   return out;
