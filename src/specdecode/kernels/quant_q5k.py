@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from .quant_q4k import Q4K_ROW_SB, pack_q4k, unpack_q4k
+
 GROUP = 16  # weight rows interleaved per group: quant_linear.cpp's G
 # GGUF Q5_K super-block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 32 of fifth bits, 128 of nibbles
 Q5K_BLOCK_BYTES = 176
 Q5K_ROW_SB = 184  # ours a row and super-block: q4k's 148, the 32 bytes of 5th bits, 4 zero bytes
-_Q4K_ROW_SB = 148
-_Q4K_GROUP_SB = GROUP * _Q4K_ROW_SB  # 2368: where a group's super-block's planes start
+_Q4K_GROUP_SB = GROUP * Q4K_ROW_SB  # 2368: where a group's super-block's planes start
 
 
 def _as_q4k(blocks: torch.Tensor) -> torch.Tensor:
@@ -41,8 +42,6 @@ def _planes(qh: torch.Tensor) -> torch.Tensor:
 def pack_q5k(raw: torch.Tensor) -> torch.Tensor:
     """GGUF Q5_K rows as stored ([N, K / 256 * 176] uint8) as the kernel's q5k format ([N, K / 256 * 23] int64 over
     K / 256 * 184 bytes a row), moving bytes and fifth bits only. K must be a multiple of 256."""
-    from .quant import pack_q4k  # quant imports this module for ``dequantize``
-
     if raw.dim() != 2 or raw.shape[1] % Q5K_BLOCK_BYTES:
         raise ValueError(f"Q5_K rows are [N, K / 256 * {Q5K_BLOCK_BYTES}] bytes, got shape {tuple(raw.shape)}")
     n = raw.shape[0]
@@ -60,8 +59,8 @@ def pack_q5k(raw: torch.Tensor) -> torch.Tensor:
             _planes(qh[:full]).view(ng, GROUP, nsb, 8, 4).permute(0, 2, 3, 1, 4))
     if full < n:
         t = out[full:].view(n - full, nsb, Q5K_ROW_SB)
-        t[:, :, :_Q4K_ROW_SB] = q4[full:].reshape(n - full, nsb, _Q4K_ROW_SB)
-        t[:, :, _Q4K_ROW_SB:_Q4K_ROW_SB + 32] = qh[full:]
+        t[:, :, :Q4K_ROW_SB] = q4[full:].reshape(n - full, nsb, Q4K_ROW_SB)
+        t[:, :, Q4K_ROW_SB:Q4K_ROW_SB + 32] = qh[full:]
     return out.view(torch.int64)
 
 
@@ -72,7 +71,7 @@ def dequantize_q5k(packed: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"a q5k (GGUF Q5_K) matrix has K a multiple of 256, got {k}")
     n, nsb = packed.shape[0], k // 256
     raw = packed.contiguous().view(torch.uint8).view(n, nsb * Q5K_ROW_SB)
-    q4 = torch.empty(n, nsb * _Q4K_ROW_SB, dtype=torch.uint8)
+    q4 = torch.empty(n, nsb * Q4K_ROW_SB, dtype=torch.uint8)
     hi = torch.empty(n, nsb, 8, 32, dtype=torch.uint8)  # per sub-block, its inputs' fifth bits in input order
     full = n // GROUP * GROUP
     if full:
@@ -85,12 +84,10 @@ def dequantize_q5k(packed: torch.Tensor, k: int) -> torch.Tensor:
         hi[:full] = bits.reshape(full, nsb, 8, 32)
     if full < n:
         t = raw[full:].view(n - full, nsb, Q5K_ROW_SB)
-        q4[full:] = t[:, :, :_Q4K_ROW_SB].reshape(n - full, -1)
-        qh = t[:, :, _Q4K_ROW_SB:_Q4K_ROW_SB + 32]  # [r, nsb, e]: bit j is sub-block j's input e
+        q4[full:] = t[:, :, :Q4K_ROW_SB].reshape(n - full, -1)
+        qh = t[:, :, Q4K_ROW_SB:Q4K_ROW_SB + 32]  # [r, nsb, e]: bit j is sub-block j's input e
         hi[full:] = ((qh.unsqueeze(-2) >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1)
-    from .quant import _unpack_q4k  # quant imports this module for ``dequantize``
-
-    v, ds, dm = _unpack_q4k(q4.view(torch.int16), k)
+    v, ds, dm = unpack_q4k(q4.view(torch.int16), k)
     v = v + 16 * hi.view(n, k).float()
     return (v.view(n, -1, 32) * ds.unsqueeze(-1) - dm.unsqueeze(-1)).view(n, k)
 
