@@ -556,6 +556,15 @@ void group_scalar(const Layout& L, const QX& qx, const uint8_t* w, const float* 
 
 // y's rows m0 .. m0 + mb of groups g0 .. g0 + ns: the float sums in out (group i, row j from
 // out[(i * row_stride + j) * G]) plus the bias. Every SIMD path ends with it.
+// The token rows of register block starting at m0: blocks of at most ``cap`` rows, balanced (9 rows: 5 + 4, not
+// 8 + 1; 5 rows on a 4-row path: 3 + 2): each block streams the weights again (from cache after the first) and
+// pays a block's fixed work per sub-block, which one row alone amortizes worst. Rows are independent (batch
+// invariance), so the blocks change no bit.
+inline int64_t block_rows(int64_t M, int64_t m0, int64_t cap) {
+  const int64_t blocks = (M + cap - 1) / cap, base = M / blocks, extra = M % blocks;
+  return m0 < extra * (base + 1) ? base + 1 : base;
+}
+
 inline void write_groups(const Layout& L, const float* out, int64_t row_stride, int ns, int64_t m0, int64_t mb,
                          int64_t g0, const float* bias, float* y) {
   for (int i = 0; i < ns; ++i)
@@ -704,8 +713,8 @@ __attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const 
                                                         const float* bias, float* y, int64_t g) {
   const uint8_t* grp = L.group(w, g);
   alignas(32) float out[4 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 4);
     for (int h = 0; h < 2; ++h) {
       switch (mb) {
         case 1: half_avx2<1>(L, qx, m0, grp, h, out); break;
@@ -880,8 +889,8 @@ template <int NS>
 __attribute__((target("avx2,fma,f16c"))) void groups_q4_avx2(const Layout& L, const QX& qx, const uint8_t* w,
                                                             const float* bias, float* y, int64_t g0) {
   alignas(32) float out[NS * 4 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 4);
     switch (mb) {
       case 1: groups_rows_q4_avx2<1, NS>(L, qx, m0, w, g0, out); break;
       case 2: groups_rows_q4_avx2<2, NS>(L, qx, m0, w, g0, out); break;
@@ -1040,8 +1049,8 @@ __attribute__((target(QL_VNNI256))) void groups_vnni256_m1(const Layout& L, cons
 __attribute__((target(QL_VNNI256))) void groups_vnni256(const Layout& L, const QX& qx, const uint8_t* w,
                                                        const float* bias, float* y, int64_t g0, int ns) {
   alignas(32) float out[kStreamsAvx2 * 4 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 4);
     if (ns == kStreamsAvx2)
       groups_rows_vnni256_mb<kStreamsAvx2>(L, qx, m0, mb, w, g0, out);
     else
@@ -1150,8 +1159,8 @@ __attribute__((target(QL_512))) void groups_vnni_rows(const Layout& L, const QX&
 __attribute__((target(QL_512))) void groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias,
                                                 float* y, int64_t g0, int ns) {
   alignas(64) float out[kStreams * 8 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
-    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 8);
     if (ns == kStreams)
       groups_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
     else
@@ -1495,8 +1504,8 @@ void q4k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float
   alignas(32) float out[kStreamsAvx2 * 4 * G];
 #define QL_Q4K_CALL(MB, NS) \
   (VNNI ? q4k_rows_vnni256<MB, NS, HI>(L, qx, m0, w, g0, out) : q4k_rows_avx2<MB, NS, HI>(L, qx, m0, w, g0, out))
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 4);
     if (ns == kStreamsAvx2) {
       switch (mb) {
         case 1: QL_Q4K_CALL(1, kStreamsAvx2); break;
@@ -1603,8 +1612,8 @@ template <bool HI>
 void q4k_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
                      int ns) {
   alignas(64) float out[kStreams * 8 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
-    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 8);
     if (ns == kStreams)
       q4k_vnni_rows<kStreams, HI>(L, qx, m0, mb, w, g0, out);
     else
@@ -1818,8 +1827,8 @@ void q6k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const 
 void q6k_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
                      int ns) {
   alignas(64) float out[kStreams * 8 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
-    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 8);
     if (ns == kStreams)
       q6k_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
     else
@@ -1966,8 +1975,8 @@ void q6k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float
   alignas(32) float out[kStreamsAvx2 * 4 * G];
 #define QL_Q6K_CALL(MB, NS) \
   (VNNI ? q6k_rows_vnni256<MB, NS>(L, qx, m0, w, g0, out) : q6k_rows_avx2<MB, NS>(L, qx, m0, w, g0, out))
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 4);
     if (ns == kStreamsAvx2) {
       switch (mb) {
         case 1: QL_Q6K_CALL(1, kStreamsAvx2); break;
@@ -2186,8 +2195,8 @@ template <bool HI, bool MIN>
 void b32_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
                      int ns) {
   alignas(64) float out[kStreams * 8 * G];
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 8) {
-    const int64_t mb = std::min<int64_t>(8, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 8);
     if (ns == kStreams)
       b32_vnni_rows<kStreams, HI, MIN>(L, qx, m0, mb, w, g0, out);
     else
@@ -2330,8 +2339,8 @@ void b32_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float
 #define QL_B32_CALL(MB, NS)                                           \
   (VNNI ? b32_rows_vnni256<MB, NS, HI, MIN>(L, qx, m0, w, g0, out) \
         : b32_rows_avx2<MB, NS, HI, MIN>(L, qx, m0, w, g0, out))
-  for (int64_t m0 = 0; m0 < qx.M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, qx.M - m0);
+  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+    mb = block_rows(qx.M, m0, 4);
     if (ns == kStreamsAvx2) {
       switch (mb) {
         case 1: QL_B32_CALL(1, kStreamsAvx2); break;
