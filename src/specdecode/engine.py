@@ -17,6 +17,8 @@ from .rows import Failure, FinishEvent, Request, StepEvent
 from .text import Prompt, prompt_ids
 from .drafters.base import BatchDrafter, Drafter, as_batch_drafter
 from .sizing.gamma import Gamma
+from .sizing.policy import GammaPolicy
+from .sizing.pricer import DEFAULT_PRICER, Pricer
 from .metrics import GenerationStats
 from .models import Model
 
@@ -46,11 +48,13 @@ def stream(
     logit_bias: Optional[Mapping[int, float]] = None,
     logprobs: Optional[int] = None,
     gamma: Optional[Gamma] = None,
+    pricer: Pricer = DEFAULT_PRICER,
 ) -> Iterator[StepEvent | FinishEvent]:
     """Generate from ``target``, yielding a ``StepEvent`` per target pass and a final ``FinishEvent``.
     ``verify`` picks the sampled rule (default: the Gumbel-max coupling when seeded, else block verification).
     ``gamma``: N drafts N tokens a pass, "auto" lets the cost policy pick 0..cap, None keeps the drafter's
-    own γ (``gamma.resolve_gamma``, the rule ``--gamma`` follows in every command).
+    own γ (``gamma.resolve_gamma``, the rule ``--gamma`` follows in every command). ``pricer``: the margin
+    a draft must beat and where step costs come from (``sizing/pricer.py``; default: the cost book).
     A constraint the grammar engine gives up on partway raises ConfigError (``constraints.GrammarLimitError``)."""
     sampling = sampling or SamplingConfig()
     generation = generation or GenerationConfig()
@@ -58,7 +62,8 @@ def stream(
     ids = prompt_ids(target, prompt)
     drafters = {_DRAFTER: as_batch_drafter(drafter)} if drafter is not None else {}
     core = DecodeCore(target, drafters, max_rows=1,
-                      context_len=min(target.max_seq_len, len(ids) + generation.max_new_tokens))
+                      context_len=min(target.max_seq_len, len(ids) + generation.max_new_tokens),
+                      policy=GammaPolicy(pricer))
     core.add(Request(ids, sampling, generation, _DRAFTER if drafter is not None else None, gamma=gamma, verify=verify,
                      constraint=constraint, logit_bias=parse_logit_bias(logit_bias, target.vocab_size),
                      logprobs=logprobs))
@@ -90,6 +95,7 @@ def generate(
     logit_bias: Optional[Mapping[int, float]] = None,
     logprobs: Optional[int] = None,
     gamma: Optional[Gamma] = None,
+    pricer: Pricer = DEFAULT_PRICER,
 ) -> GenerationResult:
     """Run ``stream`` to the end and collect tokens, text and stats. ``accept_rule``: "auto" (the
     Gumbel-max coupling when ``seed`` is set: the same text for a seed whatever the drafter or γ;
@@ -100,7 +106,8 @@ def generate(
     included, so speculation stays exact; the output ends with EOS once the grammar is complete.
     ``logit_bias`` ({token id: bias in [-100, 100]}) shifts the target's and the draft's logits alike.
     ``logprobs`` = k reports each token's log-probability under the target's law and its k most
-    likely alternatives (``GenerationResult.logprobs``), exact under speculation. ``gamma``: as ``stream``'s."""
+    likely alternatives (``GenerationResult.logprobs``), exact under speculation. ``gamma``, ``pricer``: as
+    ``stream``'s."""
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     generation = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, stop=tuple(stop))
     verify = VerifyConfig(chain_rule=chain_rule, accept_rule=accept_rule)
@@ -109,7 +116,7 @@ def generate(
     flags: list[bool] = []
     lps: list[TokenLogprob] = []
     for ev in stream(target, prompt, drafter, sampling, generation, verify, constraint, logit_bias, logprobs,
-                     gamma):
+                     gamma, pricer):
         if isinstance(ev, StepEvent):
             flags.extend(ev.from_draft)
             lps.extend(ev.logprobs or ())

@@ -10,11 +10,8 @@ accepted and sometimes rejected on the tiny models, which is what the suite need
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import importlib
 from pathlib import Path
-from typing import Callable, Iterable, Optional
-
-import pytest
+from typing import Callable, Optional
 
 import torch
 
@@ -22,10 +19,11 @@ import specdecode as sd
 from specdecode.drafters import DrafterOptions
 from specdecode.drafters.base import Gamma
 
-from eagle_util import FLAT as EAGLE_FLAT
+from specdecode.sizing.pricer import DEFAULT_PRICER, Pricer
+
 from eagle_util import make_eagle
-from medusa_util import FLAT as MEDUSA_FLAT
 from medusa_util import make_heads
+from pricing import FREE  # random heads and trees would never draft on the tiny target by measured costs
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,13 @@ class Needs:
     gamma: Gamma = 2
     law_draft: Optional[Callable[[Path], Path]] = None  # its own draft for the law test (else the suite's)
     min_accepted: Optional[int] = None  # accepted draft tokens the law test needs (None: its default, N // 50)
+    free: bool = False  # sizes its own drafts and needs ``FREE`` costs to draft at all on the tiny target
     cpu_fp32_only: bool = False  # runs on the CPU in fp32 only: elsewhere the suite checks its error instead
+
+    @property
+    def pricer(self) -> Pricer:
+        """The pricer the suite runs this drafter with."""
+        return FREE if self.free else DEFAULT_PRICER
 
     def options_for(self, draft: Optional[sd.Model]) -> DrafterOptions:
         return DrafterOptions(draft=draft if self.draft else None, gamma=self.gamma, options=self.options,
@@ -87,28 +91,6 @@ Kit = Callable[[sd.Model, Path], Needs]
 
 
 
-def _eagle_flat(target: sd.Model, spec: object) -> object:
-    from specdecode.drafters.eagle import EagleCosts
-
-    return EagleCosts(EAGLE_FLAT, 0.0, 0.0, 0.0, 0.0)
-
-
-# (module, attribute, value) patched while the suite runs: random heads (and suffix's trees) on a tiny target
-# lose to plain decoding by the measured costs and would never draft, which would make the checks vacuous
-MEDUSA_COSTS = ("specdecode.drafters.medusa", "tree_costs", lambda target, spec: (MEDUSA_FLAT, 0.0))
-COST_PATCHES: dict[str, list[tuple[str, str, object]]] = {  # by drafter: applied while it is built and run
-    "medusa": [MEDUSA_COSTS],
-    "medusa-chain": [MEDUSA_COSTS],
-    "eagle": [("specdecode.drafters.eagle", "eagle_costs", _eagle_flat)],
-    "suffix": [("specdecode.drafters.suffix", "get_costs", lambda target, spec: MEDUSA_FLAT)],
-}
-
-
-def patch_costs(mp: pytest.MonkeyPatch, names: Iterable[str]) -> None:
-    for name in names:
-        for module, attr, value in COST_PATCHES.get(name, []):
-            mp.setattr(importlib.import_module(module), attr, value)
-
 TABLE: dict[str, Kit] = {
     "none": lambda t, tmp: Needs(),
     "model": lambda t, tmp: Needs(draft=True),
@@ -117,11 +99,12 @@ TABLE: dict[str, Kit] = {
     "layerskip": lambda t, tmp: Needs(options={"exit_layer": 1}),
     "layerskip-adapter": lambda t, tmp: Needs(artifacts={"exit-adapter": exit_adapter(tmp / "adapter", t)}),
     "medusa": lambda t, tmp: Needs(artifacts={"medusa": make_heads(tmp / "heads", t.config.dim, t.vocab_size,
-                                                                   num_heads=2, scale=0.3)}, gamma="auto"),
+                                                                   num_heads=2, scale=0.3)}, gamma="auto", free=True),
     "medusa-chain": lambda t, tmp: Needs(artifacts={"medusa": make_heads(tmp / "heads", t.config.dim, t.vocab_size,
-                                                                         num_heads=2, scale=0.3)}, gamma="auto"),
-    "eagle": lambda t, tmp: Needs(artifacts={"eagle": make_eagle(tmp / "eagle", t, seed=3)}, gamma="auto"),
-    "suffix": lambda t, tmp: Needs(gamma="auto", artifacts={"suffix": make_store(tmp / "store", t)}),
+                                                                         num_heads=2, scale=0.3)},
+                                         gamma="auto", free=True),
+    "eagle": lambda t, tmp: Needs(artifacts={"eagle": make_eagle(tmp / "eagle", t, seed=3)}, gamma="auto", free=True),
+    "suffix": lambda t, tmp: Needs(gamma="auto", artifacts={"suffix": make_store(tmp / "store", t)}, free=True),
     "quant": lambda t, tmp: Needs(cpu_fp32_only=True),  # the int8/int4 kernels: CPU, fp32 activations
     # auto drafts only where its live timings say a member pays, so on a loaded machine it may decode plainly
     # throughout: tests/exactness/test_suffix_law.py::test_auto_sampled_law_matches_target fixes members that draft

@@ -32,13 +32,14 @@ from specdecode.drafters.registry import PLAIN, REGISTRY, build_drafter, get_spe
 from specdecode.sampling import probs_from_logits
 from specdecode.server.config import ServerConfig
 from specdecode.server.state import make_state
+from specdecode.sizing.policy import GammaPolicy
 from tiny import build_model
 from core_rows import run_rows
 
 from exactness.chi2 import gof_pvalue
 from server_helpers import RunningServer, start_server
 
-from kit import TABLE, Needs, patch_costs
+from kit import FREE, TABLE, Needs
 
 NAMES = list(REGISTRY)
 PROMPTS = ["def fib(n):\n", "class Point:\n    def __init__(self", "def add(a, b):\n    return a"]
@@ -75,11 +76,10 @@ def runs_here(target: sd.Model, needs: Needs, name: str) -> None:
         pytest.skip(f"{name} runs on the CPU in fp32 only (its error on {target.device}, {target.dtype} was checked)")
 
 
-def _drafter(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str, mp: pytest.MonkeyPatch) -> object:
-    """The drafter built by the registry from the table's needs (with its cost patches, if any, held)."""
+def _drafter(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str) -> object:
+    """The drafter built by the registry from the table's needs."""
     target, draft, needs = setup
     runs_here(target, needs[name], name)
-    patch_costs(mp, [name])
     return build_drafter(name, needs[name].options_for(draft))
 
 
@@ -88,14 +88,14 @@ def test_the_table_lists_every_registered_drafter() -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_greedy_identity(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str,
-                         monkeypatch: pytest.MonkeyPatch) -> None:
-    target = setup[0]
-    drafter = _drafter(setup, name, monkeypatch)
+def test_greedy_identity(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str) -> None:
+    target, pricer = setup[0], setup[2][name].pricer
+    drafter = _drafter(setup, name)
     drafted = accepted = 0
     for prompt in PROMPTS:
         plain = sd.generate(target, prompt, max_new_tokens=24, ignore_eos=True)
-        out = sd.generate(target, prompt, drafter=drafter, max_new_tokens=24, ignore_eos=True)  # type: ignore[arg-type]
+        out = sd.generate(target, prompt, drafter=drafter, max_new_tokens=24, ignore_eos=True,  # type: ignore[arg-type]
+                          pricer=pricer)
         assert out.token_ids == plain.token_ids, name
         drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
     print(f"{name}: {drafted} drafted, {accepted} accepted")
@@ -103,14 +103,14 @@ def test_greedy_identity(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], nam
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_batch_rows_and_move_row(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batch_rows_and_move_row(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str) -> None:
     """Three rows added at different steps; the middle one finishes first, so the last row moves into it."""
     target = setup[0]
     budgets = [30, 12, 22]
     ref = [sd.generate(target, p, max_new_tokens=n, ignore_eos=True).token_ids for p, n in zip(PROMPTS, budgets)]
-    drafter = _drafter(setup, name, monkeypatch)
-    core = DecodeCore(target, {name: drafter} if drafter is not None else {}, max_rows=3)  # type: ignore[dict-item]
+    drafter = _drafter(setup, name)
+    core = DecodeCore(target, {name: drafter} if drafter is not None else {}, max_rows=3,  # type: ignore[dict-item]
+                      policy=GammaPolicy(setup[2][name].pricer))
     assert run_rows(core, target, PROMPTS, budgets, name if drafter is not None else None) == ref, name
 
 
@@ -120,15 +120,13 @@ def server(setup: tuple[sd.Model, sd.Model, dict[str, Needs]]) -> Iterator[Runni
     target, draft, needs = setup
     artifacts = {k: str(v) for n in needs.values() for k, v in n.artifacts.items()}
     options = {k: v for n in needs.values() for k, v in n.options.items()}
-    with pytest.MonkeyPatch.context() as mp:
-        patch_costs(mp, TABLE)  # for the server's life: it prepares a drafter at its first request
-        state = make_state(target, draft, ServerConfig(max_batch_size=4, request_timeout=120),
-                           default_drafter=PLAIN, options=options, artifacts=artifacts)
-        running = start_server(state)
-        try:
-            yield running
-        finally:
-            running.stop()
+    state = make_state(target, draft, ServerConfig(max_batch_size=4, request_timeout=120),
+                       default_drafter=PLAIN, options=options, artifacts=artifacts, pricer=FREE)
+    running = start_server(state)  # FREE for every drafter: it prepares each at its first request
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def _stream(server: RunningServer, prompt: str, drafter: str) -> str:
@@ -151,18 +149,16 @@ def test_streaming_server_request(setup: tuple[sd.Model, sd.Model, dict[str, Nee
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_bench_methods(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str,
-                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_methods(setup: tuple[sd.Model, sd.Model, dict[str, Needs]], name: str) -> None:
     from specdecode.bench.ours import baseline_family, bench_families
     from specdecode.bench.runners import BenchContext, build_methods
 
-    patch_costs(monkeypatch, [name])
     target, draft, needs = setup
     runs_here(target, needs[name], name)
     n = needs[name]
     spec = get_spec(name)
     ctx = BenchContext(target, draft, str(target.path), str(draft.path), options=n.options,
-                       artifacts={k: str(v) for k, v in n.artifacts.items()})
+                       artifacts={k: str(v) for k, v in n.artifacts.items()}, pricer=n.pricer)
     families = [baseline_family()] + [b.family for b in bench_families() if b.drafter == name and not b.eager]
     methods, skipped = build_methods(ctx, families, {"gammas": [2], "lookup_tokens": [3], "peer_gammas": [2]})
     assert all("--temperature" in s.reason for s in skipped), skipped  # only the sampled-only families
@@ -228,10 +224,8 @@ def law_setup(tmp_path_factory: pytest.TempPathFactory, device: str, dtype: str
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != PLAIN])  # fast tier: one case (tests/conftest.py)
-def test_output_law(law_setup: tuple[sd.Model, sd.Model, sd.Model, Path], name: str,
-                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_output_law(law_setup: tuple[sd.Model, sd.Model, sd.Model, Path], name: str) -> None:
     target, other, draft, root = law_setup
-    patch_costs(monkeypatch, [name])
     needs = TABLE[name](target if target.device.type == "cpu" else sd.load_model(target.path), root / name)
     runs_here(target, needs, name)
     if needs.law_draft is not None:
@@ -241,7 +235,7 @@ def test_output_law(law_setup: tuple[sd.Model, sd.Model, sd.Model, Path], name: 
     samples, accepted = [], 0
     for seed in range(N):
         r = sd.generate(target, LAW_PROMPT, drafter=drafter, max_new_tokens=3, temperature=cfg.temperature,  # type: ignore[arg-type]
-                        seed=seed, ignore_eos=True, accept_rule="rejection")
+                        seed=seed, ignore_eos=True, accept_rule="rejection", pricer=needs.pricer)
         samples.append(tuple(r.token_ids))
         accepted += sum(r.from_draft)
     least = N // 50 if needs.min_accepted is None else needs.min_accepted

@@ -94,17 +94,13 @@ class _CheapModel(sd.BatchDrafterBase):
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5, top_p=0.9)],
                          ids=["T1", "T0.8-k5-p0.9"])
-def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: SamplingConfig,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg: SamplingConfig) -> None:
     """Auto mixes a sampled draft model (chosen by predicted rate, never by what it drew) with deterministic
     suffix trees (chosen by their content): the output law is still the target's."""
-    from specdecode import engine
     from specdecode.drafters.auto import AutoDrafter
-    from specdecode.sizing.policy import GammaPolicy
+    from specdecode.sizing.pricer import Pricer
 
-    # a margin of 1: every member that predicts any gain drafts, so both kinds of draft are verified often
-    core = engine.DecodeCore
-    monkeypatch.setattr(engine, "DecodeCore", lambda *a, **k: core(*a, policy=GammaPolicy(margin=1.0), **k))
+    even = Pricer(margin=1.0)  # every member that predicts any gain drafts, so both kinds of draft are verified often
 
     target, other = models
     model = _CheapModel(sd.DraftModelDrafter(other, gamma="auto"))
@@ -121,7 +117,7 @@ def test_auto_sampled_law_matches_target(models: tuple[sd.Model, sd.Model], cfg:
     for seed in range(N):
         model.c = 0.05 if seed % 2 else 5.0  # read at each request's start: runs with and without the model
         r = sd.generate(target, PROMPT, drafter=auto, max_new_tokens=6, temperature=cfg.temperature,
-                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True)
+                        top_k=cfg.top_k, top_p=cfg.top_p, seed=seed, ignore_eos=True, pricer=even)
         samples.append(tuple(r.token_ids[:3]))
         for k, v in r.stats.drafted_by.items():
             by[k] = by.get(k, 0) + v

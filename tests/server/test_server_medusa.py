@@ -11,11 +11,11 @@ import openai
 import pytest
 
 import specdecode
-from specdecode.drafters import medusa
 from specdecode.server.app import make_state
 from specdecode.server.config import ServerConfig
 
-from medusa_util import FLAT, make_heads
+from medusa_util import make_heads
+from pricing import FREE
 from server_helpers import MODEL_NAME, Models, RunningServer, start_server
 from test_server_api import _metric
 
@@ -29,19 +29,16 @@ def heads(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def medusa_server(models: Models, heads: Path) -> Iterator[RunningServer]:
-    """Free tree nodes (flat measured costs), so every step verifies a tree of up to 6 nodes per row.
-    The patch lasts the server's life: a drafter other than the default is prepared on first use."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(medusa, "tree_costs", lambda target, spec: (FLAT, 0.0))
-        state = make_state(models.target, None, ServerConfig(max_batch_size=8, max_queue=16, request_timeout=60,
-                                                             speculation="always"),
-                           default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,
-                           artifacts={"medusa": str(heads)})
-        running = start_server(state)
-        try:
-            yield running
-        finally:
-            running.stop()
+    """Free tree nodes (flat costs, the server's pricer), so every step verifies a tree of up to 6 nodes per row."""
+    state = make_state(models.target, None, ServerConfig(max_batch_size=8, max_queue=16, request_timeout=60,
+                                                         speculation="always"),
+                       default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,
+                       artifacts={"medusa": str(heads)}, pricer=FREE)
+    running = start_server(state)
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 async def _stream_all(url: str, max_tokens: list[int], drafter: str) -> list[tuple[str, list[bool]]]:

@@ -13,12 +13,12 @@ from typing import Any, Iterator, Optional
 import httpx
 import pytest
 
-from specdecode.drafters import eagle, medusa
 from specdecode.server.app import make_state
 from specdecode.server.config import ServerConfig
 
-from eagle_util import FLAT as EAGLE_FLAT, make_eagle
-from medusa_util import FLAT as MEDUSA_FLAT, make_heads
+from eagle_util import make_eagle
+from medusa_util import make_heads
+from pricing import FREE
 from server_helpers import MODEL_NAME, Models, RunningServer, serve, start_server
 from test_server_page import ARGS, CHROMIUM
 
@@ -40,19 +40,14 @@ def tree_server(models: Models, tmp_path_factory: pytest.TempPathFactory) -> Ite
     root = tmp_path_factory.mktemp("card-trees")
     heads = make_heads(root / "heads", models.target.config.dim, models.target.vocab_size)
     eagle_dir = make_eagle(root / "eagle", models.target)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(medusa, "tree_costs", lambda target, spec: (MEDUSA_FLAT, 0.0))
-        mp.setattr(eagle, "eagle_costs",
-                   lambda target, spec: eagle.EagleCosts(EAGLE_FLAT, 0.0, 0.0, 0.0, 0.0))
-        state = make_state(models.target, None, ServerConfig(max_batch_size=2, request_timeout=60,
-                                                             speculation="always"),
-                           default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,
-                           artifacts={"medusa": str(heads), "eagle": str(eagle_dir)})
-        running = start_server(state)
-        try:
-            yield running
-        finally:
-            running.stop()
+    state = make_state(models.target, None, ServerConfig(max_batch_size=2, request_timeout=60, speculation="always"),
+                       default_drafter="medusa", default_gamma=6, model_name=MODEL_NAME,
+                       artifacts={"medusa": str(heads), "eagle": str(eagle_dir)}, pricer=FREE)
+    running = start_server(state)
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def _events(server: RunningServer, max_tokens: int, drafter: str = "model", gamma: int = 4,

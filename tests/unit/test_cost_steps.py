@@ -14,6 +14,7 @@ import specdecode.sizing.costs as cm
 from specdecode.sizing.costs import CostSteps, Step, measure_steps, time_steps
 from specdecode.drafters.eagle import EagleDrafter, eagle_costs
 from specdecode.drafters.medusa import MedusaDrafter, tree_costs
+from specdecode.sizing.pricer import DEFAULT_PRICER
 
 from eagle_util import make_eagle
 from medusa_util import make_heads
@@ -77,7 +78,7 @@ def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path
     target = sd.load_model(tiny_dirs["llama"])
     medusa = MedusaDrafter.load(make_heads(tmp_path / "h", target.config.dim, target.vocab_size))
     medusa.prepare(target)  # measures (no costs given)
-    costs, extra = tree_costs(target, medusa.cost_spec(target))
+    costs, extra = tree_costs(target, medusa.cost_spec(target), DEFAULT_PRICER)
     # the passes' v(n) is the target's own, measured once for every drafter; the drafter times its steps
     shared = book.get_costs(target, book.target_spec(target))
     assert costs.v == shared.v and len(costs.v) == 16 and costs.c > 0 and extra >= 0.0
@@ -85,7 +86,7 @@ def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path
     assert costs.key and {k for k, _ in costs.extras} == set()  # a tree step's extra: measured once, shared
     eagle = EagleDrafter.load(make_eagle(tmp_path / "e", target))
     eagle.prepare(target)
-    got = eagle_costs(target, eagle.cost_spec(target))
+    got = eagle_costs(target, eagle.cost_spec(target), DEFAULT_PRICER)
     assert got.level == got.costs.c > 0 and got.ingest > 0 and got.level_one > 0 and got.tree_extra >= 0.0
     assert got.costs.v == shared.v
     files = sorted((tmp_path / "costs").glob("*.json"))
@@ -93,8 +94,8 @@ def test_tree_drafters_measure_once_into_the_one_cache(tiny_dirs: dict[str, Path
     assert len(files) == 4
     monkeypatch.setattr(book, "_MEMO", {})
     monkeypatch.setattr(book, "measure_steps", lambda *a, **k: pytest.fail("measured again despite the cache file"))
-    assert tree_costs(target, medusa.cost_spec(target)) == (costs, extra)
-    assert eagle_costs(target, eagle.cost_spec(target)) == got
+    assert tree_costs(target, medusa.cost_spec(target), DEFAULT_PRICER) == (costs, extra)
+    assert eagle_costs(target, eagle.cost_spec(target), DEFAULT_PRICER) == got
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # the draft as one module call; the eager adapter step

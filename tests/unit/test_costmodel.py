@@ -11,6 +11,8 @@ from specdecode.sizing.book import chain_spec, get_costs
 from specdecode.sizing.costs import Costs, expected_tokens, predicted_speedup
 from specdecode.drafters.base import Acceptance
 from specdecode.sizing.policy import GammaPolicy, RowPlan
+from specdecode.sizing.pricer import Pricer
+from pricing import fixed
 
 
 class OneRow:
@@ -18,7 +20,7 @@ class OneRow:
     a single row (fade, choose, mark)."""
 
     def __init__(self, costs: Costs, margin: float = 1.0, **acceptance: float) -> None:
-        self.policy = GammaPolicy(margin=margin)
+        self.policy = GammaPolicy(Pricer(margin))
         self.policy.set_offline("d", costs)
         self.acc = Acceptance(**acceptance)
 
@@ -80,21 +82,19 @@ def test_adaptive_gamma_follows_a_change_of_workload_quickly() -> None:
     assert steps < 150  # the estimate spans ~100 judged tokens, not all 2000
 
 
-def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import specdecode.drafters.model as drafter_module
-
+def test_auto_gamma_is_exact_and_drafts_when_it_pays(tiny_dirs: dict[str, Path]) -> None:
     # a cheap draft with flat verification cost: with draft == target (alpha = 1) auto must draft
-    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: Costs(c=0.05, v=tuple([1.0] * 16)))
+    cheap = fixed(Costs(c=0.05, v=tuple([1.0] * 16)))
     target = sd.load_model(tiny_dirs["llama"])
     plain = sd.generate(target, "def fib(n):", max_new_tokens=20, ignore_eos=True)
-    auto = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
+    auto = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True,
+                       pricer=cheap)
     assert auto.token_ids == plain.token_ids
     assert auto.stats.tau > 3.0
     # the same pair priced as it really is (draft = target costs c = 1): speculation never pays, so the
     # request only probes on its schedule (one token at its first pass, one after 8 plain passes)
-    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: Costs(c=1.0, v=tuple([1.0] * 16)))
-    off = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True)
+    off = sd.generate(target, "def fib(n):", drafter=sd.DraftModelDrafter(target), max_new_tokens=20, ignore_eos=True,
+                      pricer=fixed(Costs(c=1.0, v=tuple([1.0] * 16))))
     assert off.token_ids == plain.token_ids and off.stats.drafted <= 2
 
 
@@ -115,14 +115,14 @@ def test_costs_are_measured_once_and_cached(tiny_dirs: dict[str, Path], tmp_path
     assert get_costs(target, chain_spec(target, draft)) == costs
 
 
-def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str, Path],
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str, Path]) -> None:
     import specdecode.drafters.model as drafter_module
     from specdecode.config import SamplingConfig
 
-    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: Costs(c=0.05, v=tuple([1.0] * 16)))
+    cheap = fixed(Costs(c=0.05, v=tuple([1.0] * 16)))
     target = sd.load_model(tiny_dirs["llama"])
     drafter = sd.DraftModelDrafter(target)  # self-speculation: everything it proposes is accepted
+    drafter.pricer = cheap
     drafter.prepare(target)
     tokens = target.encode("def fib(n):\n    return n\n" * 24)
     assert len(tokens) > 2 * drafter_module.PROBE_WINDOW
@@ -137,7 +137,7 @@ def test_a_probe_after_plain_steps_feeds_the_draft_a_window(tiny_dirs: dict[str,
 
     plain = sd.generate(target, tokens, max_new_tokens=40, ignore_eos=True)
     drafter.reset()
-    core = DecodeCore(target, {"d": drafter})
+    core = DecodeCore(target, {"d": drafter}, policy=GammaPolicy(cheap))
     row = core.add(Request(tokens, generation=GenerationConfig(max_new_tokens=40, ignore_eos=True), drafter="d"))
     assert row.evidence is not None
     row.evidence.started, row.evidence.evaluated = True, 40.0  # α̂ ≈ 0.03 < c: plain until its next probe

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import pytest
 
@@ -21,6 +21,7 @@ from specdecode.sizing.gamma import Gamma
 from specdecode.metrics import GenerationStats
 from specdecode.models import Model, load_model
 from specdecode.sizing.policy import GammaPolicy
+from pricing import fixed
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 PROMPT = "def fib(n):"
@@ -46,12 +47,6 @@ def pair() -> tuple[Model, Model]:
     return load_model(MODELS / "code-target"), load_model(MODELS / "code-draft")
 
 
-@pytest.fixture
-def fixed_costs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(drafter_module, "get_costs", lambda target, spec: FIXED)
-    yield
-
-
 def new_core(pair: tuple[Model, Model], policy: Union[GammaPolicy, None] = None) -> DecodeCore:
     return DecodeCore(pair[0], {"model": drafter_module.DraftModelDrafter(pair[1])}, max_rows=4, policy=policy)
 
@@ -73,10 +68,9 @@ def near(got: int, want: int, tol: float = 0.10) -> bool:
     return abs(got - want) <= tol * want
 
 
-def test_three_junk_requests_leave_the_next_request_as_a_fresh_one(pair: tuple[Model, Model],
-                                                                   fixed_costs: None) -> None:
-    fresh = run(new_core(pair, FrozenCosts()), PROMPT, 64)
-    core = new_core(pair, FrozenCosts())
+def test_three_junk_requests_leave_the_next_request_as_a_fresh_one(pair: tuple[Model, Model]) -> None:
+    fresh = run(new_core(pair, FrozenCosts(fixed(FIXED))), PROMPT, 64)
+    core = new_core(pair, FrozenCosts(fixed(FIXED)))
     junk = [run(core, "x", 2) for _ in range(3)]
     assert all(j.drafted == 1 and j.accepted == 0 for j in junk)  # the junk: one draft token, rejected
     after = run(core, PROMPT, 64)
@@ -84,10 +78,9 @@ def test_three_junk_requests_leave_the_next_request_as_a_fresh_one(pair: tuple[M
     assert near(after.accepted, fresh.accepted) and near(after.drafted, fresh.drafted), (after, fresh)
 
 
-def test_a_hundred_random_junk_requests_leave_the_next_request_as_a_fresh_one(pair: tuple[Model, Model],
-                                                                              fixed_costs: None) -> None:
-    fresh = run(new_core(pair, FrozenCosts()), PROMPT, 64)
-    core = new_core(pair, FrozenCosts())
+def test_a_hundred_random_junk_requests_leave_the_next_request_as_a_fresh_one(pair: tuple[Model, Model]) -> None:
+    fresh = run(new_core(pair, FrozenCosts(fixed(FIXED))), PROMPT, 64)
+    core = new_core(pair, FrozenCosts(fixed(FIXED)))
     rng = random.Random(0)
     for _ in range(100):
         run(core, [rng.randrange(pair[0].vocab_size) for _ in range(rng.randint(1, 6))], rng.randint(1, 3))
@@ -98,8 +91,8 @@ def test_a_hundred_random_junk_requests_leave_the_next_request_as_a_fresh_one(pa
     assert near(after.accepted, fresh.accepted) and near(after.drafted, fresh.drafted), (after, fresh)
 
 
-def test_an_explicit_gamma_is_honoured(pair: tuple[Model, Model], fixed_costs: None) -> None:
-    core = new_core(pair, FrozenCosts())
+def test_an_explicit_gamma_is_honoured(pair: tuple[Model, Model]) -> None:
+    core = new_core(pair, FrozenCosts(fixed(FIXED)))
     for _ in range(30):
         run(core, "x", 2)
     s = run(core, PROMPT, 40, gamma=4)

@@ -44,6 +44,8 @@ def test_no_drafter_imports_the_policy_or_its_constants(path: Path) -> None:
         assert module not in ("specdecode.sizing.policy", "specdecode.costmodel", "specdecode.policy"), \
             f"{path.name} imports {module}: ask the pricer the core hands it (sizing/pricer.py)"
         assert not names & POLICY_NAMES, f"{path.name} imports {sorted(names & POLICY_NAMES)} from {module}"
+        # costs come through the pricer too, so a caller (or a test) hands figures without patching a module
+        assert not names & {"get_costs", "cached_costs"}, f"{path.name} fetches costs itself: use self.pricer.costs"
         # a drafter reaches the sizing layer through its drafter-facing modules only
         if module.startswith("specdecode.sizing."):
             assert module.rsplit(".", 1)[1] in {"book", "costs", "estimate", "gamma", "live", "measure_context",
@@ -68,7 +70,7 @@ def test_the_core_hands_its_policys_pricer_to_every_drafter_auto_to_its_members(
     inner = SuffixDrafter(costs=Costs(c=0.0, v=tuple([1.0] * 16)))
     auto = AutoDrafter({"suffix": inner})
     assert suffix.pricer is DEFAULT_PRICER and auto.pricer is DEFAULT_PRICER
-    policy = GammaPolicy(margin=3.0)
+    policy = GammaPolicy(Pricer(3.0))
     sd.DecodeCore(target, {"suffix": suffix, "auto": auto}, policy=policy)
     assert suffix.pricer is policy.pricer and suffix.pricer.margin == 3.0
     assert auto.pricer is policy.pricer and inner.pricer is policy.pricer
@@ -86,7 +88,7 @@ def test_a_self_sizing_drafter_sizes_by_the_pricer_it_is_handed(tiny_dirs: dict[
 
     def drafted(margin: float) -> tuple[int, list[int]]:
         drafter = SuffixDrafter(costs=Costs(c=0.0, v=tuple([1.0] * 16)))
-        core = sd.DecodeCore(target, {"suffix": drafter}, policy=GammaPolicy(margin=margin))
+        core = sd.DecodeCore(target, {"suffix": drafter}, policy=GammaPolicy(Pricer(margin)))
         core.add(Request(prompt, generation=GenerationConfig(max_new_tokens=24, ignore_eos=True), drafter="suffix"))
         tokens: list[int] = []
         n = 0
@@ -100,3 +102,34 @@ def test_a_self_sizing_drafter_sizes_by_the_pricer_it_is_handed(tiny_dirs: dict[
     cheap, expensive = drafted(1.0), drafted(Pricer().margin * 1000)
     assert cheap[0] > 0 and expensive[0] == 0
     assert cheap[1] == expensive[1] == plain
+
+
+def test_every_drafter_fetches_its_costs_through_the_pricer_it_is_handed(tiny_dirs: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    """The core's pricer is the one cost source: each drafter's specs reach its book, and the figures it
+    hands back are the ones the drafter and the policy then size with (no module patched)."""
+    from specdecode.drafters.registry import build_drafter
+    from specdecode.drafters import DrafterOptions
+    from medusa_util import make_heads
+    from eagle_util import make_eagle
+
+    target = sd.load_model(tiny_dirs["llama"])
+    draft = sd.load_model(tiny_dirs["llama"])
+    figures = Costs(c=0.01, v=tuple(1.0 + 0.01 * k for k in range(64)))
+    asked: list[str] = []
+
+    def book(model: sd.Model, spec: object) -> Costs:
+        asked.append(getattr(spec, "label"))
+        return figures
+
+    artifacts = {"medusa": str(make_heads(tmp_path / "heads", target.config.dim, target.vocab_size)),
+                 "eagle": str(make_eagle(tmp_path / "eagle", target))}
+    for name in ("model", "layerskip", "quant", "medusa", "eagle", "suffix", "auto"):
+        asked.clear()
+        drafter = build_drafter(name, DrafterOptions(draft=draft, gamma="auto", artifacts=artifacts,
+                                                     options={"exit_layer": 1}))
+        policy = GammaPolicy(Pricer(book=book))
+        sd.DecodeCore(target, {name: drafter}, policy=policy)  # type: ignore[dict-item]
+        assert asked, f"{name} fetched no costs through its pricer"
+        got = policy.offline(name)
+        assert got is None or got.v[:4] == figures.v[:4], (name, got)

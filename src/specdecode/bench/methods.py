@@ -17,6 +17,7 @@ from ..config import SamplingConfig
 from ..drafters.plugin import SWEEPS as DRAFTER_SWEEPS
 from ..drafters.vocab import VocabSpec, draft_vocab_for
 from ..models import Model, load_model
+from ..sizing.pricer import DEFAULT_PRICER, Pricer
 from .stats import Step
 
 SWEEPS = (*DRAFTER_SWEEPS, "peer_gammas")  # the peers' γs: transformers' assisted generation and its eager match
@@ -59,6 +60,7 @@ class BenchContext:
     artifacts: Mapping[str, str] = field(default_factory=dict)  # trained drafter directories, by artifact name
     own_drafts: Mapping[str, Model] = field(default_factory=dict)  # drafter -> its own-tokenizer draft (else draft)
     auto_draft: bool = True  # auto takes ``draft`` (False: found beside a --target, which generate's auto skips)
+    pricer: Pricer = DEFAULT_PRICER  # every method's γ margin and cost book (sizing/pricer.py)
     _hf: dict[str, object] = field(default_factory=dict)
     _eager: dict[str, Model] = field(default_factory=dict)
 

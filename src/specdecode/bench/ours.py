@@ -35,6 +35,7 @@ from ..drafters.vocab import VocabSpec
 from ..rows import StepEvent
 from ..engine import stream
 from ..models import Model
+from ..sizing.pricer import DEFAULT_PRICER, Pricer
 from .methods import BenchContext, Method, MethodSpec, MethodUnavailable, RunOutput
 from .stats import Step
 
@@ -46,8 +47,9 @@ class OursMethod:
 
     def __init__(self, name: str, family: str, setting: Optional[int], target: Model,
                  drafter: Optional[BatchDrafter], ignore_eos: bool, sampling: Optional[SamplingConfig] = None,
-                 verify: Optional[VerifyConfig] = None) -> None:
+                 verify: Optional[VerifyConfig] = None, pricer: Pricer = DEFAULT_PRICER) -> None:
         self.name, self.family, self.setting = name, family, setting
+        self.pricer = pricer
         self.target, self.drafter, self.ignore_eos = target, drafter, ignore_eos
         self.sampling, self.verify = sampling or SamplingConfig(), verify or VerifyConfig()
 
@@ -55,7 +57,8 @@ class OursMethod:
         generation = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=self.ignore_eos)
         steps: list[Step] = []
         t0 = time.perf_counter()
-        for ev in stream(self.target, prompt, self.drafter, self.sampling, generation, self.verify):
+        for ev in stream(self.target, prompt, self.drafter, self.sampling, generation, self.verify,
+                         pricer=self.pricer):
             if isinstance(ev, StepEvent):
                 if ev.token_ids:
                     steps.append((ev.drafted, sum(ev.from_draft)))
@@ -71,8 +74,8 @@ class HistoryMethod(OursMethod):
     from its own earlier copy; within a repetition the prompts run in file order, as a session's turns do."""
 
     def __init__(self, name: str, family: str, target: Model, drafter: Optional[BatchDrafter], ignore_eos: bool,
-                 sampling: Optional[SamplingConfig], forget: Callable[[], None]) -> None:
-        super().__init__(name, family, None, target, drafter, ignore_eos, sampling)
+                 sampling: Optional[SamplingConfig], forget: Callable[[], None], pricer: Pricer) -> None:
+        super().__init__(name, family, None, target, drafter, ignore_eos, sampling, pricer=pricer)
         self._forget = forget
         self._seen: set[tuple[int, ...]] = set()
 
@@ -179,8 +182,8 @@ def variant_factory(spec: DrafterSpec, v: BenchFamily) -> Callable[[BenchContext
         if v.history:
             forget = getattr(drafter, "forget", None)
             assert callable(forget), f"{name} has no forget()"
-            return HistoryMethod(name, v.family, target, drafter, ctx.ignore_eos, ctx.sampling, forget)
-        return OursMethod(name, v.family, setting, target, drafter, ctx.ignore_eos, ctx.sampling, v.verify)
+            return HistoryMethod(name, v.family, target, drafter, ctx.ignore_eos, ctx.sampling, forget, ctx.pricer)
+        return OursMethod(name, v.family, setting, target, drafter, ctx.ignore_eos, ctx.sampling, v.verify, ctx.pricer)
 
     return factory
 

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..sizing.book import get_costs, target_spec
+from ..sizing.book import target_spec
 from ..sizing.costs import MAX_GAMMA, Costs, cost_clock, expected_tokens
 from ..sizing.estimate import ProbeSchedule
 from ..sizing.pricer import DEFAULT_PRICER, Pricer
@@ -143,7 +143,7 @@ class AutoDrafter(RowZeroAdapter):
                                            for i in m.drafter.hidden_layers}))
         if target is not self._target:
             self._target = target
-            self._base = get_costs(target, target_spec(target))
+            self._base = self._pricer.costs(target, target_spec(target))
             self._stored = Stored(self._base)
             self._clock = cost_clock(target)
             self._t1 = self._base.target_s[0] if self._base.target_s else 0.0

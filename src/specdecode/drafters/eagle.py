@@ -179,7 +179,7 @@ class EagleDrafter(RowZeroAdapter):
             table = rope_table(c.head_dim, c.rope_theta, self._max_len + SCRATCH, torch.device("cpu"))
             self._cos, self._sin = table[:, 0].contiguous(), table[:, 1].contiguous()
         if self._costs is None:
-            self._set_costs(eagle_costs(target, self.cost_spec(target)))
+            self._set_costs(eagle_costs(target, self.cost_spec(target), self.pricer))
             self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
 
     def _set_costs(self, got: EagleCosts) -> None:

@@ -26,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from ..sizing.book import CostSpec, get_costs
+from ..sizing.book import CostSpec
 from ..sizing.costs import Costs
 from ..sizing.estimate import Estimate
 from ..sizing.live import StepTimings, follows, live_v, unit_seconds
+from ..sizing.pricer import Pricer
 from .tree_steps import measured_tree_extra
 
 if TYPE_CHECKING:
@@ -153,10 +154,10 @@ def refined_eagle_costs(cur: EagleCosts, steps: StepTimings, passes: Mapping[int
     return replace(new, costs=new.to_costs())
 
 
-def eagle_costs(target: "Model", spec: CostSpec) -> EagleCosts:
-    """``EagleCosts`` from the cost book (``get_costs``: measured once per machine, target and draft
-    shape, then cached; a tree step's extra: ``tree_steps.TreeStep``, shared by the tree drafters)."""
-    return EagleCosts.from_costs(get_costs(target, spec), measured_tree_extra(target))
+def eagle_costs(target: "Model", spec: CostSpec, pricer: Pricer) -> EagleCosts:
+    """``EagleCosts`` from ``pricer``'s cost book (measured once per machine, target and draft shape, then
+    cached; a tree step's extra: ``tree_steps.TreeStep``, shared by the tree drafters)."""
+    return EagleCosts.from_costs(pricer.costs(target, spec), measured_tree_extra(target, pricer))
 
 
 def best_prefix(values: Sequence[float], spent: float, costs: Costs) -> tuple[int, float]:

@@ -37,7 +37,7 @@ import torch
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..sizing.book import CostSpec, chain_spec, get_costs
+from ..sizing.book import CostSpec, chain_spec
 from ..sizing.costs import Costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
@@ -148,7 +148,7 @@ class LayerSkipDrafter(BatchDrafterBase):
         plan = self.plan if target is self._target and self.plan is not None else self.resolve(target)
         cut = self.cut if target is self._target else self.make_cut(target)
         if self._costs is None or self._costs[0] is not target or self._costs[1] != plan.layers:
-            self._costs = (target, plan.layers, get_costs(target, self.cost_spec(target, plan, cut)))
+            self._costs = (target, plan.layers, self.pricer.costs(target, self.cost_spec(target, plan, cut)))
         return self._costs[2]
 
     def cost_spec(self, target: "Model", plan: DraftLayers, cut: Optional[DraftVocab]) -> CostSpec:

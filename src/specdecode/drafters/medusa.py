@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from ..sizing import measure_context
 from ..config import ConfigError
-from ..sizing.book import CostSpec, get_costs
+from ..sizing.book import CostSpec
 from ..sizing.costs import CostSteps, Costs, Step, cost_clock
 from ..sizing.estimate import ProbeSchedule
 from ..kernels.quant import QUANT_FORMATS, pack_draft
@@ -55,6 +55,7 @@ from .medusa_heads import MedusaConfig, check_fits, load_heads
 from .medusa_tree import (MAX_NODES, NO_TREE, RANKS, RankAcceptance, TreePlan, best_first, fixed_plan,
                           plan_tree)
 from ..sizing.live import Stored, StepTimings, follows, live_v, unit_seconds
+from ..sizing.pricer import Pricer
 from .tree_steps import PROBE, measured_tree_extra, one_token_pass
 from .vocab import VocabSpec, parse_vocab_spec, read_vocab_file
 from .plugin import Artifact, AutoMember, BenchVariant, DrafterOptions, DrafterSpec, has_file
@@ -74,11 +75,11 @@ log = logging.getLogger(__name__)
 
 
 # -- costs -----------------------------------------------------------------------------------------
-def tree_costs(target: "Model", spec: CostSpec) -> tuple[Costs, float]:
-    """(costs, tree_extra) from the cost book (``get_costs``: measured once per machine, target
-    and heads shape, then cached): ``costs.v[k]`` of a tree pass over k + 1 tokens, ``costs.c`` of
+def tree_costs(target: "Model", spec: CostSpec, pricer: Pricer) -> tuple[Costs, float]:
+    """(costs, tree_extra) from ``pricer``'s cost book (measured once per machine, target and heads
+    shape, then cached): ``costs.v[k]`` of a tree pass over k + 1 tokens, ``costs.c`` of
     one row's heads, ``tree_extra`` of a tree step beyond a chain step, over a one-token pass."""
-    return get_costs(target, spec), measured_tree_extra(target)
+    return pricer.costs(target, spec), measured_tree_extra(target, pricer)
 
 
 # -- the drafter -----------------------------------------------------------------------------------
@@ -174,7 +175,7 @@ class MedusaDrafter(RowZeroAdapter):
         self._target = target
         self._said_off, self._probe_nodes = False, None
         if self._costs is None and self._fixed is None:
-            self._costs, self._tree_extra = tree_costs(target, self.cost_spec(target))
+            self._costs, self._tree_extra = tree_costs(target, self.cost_spec(target), self.pricer)
             self._steps, self._stored = StepTimings(cost_clock(target)), Stored(self._costs)
         self._plans.clear()
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 import torch
 
 from ..config import ConfigError
-from ..sizing.book import chain_spec, get_costs
+from ..sizing.book import chain_spec
 from ..sizing.costs import MAX_GAMMA, Costs
 from ..ops import argmax_list
 from ..sampling import probs_from_logits
@@ -111,7 +111,7 @@ class DraftModelDrafter(BatchDrafterBase):
             return None
         if self._costs is None or self._costs[0] is not target:  # the cache key costs ~1 ms: once per target
             spec = chain_spec(target, self.model, self._head, label="the draft model's")
-            self._costs = (target, get_costs(target, spec))
+            self._costs = (target, self.pricer.costs(target, spec))
         return self._costs[1]
 
     @property

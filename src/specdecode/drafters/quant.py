@@ -24,7 +24,7 @@ import torch
 
 from ..cache import KVCache
 from ..config import ConfigError
-from ..sizing.book import chain_spec, get_costs
+from ..sizing.book import chain_spec
 from ..sizing.costs import Costs
 from .base import Acceptance, Gamma
 from .layerskip import DraftLayers, LayerSkipDrafter, check_family
@@ -85,7 +85,7 @@ class QuantDrafter(LayerSkipDrafter):
             return None
         if self._costs is None or self._costs[0] is not target:
             spec = chain_spec(target, self._copy, draft_head=self.cut_head, label="the int4 copy's")
-            self._costs = (target, (), get_costs(target, spec))
+            self._costs = (target, (), self.pricer.costs(target, spec))
         return self._costs[2]
 
     def cut_rows(self, target: "Model", ids: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..sizing.book import get_costs, target_spec
+from ..sizing.book import target_spec
 from ..sizing.costs import Costs, cost_clock, expected_tokens
 from ..sizing.estimate import Estimate
 from ..draft import Draft, DraftContext
@@ -148,7 +148,7 @@ class SuffixDrafter(RowZeroAdapter):
         if self.store_dir is not None:
             self.store = load_store(self.store_dir, target.vocab_size)
         if self._costs is None:
-            self._costs = get_costs(target, target_spec(target))
+            self._costs = self.pricer.costs(target, target_spec(target))
         if not self._costs_fixed:
             self._stored = Stored(self._costs)
         self._clock = cost_clock(target)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from ..sizing import measure_context
-from ..sizing.book import CostSpec, get_costs
+from ..sizing.book import CostSpec
+from ..sizing.pricer import Pricer
 from ..sizing.costs import CostSteps, Step
 from ..verify import tree_mask
 from ..draft import Draft
@@ -74,8 +75,8 @@ class TreeStep:
         return CostSteps(one_token_pass(target, cache, probe), 1, len(shared.ids), pairs, target_v=True)
 
 
-def measured_tree_extra(target: "Model") -> float:
-    """A tree step's extra over a chain step on ``target``, over a one-token pass (measured once per
-    machine and target, then cached)."""
-    costs = get_costs(target, TreeStep().cost_spec(target))
+def measured_tree_extra(target: "Model", pricer: Pricer) -> float:
+    """A tree step's extra over a chain step on ``target``, over a one-token pass (from ``pricer``'s cost
+    book: measured once per machine and target, then cached)."""
+    costs = pricer.costs(target, TreeStep().cost_spec(target))
     return tree_extra(costs.extra("chain"), costs.extra("tree"))

@@ -29,6 +29,7 @@ from ..rows import Event, Failure, FinishEvent, Request, Row, StepEvent
 from ..drafters.base import BatchDrafter
 from ..models import Model
 from ..sizing.policy import GammaPolicy
+from ..sizing.pricer import DEFAULT_PRICER, Pricer
 from .card import pass_view
 
 if TYPE_CHECKING:
@@ -84,10 +85,12 @@ class Scheduler:
     def __init__(self, target: Model, drafters: Mapping[str, BatchDrafter], *, max_batch_size: int = 16,
                  max_queue: int = 64, max_context: Optional[int] = None,
                  metrics: Optional["ServerMetrics"] = None, prepare: Optional[Sequence[str]] = None,
-                 prepare_in_background: bool = False, threads: Optional[int] = None) -> None:
+                 prepare_in_background: bool = False, threads: Optional[int] = None,
+                 pricer: Pricer = DEFAULT_PRICER) -> None:
         """``prepare``: the drafters prepared before the first request (buffers, measured costs), here or, with
         ``prepare_in_background``, on the engine thread as it starts, while /health answers "warming".
-        ``threads``: the engine thread's torch threads, set on that thread (None: as the process has them)."""
+        ``threads``: the engine thread's torch threads, set on that thread (None: as the process has them).
+        ``pricer``: the γ policy's margin and cost book (``sizing/pricer.py``)."""
         self.target = target
         self._threads = threads
         self.max_batch_size = max_batch_size
@@ -101,7 +104,7 @@ class Scheduler:
         # built here so a bad pair fails at startup (vocabulary, device), not at the first request
         self.core = DecodeCore(target, drafters, max_rows=max_batch_size,
                                context_len=min(target.max_seq_len, max_context or target.max_seq_len),
-                               policy=GammaPolicy(), prepare=[] if prepare_in_background else prepare)
+                               policy=GammaPolicy(pricer), prepare=[] if prepare_in_background else prepare)
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False

@@ -16,6 +16,7 @@ from ..drafters.crosstok import shares_vocabulary
 from ..drafters.registry import PAIRED_DEFAULT, REGISTRY, DrafterOptions, get_spec, missing, with_defaults
 from ..models.catalog import CATALOG
 from ..sizing.gamma import Gamma, Speculation, resolve_gamma, speculation_flag
+from ..sizing.pricer import DEFAULT_PRICER, Pricer
 from .config import ServerConfig, resolve_api_key
 from .metrics import ServerMetrics
 from .protocol import now
@@ -72,13 +73,14 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
                default_drafter: Optional[str] = None, default_gamma: Gamma = "auto", model_name: Optional[str] = None,
                draft_vocab: "VocabSpec" = "auto", options: Optional[Mapping[str, object]] = None,
                artifacts: Optional[Mapping[str, str]] = None, prepare_in_background: bool = False,
-               aliases: Sequence[str] = ()) -> ServerState:
+               aliases: Sequence[str] = (), pricer: Pricer = DEFAULT_PRICER) -> ServerState:
     """Everything the app needs, from loaded models and the serving flags: every registered drafter
     that can run with what is loaded (a draft model's only when one is given; each trained artifact
     from its own directory in ``artifacts``, by artifact name). ``options``: the drafters' declared
     options by key; ``default_drafter``: the registry's paired default unless given; ``aliases``: more
     names requests may give the target by (``served_names``). ``default_gamma`` and ``config.speculation``
-    mean what ``--gamma`` and ``--speculation`` do (``gamma.resolve_gamma``)."""
+    mean what ``--gamma`` and ``--speculation`` do (``gamma.resolve_gamma``); ``pricer``: the γ policy's margin
+    and cost book."""
     config = resolve_api_key(config, {})  # a key file given to the config is read here, never ignored
     # unset --speculation follows --gamma (auto: adaptive, N: fixed); set here so every reader sees it
     adaptive = resolve_gamma(default_gamma, "auto", speculation_flag(config.speculation)).adaptive
@@ -108,7 +110,8 @@ def make_state(target: "Model", draft_model: Optional["Model"], config: ServerCo
     scheduler = Scheduler(target, drafters, max_batch_size=config.max_batch_size, max_queue=config.max_queue,
                           max_context=config.max_context, metrics=metrics,
                           prepare=[default_drafter] if default_drafter in drafters else [],
-                          prepare_in_background=prepare_in_background, threads=config.threads)
+                          prepare_in_background=prepare_in_background, threads=config.threads,
+                          pricer=pricer)
     chat = ChatFormatter.for_model(target)  # a loaded model: a GGUF carries its template in its metadata
     name = model_name or target.name
     return ServerState(scheduler, metrics, config, name, chat, chat.source != PLAIN_TEMPLATE,

@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 from .costs import MAX_GAMMA, Costs, expected_tokens, plausible
 from .live import DISAGREE, MIN_DELTA_C, TRUST, Timings, overstated
-from .pricer import SPECULATION_MARGIN, Pricer
+from .pricer import DEFAULT_PRICER, Pricer
 
 ALPHA_BUCKETS = 1024  # α resolution of the memoised single-row choice
 REFRESH = 16  # timings between rebuilds of the single-row cost table (and its memoised choices)
@@ -55,9 +55,9 @@ class RowPlan:
 class GammaPolicy:
     """Chooses each row's draft length for one batched step (see the module docstring)."""
 
-    def __init__(self, margin: float = SPECULATION_MARGIN, max_gamma: int = MAX_GAMMA) -> None:
-        self.margin, self.max_gamma = margin, max_gamma
-        self.pricer = Pricer(margin)  # the same rule, handed to drafters that size their own drafts
+    def __init__(self, pricer: Pricer = DEFAULT_PRICER, max_gamma: int = MAX_GAMMA) -> None:
+        self.margin, self.max_gamma = pricer.margin, max_gamma
+        self.pricer = pricer  # the same rule and cost book, handed to every drafter the core prepares
         self._t: dict[tuple[int, int], Timings] = {}  # (batch, width) -> target pass seconds
         self._draft: dict[tuple[str, int], Timings] = {}  # (drafter, rows drafting) -> seconds per position
         # offline single-row costs per drafter (a chain pass, a tree pass with hidden states: each
