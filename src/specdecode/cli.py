@@ -154,7 +154,7 @@ def model_loader(cfg: ModelLoadConfig) -> Callable[[str], Model]:
     def load(path: str) -> Model:
         return load_model(path, device=cfg.device, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype,
                           fast=cfg.fast_linear, matmul=cfg.matmul, kv_dtype=cfg.kv_dtype, fixed_rows=cfg.fixed_rows,
-                          cuda_graphs=cfg.cuda_graphs)
+                          cuda_graphs=cfg.cuda_graphs, pack_cache=cfg.pack_cache)
 
     return load
 

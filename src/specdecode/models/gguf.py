@@ -42,6 +42,7 @@ from .assemble import PackedWeights, assemble_model, assemble_packed
 from .config import ModelConfig, UnsupportedModelError
 from .gguf_tokenizer import tokenizer_from_gguf
 from .llama import LlamaModel
+from .pack_cache import open_cached, write_cache
 from .tables import PACKED_KINDS, StoredRows, decode_rows
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -567,14 +568,27 @@ def _return_freed_memory() -> None:
 _libc: Any = None
 
 
-def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, fmt: str) -> PackedWeights:
+def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, fmt: str,
+                cache: bool = False) -> PackedWeights:
     """The file's weights in their runtime form, tensor by tensor (``PackedWeights``).
 
     Layer matrices are packed as ``fmt`` (as stored where their blocks are ``fmt``'s); the output matrix is
     packed as stored when it is Q8_0/Q4_0 (whatever ``fmt``), else rounded to int8; the embedding table
     stays in its stored format and is decoded row by row when looked up, and when it is also the output
-    matrix, packed as stored, one copy serves both. Norms and biases are small and dense."""
+    matrix, packed as stored, one copy serves both. Norms and biases are small and dense. ``cache``: the
+    packed matrices come from the packed-weights cache where it holds this file (``pack_cache.py``), and are
+    kept there when it does not."""
     sources = _sources(ckpt, tensors, cfg)
+    cached = open_cached(ckpt.path, fmt) if cache else None
+    fresh: dict[str, torch.Tensor] = {}
+
+    def pack(name: str, stack: list[_Source], as_fmt: str, own: frozenset[str] = frozenset(OWN_FORMAT)
+             ) -> torch.Tensor:
+        if cached is not None and name in cached.names():
+            return cached.get(name)
+        fresh[name] = _pack(stack, as_fmt, own)
+        return fresh[name]
+
     fused = llama_fused_names(cfg.n_layers)
     matrices = {part for parts in fused.values() for part in parts}
     embed_name = "model.embed_tokens.weight"
@@ -592,7 +606,7 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
         # (``LlamaBlock.wv``), so neither part is rounded
         stacks = [srcs[:-1], srcs[-1:]] if ours.endswith(".wqkv") and _v_apart(srcs, fmt) else [srcs]
         for name, stack in zip((ours, ours.removesuffix("wqkv") + "wv"), stacks):
-            params[name] = _pack(stack, fmt)
+            params[name] = pack(name, stack, fmt)
             logical[name] = sum(s.rows for s in stack) * stack[0].cols
         for s in srcs:
             s.t.release()
@@ -600,7 +614,7 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
     # the head as stored where a kernel reads its type (whatever ``fmt``), else rounded to int8: the logits are
     # the most sensitive product, and 8 bits keep a 5-6-bit source's values to ~0.4% of its step
     stored = STORED_AS.get(head_src.kind) or (OWN_FORMAT[head_src.kind] if head_src.kind in _TABLE_OWN else None)
-    head = _pack([head_src], stored or "int8", _TABLE_OWN)
+    head = pack("head", [head_src], stored or "int8", _TABLE_OWN)
     head_fmt = stored or "int8"
     tables: dict[str, StoredRows] = {}
     if cfg.tie_embeddings and stored is not None:  # one copy, packed as stored, serves both
@@ -614,15 +628,18 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
     head_src.t.release()
     emb.t.release()
     logical.update({name: cfg.vocab_size * cfg.dim for name in tables})
+    if cache and fresh:
+        write_cache(ckpt.path, fmt, fresh)
     return PackedWeights(fmt, params, tables, head, logical)
 
 
 def load_gguf_model(path: Path, device: str, dtype: str | torch.dtype, weight_dtype: str | torch.dtype | None, *,
-                    fast: bool, matmul: str) -> Any:
+                    fast: bool, matmul: str, pack_cache: bool = False) -> Any:
     """``load_model`` for a GGUF file (see the module docstring for what happens to each tensor type).
 
     ``weight_dtype`` "auto" (the default) keeps Q8_0/Q4_0 files in int8/int4 as stored, holds other block
-    types in int8 (``GGUFCheckpoint.default_weight_format``) and dense files as ``load_model`` would."""
+    types in int8 (``GGUFCheckpoint.default_weight_format``) and dense files as ``load_model`` would.
+    ``pack_cache``: map the packed weights from (and keep them in) the packed-weights cache."""
     ckpt, tensors = read_gguf(path)
     cfg = ModelConfig.from_hf(ckpt.hf_config)
     if weight_dtype in (None, "auto") and torch.device(device).type == "cpu":
@@ -630,8 +647,8 @@ def load_gguf_model(path: Path, device: str, dtype: str | torch.dtype, weight_dt
     fmt = weight_dtype if isinstance(weight_dtype, str) and weight_dtype in QUANT_FORMATS else None
     tokenizer = tokenizer_from_gguf(ckpt.meta)
     if fmt is not None and torch.device(device).type == "cpu" and cfg.family == "llama":
-        model = assemble_packed(cfg, read_packed(ckpt, tensors, cfg, fmt), str(path), tokenizer, ckpt.eos_ids,
-                                dtype, fast=fast, matmul=matmul)
+        weights = read_packed(ckpt, tensors, cfg, fmt, pack_cache)
+        model = assemble_packed(cfg, weights, str(path), tokenizer, ckpt.eos_ids, dtype, fast=fast, matmul=matmul)
         return _with_chat_tokens(model, ckpt)
     dense, blocks = load_tensors(ckpt, tensors, fmt)
     packed: dict[str, torch.Tensor] = {}

@@ -15,8 +15,8 @@ from tokenizers import Tokenizer
 
 from ..chat import read_chat_template
 from ..config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_FAST, DEFAULT_FIXED_ROWS, DEFAULT_KV_DTYPE,
-                      DEFAULT_MATMUL, DEFAULT_WEIGHT_DTYPE, ConfigError, check_fixed_rows, check_kv_dtype, check_matmul,
-                      check_weight_dtype)
+                      DEFAULT_MATMUL, DEFAULT_PACK_CACHE, DEFAULT_WEIGHT_DTYPE, ConfigError, check_fixed_rows,
+                      check_kv_dtype, check_matmul, check_weight_dtype)
 from ..kernels import Kernels, install_kernels
 from ..kernels.quant import QUANT_FORMATS
 from ..threads import governor
@@ -152,7 +152,8 @@ def _eos_ids(path: Path, cfg: ModelConfig) -> list[int]:
 def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype: str | torch.dtype = DEFAULT_DTYPE,
                weight_dtype: str | torch.dtype | None = DEFAULT_WEIGHT_DTYPE, *, fast: bool = DEFAULT_FAST,
                matmul: str = DEFAULT_MATMUL, kv_dtype: str | torch.dtype = DEFAULT_KV_DTYPE,
-               fixed_rows: str | int | None = DEFAULT_FIXED_ROWS, cuda_graphs: bool = False) -> Model:
+               fixed_rows: str | int | None = DEFAULT_FIXED_ROWS, cuda_graphs: bool = False,
+               pack_cache: bool = DEFAULT_PACK_CACHE) -> Model:
     """Load a Hugging Face checkpoint (directory or cached hub id) for our runtime.
 
     ``dtype`` is the compute dtype (activations); ``weight_dtype`` the
@@ -174,6 +175,8 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
 
     ``fixed_rows`` makes decode passes batch-invariant where the kernels are not (``resolve_fixed_rows``);
     ``cuda_graphs`` replays those passes as CUDA graphs (``models/graphs.py``; experimental).
+    ``pack_cache``: a GGUF file's packed weights are mapped from the packed-weights cache, and kept there on
+    the first load (``models/pack_cache.py``).
     """
     governor().tick()  # the thread count this load and what follows start with (threads.py)
     check_matmul(matmul)
@@ -184,7 +187,7 @@ def load_model(path: str | os.PathLike[str], device: str = DEFAULT_DEVICE, dtype
         check_weight_dtype(weight_dtype)
     root = resolve_model_path(str(path))
     if root.is_file():
-        model = load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul)
+        model = load_gguf_model(root, device, dtype, weight_dtype, fast=fast, matmul=matmul, pack_cache=pack_cache)
         model.kv_dtype = resolve_kv_dtype(kv_dtype, model)
         return with_pass_settings(model, fixed_rows, cuda_graphs)
     cfg_file = root / "config.json"
