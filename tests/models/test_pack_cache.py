@@ -37,12 +37,18 @@ def no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gguf_mod, "_pack", refuse)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_every_packed_dtype_can_be_kept() -> None:
+    from specdecode.kernels.quant import _DTYPES as PACKED  # every packed format's marking dtype
+
+    assert len(PACKED) >= 8 and set(PACKED.values()) <= set(pack_cache._DTYPES.values())
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K"])
 def test_the_second_load_maps_what_the_first_packed(tmp_path: Path, cache: Path, qtype: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A Q8_0 file (int8 as stored) and a K-quant one (q4k, the rest Q8_0): the same logits from the packer,
     from the load that writes the cache and from the one that maps it without packing."""
-    path = tiny_gguf(tmp_path, qtype)[1] if qtype == "Q8_0" else _k_quant_file(tmp_path, qtype, ("ffn", "attn_q"))
+    path = _k_quant_file(tmp_path, qtype, ("ffn", "attn_q")) if qtype.endswith("_K") else tiny_gguf(tmp_path, qtype)[1]
     plain = logits(path, pack_cache=False)
     assert not cache.exists() or not list(cache.iterdir())  # off: nothing written
     first = logits(path)

@@ -628,7 +628,7 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
     head_src.t.release()
     emb.t.release()
     logical.update({name: cfg.vocab_size * cfg.dim for name in tables})
-    if cache and fresh:
+    if cache and cached is None:  # written whole or not at all (a file lacking a name is not patched)
         write_cache(ckpt.path, fmt, fresh)
     return PackedWeights(fmt, params, tables, head, logical)
 

@@ -115,8 +115,10 @@ class PackedFile:
         return torch.frombuffer(self._map, dtype=_DTYPES[dtype], count=count, offset=offset).view(shape)
 
 
-_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
-                                                      torch.float16, torch.float32, torch.bfloat16)}
+# every dtype a packed weight is marked by (kernels/quant.py packed_dtype) and a dense one may have
+_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32,
+                                                      torch.uint32, torch.int64, torch.uint64, torch.float16,
+                                                      torch.float32, torch.bfloat16)}
 
 
 def _nbytes(dtype: str, shape: list[int]) -> int:
@@ -134,7 +136,7 @@ def open_cached(gguf: Path, fmt: str) -> Optional[PackedFile]:
     try:
         return PackedFile(path)
     except (OSError, ValueError, KeyError) as e:
-        log.warning("ignoring the packed-weights cache %s (%s); it is rebuilt", path, e)
+        log.warning("ignoring the packed-weights cache %s (%r); it is rebuilt", path, e)
         return None
 
 
