@@ -78,7 +78,7 @@ def test_a_truncated_cache_file_is_ignored_and_rebuilt(tmp_path: Path, cache: Pa
     _, path = tiny_gguf(tmp_path, "Q8_0")
     want = logits(path)
     (f,) = cache.glob("*.pack")
-    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # its trailer and index gone
     assert torch.equal(logits(path), want)
     assert "ignoring the packed-weights cache" in caplog.text
     assert pack_cache.PackedFile(f).names()  # rebuilt whole
@@ -116,3 +116,37 @@ def test_a_tensor_written_to_stays_private(tmp_path: Path, cache: Path) -> None:
     t = packed.get(name)
     t.zero_()
     assert torch.equal(logits(path), want)
+
+
+def test_the_writer_hands_back_the_files_pages_and_puts_the_file_in_place(tmp_path: Path, cache: Path) -> None:
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    w = pack_cache.CacheWriter(gguf, "int8")
+    a, b = torch.arange(5000, dtype=torch.int16).view(50, 100), torch.randn(3, 7)
+    ka, kb = w.keep("a", a), w.keep("b", b)
+    assert torch.equal(ka, a) and torch.equal(kb, b)
+    assert ka.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()  # not the packed tensor itself
+    assert not list(cache.glob("*.pack"))  # in place only once whole
+    path = w.finish()
+    assert path is not None and path.is_file() and not list(cache.glob("*.tmp*"))
+    got = pack_cache.PackedFile(path)
+    assert torch.equal(got.get("a"), a) and torch.equal(got.get("b"), b) and got.fmt == "int8"
+
+
+def test_a_write_that_fails_midway_leaves_no_file_and_a_correct_model(tmp_path: Path, cache: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _, path = tiny_gguf(tmp_path, "Q8_0")
+    want = logits(path, pack_cache=False)
+    calls = {"n": 0}
+    keep = pack_cache.CacheWriter.keep
+
+    def full_disk(self: pack_cache.CacheWriter, name: str, t: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 3 and self._file is not None:
+            self._file.close()  # the next write raises OSError (ValueError on a closed file is not it): reopen RO
+            self._file = self._tmp.open("rb")  # type: ignore[assignment]
+        return keep(self, name, t)
+
+    monkeypatch.setattr(pack_cache.CacheWriter, "keep", full_disk)
+    assert torch.equal(logits(path), want)
+    assert calls["n"] > 3 and not list(cache.glob("*.pack")) and not list(cache.glob("*.tmp*"))

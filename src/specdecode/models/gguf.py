@@ -42,7 +42,7 @@ from .assemble import PackedWeights, assemble_model, assemble_packed
 from .config import ModelConfig, UnsupportedModelError
 from .gguf_tokenizer import tokenizer_from_gguf
 from .llama import LlamaModel
-from .pack_cache import open_cached, write_cache
+from .pack_cache import CacheWriter, open_cached
 from .tables import PACKED_KINDS, StoredRows, decode_rows
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -580,14 +580,14 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
     kept there when it does not."""
     sources = _sources(ckpt, tensors, cfg)
     cached = open_cached(ckpt.path, fmt) if cache else None
-    fresh: dict[str, torch.Tensor] = {}
+    writer = CacheWriter(ckpt.path, fmt) if cache and cached is None else None
 
     def pack(name: str, stack: list[_Source], as_fmt: str, own: frozenset[str] = frozenset(OWN_FORMAT)
              ) -> torch.Tensor:
         if cached is not None and name in cached.names():
             return cached.get(name)
-        fresh[name] = _pack(stack, as_fmt, own)
-        return fresh[name]
+        packed = _pack(stack, as_fmt, own)
+        return writer.keep(name, packed) if writer is not None else packed  # the file's pages, once written
 
     fused = llama_fused_names(cfg.n_layers)
     matrices = {part for parts in fused.values() for part in parts}
@@ -628,8 +628,8 @@ def read_packed(ckpt: GGUFCheckpoint, tensors: list[_Tensor], cfg: ModelConfig, 
     head_src.t.release()
     emb.t.release()
     logical.update({name: cfg.vocab_size * cfg.dim for name in tables})
-    if cache and cached is None:  # written whole or not at all (a file lacking a name is not patched)
-        write_cache(ckpt.path, fmt, fresh)
+    if writer is not None:
+        writer.finish()
     return PackedWeights(fmt, params, tables, head, logical)
 
 

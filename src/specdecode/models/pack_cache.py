@@ -9,8 +9,11 @@ measured equal to anonymous memory).
 
 A cache file belongs to one GGUF file as it is (path, size, date, inode and a sample of its bytes), one
 weight format, and this code's packing (``PACK_FORMAT`` and a hash of the packers' sources), so a changed
-file or a changed packer never maps stale bytes; it is written to a temporary name and renamed whole. Files
-whose GGUF is gone or changed are removed when a new one is written. The cache lives under
+file or a changed packer never maps stale bytes. The first start writes it as it packs (``CacheWriter``):
+each matrix, once packed, goes to the file and the model holds the file's pages instead, so the packed
+model never sits in fresh memory and in the page cache at once; the file is renamed into place once whole.
+Layout: the tensors, each on a page, then the index (JSON) and a 16-byte trailer (magic, index length).
+Files whose GGUF is gone or changed are removed when a new one is written. The cache lives under
 ``$SPECDECODE_CACHE/packed`` (``~/.cache/specdecode``); ``--no-pack-cache`` (``load_model(pack_cache=False)``)
 neither reads nor writes it.
 """
@@ -18,6 +21,8 @@ neither reads nor writes it.
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import json
 import logging
 import mmap
@@ -30,12 +35,12 @@ from typing import Optional
 
 import torch
 
-PACK_FORMAT = 1  # bump when the layout of this file (not of the kernels: their sources are hashed) changes
+PACK_FORMAT = 2  # bump when the layout of this file (not of the kernels: their sources are hashed) changes
 ALIGN = 4096  # each tensor starts on a page: the kernels read 64-byte lines, and pages map independently
 SAMPLES = 16  # spread-out 4 KiB reads of the GGUF that go into its fingerprint (a rewrite changes them)
 HEADROOM = 1 << 30  # free disk a write must leave
 POPULATE_READ = 22  # MADV_POPULATE_READ, absent from older headers and Python's mmap module
-_MAGIC = b"SDPACK01"
+_MAGIC = b"SDPACK02"
 _PACKERS = ("kernels/repack.cpp", "kernels/quant.py", "kernels/quant_q4k.py", "kernels/quant_q5k.py",
             "kernels/quant_b32.py", "models/gguf.py", "models/pack_cache.py")
 log = logging.getLogger(__name__)
@@ -72,12 +77,17 @@ def cache_path(gguf: Path, fmt: str) -> Path:
 
 
 def _read_index(path: Path) -> dict:
-    """A cache file's header: its GGUF, format and tensors (name -> dtype, shape, byte offset)."""
+    """A cache file's index (from its trailer): its GGUF, format and tensors (name -> dtype, shape, offset)."""
     with path.open("rb") as f:
-        head = f.read(16)
-        if len(head) < 16 or head[:8] != _MAGIC:
+        size = f.seek(0, os.SEEK_END)
+        if size < 16:
             raise ValueError("not a pack file")
-        (n,) = struct.unpack("<Q", head[8:])
+        f.seek(size - 16)
+        tail = f.read(16)
+        (n,) = struct.unpack("<Q", tail[8:])
+        if tail[:8] != _MAGIC or n > size - 16:
+            raise ValueError("not a pack file")
+        f.seek(size - 16 - n)
         index = json.loads(f.read(n))
     if not isinstance(index, dict) or not {"source", "fmt", "tensors"} <= index.keys():
         raise ValueError("no index")
@@ -140,40 +150,85 @@ def open_cached(gguf: Path, fmt: str) -> Optional[PackedFile]:
         return None
 
 
-def write_cache(gguf: Path, fmt: str, tensors: dict[str, torch.Tensor]) -> Optional[Path]:
-    """Keep ``tensors`` (every packed one of the GGUF as ``fmt``) for the next start; None where the disk
-    lacks room or cannot be written (a read-only home): the model runs as packed, only the next start repacks."""
-    path = cache_path(gguf, fmt)
-    total = sum(t.numel() * t.element_size() + ALIGN for t in tensors.values())
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _forget_stale(path.parent)
-        if shutil.disk_usage(path.parent).free < total + HEADROOM:
-            log.info("not caching the packed weights: %s has under %.1f GB free", path.parent,
-                     (total + HEADROOM) / 1e9)
+def _as_bytes(t: torch.Tensor) -> memoryview:
+    return t.contiguous().view(torch.uint8).numpy().data
+
+
+def _mapped(f: "io.BufferedRandom", offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """The tensor at ``offset`` of the open file ``f`` as a private mapping of its pages."""
+    count = 1
+    for n in shape:
+        count *= n
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    length = count * dtype.itemsize
+    m = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_COPY, offset=offset)
+    return torch.frombuffer(m, dtype=dtype, count=count).view(shape)
+
+
+class CacheWriter:
+    """Writes the cache file of one GGUF as its matrices are packed (see the module docstring). ``keep`` returns
+    the tensor to hold: the file's mapped copy, or the packed tensor itself once writing has failed (a full or
+    read-only disk: the model runs as packed, only the next start repacks)."""
+
+    def __init__(self, gguf: Path, fmt: str) -> None:
+        self.gguf, self.fmt, self.path = gguf, fmt, cache_path(gguf, fmt)
+        self.index: dict[str, tuple[str, list[int], int]] = {}
+        self.offset = 0
+        self._file: Optional[io.BufferedRandom] = None
+        self._tmp = self.path.with_suffix(f".tmp{os.getpid()}-{next(_WRITES)}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _forget_stale(self.path.parent)
+            need = 2 * gguf.stat().st_size + HEADROOM  # K-quant layers rounded to int8 grow up to ~1.7x
+            if shutil.disk_usage(self.path.parent).free < need:
+                log.info("not caching the packed weights: %s has under %.1f GB free", self.path.parent, need / 1e9)
+                return
+            self._file = self._tmp.open("w+b")
+        except OSError as e:
+            log.info("not caching the packed weights in %s: %s", self.path.parent, e)
+
+    def keep(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        if self._file is None:
+            return t
+        try:
+            self._file.seek(self.offset)
+            self._file.write(_as_bytes(t))
+            self._file.flush()
+            out = _mapped(self._file, self.offset, t.dtype, list(t.shape))
+        except OSError as e:
+            log.info("stopped caching the packed weights in %s: %s", self.path.parent, e)
+            self._abandon()
+            return t
+        self.index[name] = (str(t.dtype).removeprefix("torch."), list(t.shape), self.offset)
+        self.offset += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
+        return out
+
+    def finish(self) -> Optional[Path]:
+        """Write the index and put the file in place (None if writing failed on the way)."""
+        if self._file is None:
             return None
-        index: dict[str, tuple[str, list[int], int]] = {}
-        offset = 0
-        for name, t in tensors.items():
-            index[name] = (str(t.dtype).removeprefix("torch."), list(t.shape), offset)
-            offset += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
-        # the header's length bounds where the data starts; offsets shifted by it add at most 12 digits each
-        bound = 16 + len(json.dumps({"source": str(gguf.resolve()), "fmt": fmt, "tensors": index})) + 12 * len(index)
-        start = -(-bound // ALIGN) * ALIGN
-        index = {n: (d, s, o + start) for n, (d, s, o) in index.items()}
-        head = json.dumps({"source": str(gguf.resolve()), "fmt": fmt, "tensors": index}).encode().ljust(start - 16)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with tmp.open("wb") as f:
-            f.write(_MAGIC + struct.pack("<Q", len(head)) + head)
-            for name, t in tensors.items():
-                f.seek(index[name][2])
-                f.write(t.contiguous().view(torch.uint8).numpy().data)
-            f.truncate(start + offset)
-        os.replace(tmp, path)
-        return path
-    except OSError as e:
-        log.info("not caching the packed weights in %s: %s", path.parent, e)
-        return None
+        try:
+            head = json.dumps({"source": str(self.gguf.resolve()), "fmt": self.fmt, "tensors": self.index}).encode()
+            self._file.seek(self.offset)
+            self._file.write(head + _MAGIC + struct.pack("<Q", len(head)))
+            self._file.truncate(self.offset + len(head) + 16)
+            self._file.close()
+            os.replace(self._tmp, self.path)
+            return self.path
+        except OSError as e:
+            log.info("not caching the packed weights in %s: %s", self.path.parent, e)
+            self._abandon()
+            return None
+
+    def _abandon(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._tmp.unlink(missing_ok=True)
+
+
+_WRITES = itertools.count()
 
 
 def forget(gguf: Path) -> int:
@@ -201,9 +256,6 @@ def _forget_stale(folder: Path) -> None:
         if stale:
             p.unlink(missing_ok=True)
     for p in folder.glob("*.tmp*"):
-        try:
-            int(p.suffix.removeprefix(".tmp"))
-            if not Path(f"/proc/{p.suffix.removeprefix('.tmp')}").exists():
-                p.unlink(missing_ok=True)
-        except ValueError:
-            continue
+        pid = p.suffix.removeprefix(".tmp").split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            p.unlink(missing_ok=True)
