@@ -1560,22 +1560,36 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
           b32_merge512<1>(_mm512_loadu_si512(wb + 64), qh, lo[1], hi16[1]);
           b32_merge512<2>(_mm512_loadu_si512(wb + 128), qh, lo[2], hi16[2]);
           b32_merge512<3>(_mm512_loadu_si512(wb + 192), qh, lo[3], hi16[3]);
-        } else {
+        } else if constexpr (MB == 1) {  // one row: the high nibbles in place, their chain's sum shifted once
           for (int s = 0; s < 4; ++s) {
             const __m512i raw = _mm512_loadu_si512(wb + s * 64);
             lo[s] = _mm512_and_si512(raw, low4);
             hi16[s] = _mm512_and_si512(raw, high4);
           }
+        } else {  // several rows: shifted down once here, so each row's sum is one chain with no shift or add
+          for (int s = 0; s < 4; ++s) {
+            const __m512i raw = _mm512_loadu_si512(wb + s * 64);
+            lo[s] = _mm512_and_si512(raw, low4);
+            hi16[s] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+          }
         }
+        constexpr bool one_chain = HI || MB > 1;  // hi16 holds the high values themselves
         __m512i isum[MB];
         for (int j = 0; j < MB; ++j) {
           const int32_t* xb = xq32 + j * xstride + b * 8;
-          __m512i a = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
-          for (int s = 0; s < 4; ++s) {
-            a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
-            a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
+          if constexpr (one_chain) {  // exact integer sums: the same as two chains added
+            __m512i a = _mm512_setzero_si512();
+            for (int s = 0; s < 4; ++s) a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
+            for (int s = 0; s < 4; ++s) a = _mm512_dpbusd_epi32(a, hi16[s], _mm512_set1_epi32(xb[4 + s]));
+            isum[j] = a;
+          } else {
+            __m512i a = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
+            for (int s = 0; s < 4; ++s) {
+              a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
+              a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
+            }
+            isum[j] = _mm512_add_epi32(a, _mm512_srai_epi32(a2, 4));
           }
-          isum[j] = _mm512_add_epi32(a, HI ? a2 : _mm512_srai_epi32(a2, 4));
         }
         const __m512 ds = _mm512_mul_ps(_mm512_load_ps(dd[i]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[i] + kQ4kSc + jb * G)))));
