@@ -1103,12 +1103,18 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
         }
         for (int j = 0; j < MB; ++j) {
           const int32_t* xb = xq32 + j * xstride + b * 8;
-          __m512i a = _mm512_set1_epi32(qx.corr[(m0 + j) * nb + b]), a2 = _mm512_setzero_si512();
-          for (int s = 0; s < 8; s += 2) {
-            a = _mm512_dpbusd_epi32(a, wv[s], _mm512_set1_epi32(xb[s]));
-            a2 = _mm512_dpbusd_epi32(a2, wv[s + 1], _mm512_set1_epi32(xb[s + 1]));
+          __m512i a = _mm512_set1_epi32(qx.corr[(m0 + j) * nb + b]);
+          if constexpr (MB > 1) {  // the rows' chains run side by side: one chain a row, no add (exact sums)
+            for (int s = 0; s < 8; ++s) a = _mm512_dpbusd_epi32(a, wv[s], _mm512_set1_epi32(xb[s]));
+            isum[j] = a;
+          } else {
+            __m512i a2 = _mm512_setzero_si512();
+            for (int s = 0; s < 8; s += 2) {
+              a = _mm512_dpbusd_epi32(a, wv[s], _mm512_set1_epi32(xb[s]));
+              a2 = _mm512_dpbusd_epi32(a2, wv[s + 1], _mm512_set1_epi32(xb[s + 1]));
+            }
+            isum[j] = _mm512_add_epi32(a, a2);
           }
-          isum[j] = _mm512_add_epi32(a, a2);
         }
       } else {
         const uint8_t* wb = grp[i] + b * 256;
