@@ -45,3 +45,34 @@ def test_greedy_speculation_equals_plain_decoding(model: sd.Model) -> None:
     for name in ("layerskip", "ngram", "quant"):
         drafter = sd.build_drafter(name, sd.DrafterOptions(gamma="auto"))
         assert sd.generate(model, prompt, drafter=drafter, max_new_tokens=40, ignore_eos=True).token_ids == plain
+
+
+def test_the_one_call_stack_equals_the_layer_loop_bit_for_bit(model: sd.Model) -> None:
+    """``blocks_forward`` (one C++ call for the whole stack) against ``_forward_blocks``' Python loop over the same
+    fused ops: the same logits to the bit, for a prefill, one-token steps, a wide pass past the window and a tree."""
+    from dataclasses import replace
+
+    from specdecode.kernels import install_kernels
+
+    if model.kernels.native is None:
+        pytest.skip("the fast linear kernel is unavailable here")
+    torch.manual_seed(1)
+    ids = torch.randint(0, model.vocab_size, (1, 30))
+    tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])  # a root, two children
+
+    def passes() -> list[torch.Tensor]:
+        cache = model.new_cache(1, 64)
+        out = [model.forward(ids[:, :12], cache)]
+        out += [model.forward(ids[:, i:i + 1], cache) for i in range(12, 16)]
+        out.append(model.forward(ids[:, 16:22], cache))
+        out.append(model.forward(ids[:, 22:25], cache, tree_mask=tree.unsqueeze(0)))
+        return out
+
+    one_call = passes()
+    kernels = model.kernels
+    install_kernels(model.module, replace(kernels, native=None))
+    try:
+        loop = passes()
+    finally:
+        install_kernels(model.module, kernels)
+    assert len(one_call) == len(loop) and all(torch.equal(a, b) for a, b in zip(one_call, loop))

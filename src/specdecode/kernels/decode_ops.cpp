@@ -925,6 +925,68 @@ at::Tensor stack_run(const Stack& st, at::Tensor& x, const at::Tensor& cos, cons
   return h;
 }
 
+// The blocks the Llama stack above lacks (Gemma 3's, Qwen 3's): per layer, optionally, q and k norms (each head,
+// before RoPE), norms after attention and after the MLP (Gemma's sandwich), a GELU-tanh gate, a sliding window
+// and the local RoPE tables. The ops and their order are LlamaModel._forward_blocks' (models/llama.py), so the
+// bits are too: one call instead of ~15 from Python a layer.
+struct BlockStack {
+  // per layer; bqkv, wv, q_norm, k_norm, post_attn and post_mlp entries may be undefined
+  std::vector<at::Tensor> wqkv, bqkv, wo, w13, w2, attn_norm, mlp_norm, wv, q_norm, k_norm, post_attn, post_mlp;
+  std::vector<int64_t> window;  // 0: attends over the whole cache
+  std::vector<bool> local_rope, gelu;
+  at::Tensor final_norm;
+};
+
+at::Tensor blocks_forward(const BlockStack& st, at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                          const at::Tensor& cos_local, const at::Tensor& sin_local,
+                          const std::vector<at::Tensor>& k_layers, const std::vector<at::Tensor>& v_layers,
+                          int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV, int64_t D,
+                          double eps, double scale, bool last_only, uintptr_t linear_fn, bool bf16_dot,
+                          const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& tree_mask) {
+  TORCH_CHECK(x.dim() == 3, "decode_ops: x must be [B, T, dim]");
+  const size_t n = st.wqkv.size();
+  TORCH_CHECK(n > 0 && k_layers.size() == n && v_layers.size() == n, "decode_ops: one cache per layer");
+  const TreeArgs tree = tree_args(positions, tree_mask, starts, x.size(1));
+  at::Tensor h = rms_norm(x, st.attn_norm[0], eps);
+  for (size_t i = 0; i < n; ++i) {
+    at::Tensor qkv;
+    if (st.wv[i].defined()) {
+      qkv = at::cat({lin(linear_fn, bf16_dot, h, st.wqkv[i], at::Tensor()),
+                     lin(linear_fn, bf16_dot, h, st.wv[i], at::Tensor())}, -1);
+      if (st.bqkv[i].defined()) qkv.add_(st.bqkv[i]);
+    } else {
+      qkv = lin(linear_fn, bf16_dot, h, st.wqkv[i], st.bqkv[i]);
+    }
+    if (st.q_norm[i].defined() && st.k_norm[i].defined()) {
+      at::Tensor heads = qkv.view({qkv.size(0), qkv.size(1), H + 2 * KV, D});
+      heads.narrow(2, 0, H).copy_(rms_norm(heads.narrow(2, 0, H).contiguous(), st.q_norm[i], eps));
+      heads.narrow(2, H, KV).copy_(rms_norm(heads.narrow(2, H, KV).contiguous(), st.k_norm[i], eps));
+    }
+    at::Tensor kc = k_layers[i], vc = v_layers[i];
+    const bool local = st.local_rope[i];
+    at::Tensor attn = attention_impl(qkv, local ? cos_local : cos, local ? sin_local : sin, kc, vc, row0, starts, H,
+                                     KV, D, scale, tree, st.window[i]);
+    at::Tensor out = lin(linear_fn, bf16_dot, attn, st.wo[i], at::Tensor());
+    if (st.post_attn[i].defined()) out = rms_norm(out, st.post_attn[i], eps);
+    h = add_rms_norm_(x, out, st.mlp_norm[i], eps);
+    at::Tensor gate_up = lin(linear_fn, bf16_dot, h, st.w13[i], at::Tensor());
+    at::Tensor act;
+    if (st.gelu[i]) {
+      const int64_t ffn = gate_up.size(-1) / 2;
+      act = at::gelu(gate_up.narrow(-1, 0, ffn), "tanh") * gate_up.narrow(-1, ffn, ffn);
+    } else {
+      act = silu_mul(gate_up);
+    }
+    at::Tensor down = lin(linear_fn, bf16_dot, act, st.w2[i], at::Tensor());
+    if (st.post_mlp[i].defined()) down = rms_norm(down, st.post_mlp[i], eps);
+    if (i + 1 < n)
+      h = add_rms_norm_(x, down, st.attn_norm[i + 1], eps);
+    else
+      x.add_(down);
+  }
+  return rms_norm((last_only ? x.narrow(1, x.size(1) - 1, 1) : x).contiguous(), st.final_norm, eps);
+}
+
 at::Tensor stack_forward(const Stack& st, at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                          const std::vector<at::Tensor>& k_layers, const std::vector<at::Tensor>& v_layers,
                          int64_t row0, const std::vector<int64_t>& starts, int64_t H, int64_t KV, int64_t D,
@@ -1183,6 +1245,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     "decode_ops: every per-layer list needs one entry per layer");
         return st;
       }));
+  pybind11::class_<BlockStack>(m, "BlockStack", "the weights and per-layer flags of blocks_forward's layers")
+      .def(pybind11::init([](std::vector<std::vector<std::optional<at::Tensor>>> tensors, at::Tensor final_norm,
+                             std::vector<int64_t> window, std::vector<bool> local_rope, std::vector<bool> gelu) {
+        // tensors: wqkv, bqkv, wo, w13, w2, attn_norm, mlp_norm, wv, q_norm, k_norm, post_attn, post_mlp
+        TORCH_CHECK(tensors.size() == 12, "decode_ops: BlockStack takes 12 per-layer lists");
+        BlockStack st;
+        std::vector<at::Tensor>* out[12] = {&st.wqkv, &st.bqkv, &st.wo, &st.w13, &st.w2, &st.attn_norm,
+                                            &st.mlp_norm, &st.wv, &st.q_norm, &st.k_norm, &st.post_attn,
+                                            &st.post_mlp};
+        const size_t n = tensors[0].size();
+        for (int k = 0; k < 12; ++k) {
+          TORCH_CHECK(tensors[k].size() == n, "decode_ops: every per-layer list needs one entry per layer");
+          for (auto& t : tensors[k]) out[k]->push_back(t.has_value() ? *t : at::Tensor());
+        }
+        for (int k : {0, 2, 3, 4, 5, 6})
+          for (const auto& t : *out[k]) TORCH_CHECK(t.defined(), "decode_ops: a layer lacks a required tensor");
+        TORCH_CHECK(window.size() == n && local_rope.size() == n && gelu.size() == n,
+                    "decode_ops: one window, RoPE choice and activation per layer");
+        st.window = std::move(window);
+        st.local_rope = std::move(local_rope);
+        st.gelu = std::move(gelu);
+        st.final_norm = std::move(final_norm);
+        return st;
+      }));
+  m.def("blocks_forward", &blocks_forward,
+        "decoder blocks with q/k norms, sandwich norms, GELU and sliding windows (Gemma 3, Qwen 3) for new tokens; "
+        "returns the final-normed hidden",
+        pybind11::arg("stack"), pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"),
+        pybind11::arg("cos_local"), pybind11::arg("sin_local"), pybind11::arg("k_layers"), pybind11::arg("v_layers"),
+        pybind11::arg("row0"), pybind11::arg("starts"), pybind11::arg("n_heads"), pybind11::arg("n_kv_heads"),
+        pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"), pybind11::arg("last_only"),
+        pybind11::arg("linear_fn"), pybind11::arg("bf16_dot"), pybind11::arg("positions") = pybind11::none(),
+        pybind11::arg("tree_mask") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("stack_forward", &stack_forward, "the whole decoder stack for new tokens; returns the final-normed hidden",
         pybind11::arg("stack"), pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"),
         pybind11::arg("k_layers"), pybind11::arg("v_layers"), pybind11::arg("row0"), pybind11::arg("starts"),

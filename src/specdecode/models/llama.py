@@ -328,6 +328,18 @@ class LlamaModel(nn.Module):
         if cfg.rope_local_theta is not None and self.rope_local_cos.device != self.rope_cos.device:
             self.rope_local_cos, self.rope_local_sin = self.rope_local_cos.cpu(), self.rope_local_sin.cpu()
         capture, states = meta.capture, {}
+        native = self.kernels.native
+        if native is not None and not capture:  # the same ops in one C++ call (decode_ops.cpp blocks_forward)
+            own = cfg.rope_local_theta is not None  # sliding layers with a RoPE base of their own
+            local_cos = self.rope_local_cos if own else self.rope_cos
+            local_sin = self.rope_local_sin if own else self.rope_sin
+            h = ext.blocks_forward(self._block_stack(ext, run), x, self.rope_cos, self.rope_sin, local_cos, local_sin,
+                                   [cache.k_layer(b.layer) for b in run], [cache.v_layer(b.layer) for b in run],
+                                   row0, meta.starts, n_h, n_kv, hd, eps, scale, last_only, native[0], native[1],
+                                   meta.explicit_positions, meta.tree)
+            if capture is not None:
+                meta.hidden, meta.layer_states = h, {}
+            return linear(h, head)
         h = ext.rms_norm(x, run[0].attn_norm, eps)
         for i, block in enumerate(run):
             qkv = project_qkv(linear, h, block.wqkv, block.bqkv, block.wv)
@@ -362,6 +374,21 @@ class LlamaModel(nn.Module):
         if capture is not None:
             meta.hidden, meta.layer_states = h, states
         return linear(h, head)
+
+    def _block_stack(self, ext, run: list[LlamaBlock]) -> object:
+        """The C++ BlockStack of these blocks, built once per run of layers (a reassigned weight: a new one)."""
+        cfg = self.cfg
+        key = tuple((id(b), id(b.wqkv), id(b.w13)) for b in run)
+        stacks = self.__dict__.setdefault("_block_stacks", {})
+        if key not in stacks:
+            cols = [[b.wqkv for b in run], [b.bqkv for b in run], [b.wo for b in run], [b.w13 for b in run],
+                    [b.w2 for b in run], [b.attn_norm for b in run], [b.mlp_norm for b in run], [b.wv for b in run],
+                    [b.q_norm for b in run], [b.k_norm for b in run], [b.post_attn_norm for b in run],
+                    [b.post_mlp_norm for b in run]]
+            stacks[key] = ext.BlockStack(
+                cols, self.norm, [(cfg.sliding_window or 0) if b.sliding else 0 for b in run],
+                [b.sliding and cfg.rope_local_theta is not None for b in run], [b.gelu for b in run])
+        return stacks[key]
 
     def _head(self, plan: "_FusedPlan", head: Optional[torch.Tensor]) -> torch.Tensor:
         if head is not None:
