@@ -1088,6 +1088,9 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
   const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80)), low4 = _mm512_set1_epi8(0x0f);
   const __m512i high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
   const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
+  // int4: a stream's prefetch past its group's end goes on in the group it reads next (NS groups on), not in the
+  // neighbour stream's, already being read: short rows (10-40 KB a group) otherwise start each call's streams cold
+  const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes;
   __m512 acc[NS][MB];
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -1119,8 +1122,10 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
       } else {
         const uint8_t* wb = grp[i] + b * 256;
         __m512i lo[4], hi16[4];  // high nibbles kept in place: that chain sums 16x the dot, shifted back once per block
+        const int64_t ahead = b * 256 + kStreamPrefetch;
+        const uint8_t* pf = grp[i] + ahead + (ahead + 192 >= gbytes ? skip : 0);
         for (int s = 0; s < 4; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf + s * 64), _MM_HINT_T1);
           const __m512i raw = _mm512_loadu_si512(wb + s * 64);
           lo[s] = _mm512_and_si512(raw, low4);
           hi16[s] = _mm512_and_si512(raw, high4);
