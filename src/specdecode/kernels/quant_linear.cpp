@@ -1549,12 +1549,17 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
   __m512 acc[NS][MB];
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  // a stream's prefetch past its group's end goes on in the group it reads next (NS groups on): int4's choice
+  const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes;
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* base[NS];
+    const uint8_t* pf[NS];  // what the prefetches add kQ4kPrefetch to
+    const bool past = (sb + 1) * k4_group_sb<HI>() + kQ4kPrefetch > gbytes;
     alignas(64) float dd[NS][G], dn[NS][G];  // through L1: in registers they crowd out a register block's sums
     for (int i = 0; i < NS; ++i) {
       base[i] = L.group(w, g0 + i) + sb * k4_group_sb<HI>();
-      prefetch_q4k_scales<HI>(base[i]);
+      pf[i] = base[i] + (past ? skip : 0);
+      prefetch_q4k_scales<HI>(pf[i]);
       _mm512_store_ps(dd[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kD))));
       _mm512_store_ps(dn[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kDmin))));
     }
@@ -1564,7 +1569,7 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
         const uint8_t* wb = base[i] + jb * 256;
         __m512i lo[4], hi16[4];  // q4k: the high nibbles in place (16 v); q5k: merged to bytes 0..31
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
         if constexpr (HI) {
           const __m512i qh = _mm512_loadu_si512(base[i] + kQ5kQh + jb * 64);
           b32_merge512<0>(_mm512_loadu_si512(wb), qh, lo[0], hi16[0]);
