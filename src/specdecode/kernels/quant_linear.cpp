@@ -1789,11 +1789,16 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
   __m512 acc[NS][MB];
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  // a stream's prefetch past its group's end goes on in the group it reads next (NS groups on): q4k's choice
+  const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes;
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* base[NS];
+    const uint8_t* pf[NS];  // what the prefetches add kQ6kPrefetch to
+    const bool past = (sb + 1) * kQ6kGroupSb + kQ6kPrefetch > gbytes;
     alignas(64) float dd[NS][G];
     for (int i = 0; i < NS; ++i) {
       base[i] = L.group(w, g0 + i) + sb * kQ6kGroupSb;
+      pf[i] = base[i] + (past ? skip : 0);
       _mm512_store_ps(dd[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ6kD))));
     }
     for (int64_t jb = 0; jb < 8; ++jb) {
@@ -1801,13 +1806,13 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
       for (int i = 0; i < NS; ++i) {
         const uint8_t* wb = base[i] + jb * 256;
         const uint8_t* hb = base[i] + kQ6kQh + jb * 128;
-        prefetch_q6k_spread(base[i], jb);
+        prefetch_q6k_spread(pf[i], jb);
         __m512i lo[4], hi[4];
         for (int p = 0; p < 2; ++p) {
           const __m512i qh = _mm512_loadu_si512(hb + p * 64);
           for (int e = 0; e < 2; ++e) {
             const int s = 2 * p + e;
-            _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
             const __m512i raw = _mm512_loadu_si512(wb + s * 64);
             const __m512i hl = e == 0 ? _mm512_slli_epi16(qh, 4) : qh;
             const __m512i hh = e == 0 ? _mm512_slli_epi16(qh, 2) : _mm512_srli_epi16(qh, 2);
