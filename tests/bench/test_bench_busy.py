@@ -32,15 +32,34 @@ def test_hogs_hold_a_core_each_and_end_with_the_block() -> None:
 
 
 def test_table_gives_the_goals_ratios() -> None:
-    rows = [{"condition": c, "drafter": "none", "arm": a, "tok_s": v, "samples": [v]}
-            for c, a, v in (("idle", "default", 200.0), ("idle", "1 thread", 160.0), ("idle", "api", 190.0),
-                            ("2 busy", "default", 90.0), ("2 busy", "1 thread", 100.0), ("2 busy", "api", 45.0))]
-    rows.append({"condition": "idle", "drafter": "auto", "arm": "default", "tok_s": 400.0, "samples": [400.0]})
-    rows.append({"condition": "idle", "drafter": "auto", "arm": "1 thread", "tok_s": 300.0, "samples": [300.0]})
+    rows = [{"condition": c, "entry": e, "drafter": "none", "arm": a, "tok_s": v, "samples": [v]}
+            for c, e, a, v in (("idle", "generate", "default", 200.0), ("idle", "generate", "1 thread", 160.0),
+                               ("idle", "api", "default", 190.0), ("2 busy", "generate", "default", 90.0),
+                               ("2 busy", "generate", "1 thread", 100.0), ("2 busy", "api", "default", 45.0),
+                               ("2 busy", "serve", "default", 80.0), ("2 busy", "serve", "1 thread", 100.0))]
+    rows.append({"condition": "idle", "entry": "chat", "drafter": "auto", "arm": "default", "tok_s": 400.0,
+                 "samples": [400.0]})
+    rows.append({"condition": "idle", "entry": "chat", "drafter": "auto", "arm": "1 thread", "tok_s": 300.0,
+                 "samples": [300.0]})
     lines = busy.table(rows).splitlines()
-    assert "| idle | none | 200.0 | 160.0 | 1.25 | 190.0 | 0.95 |" in lines
-    assert "| 2 busy | none | 90.0 | 100.0 | 0.90 | 45.0 | 0.50 |" in lines
-    assert "| idle | auto | 400.0 | 300.0 | 1.33 | – | – |" in lines
+    assert "| idle | generate | none | 200.0 | 160.0 | 1.25 |" in lines
+    assert "| idle | api | none | 190.0 | – | 0.95 of `generate`'s default |" in lines
+    assert "| 2 busy | generate | none | 90.0 | 100.0 | 0.90 |" in lines
+    assert "| 2 busy | api | none | 45.0 | – | 0.50 of `generate`'s default |" in lines
+    assert "| 2 busy | serve | none | 80.0 | 100.0 | 0.80 |" in lines
+    assert "| idle | chat | auto | 400.0 | 300.0 | 1.33 |" in lines
+
+
+def test_unknown_entries_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from specdecode.cli import main as cli_main
+    assert cli_main(["bench", "busy", "--entries", "generate,repl"]) == 2
+    err = capsys.readouterr().err
+    assert "--entries repl unknown" in err and "generate,chat,serve" in err
+
+
+def test_chat_figures_line_is_read() -> None:
+    line = "\n[187.4 tok/s | alpha 0.61 | tau 2.10 tokens/pass | 64 tokens, finish: length]\n"
+    assert busy.CHAT_FIGURES.findall(line) == ["187.4"]
 
 
 def test_child_entry_point_refuses_other_arguments() -> None:
@@ -56,4 +75,6 @@ def test_a_real_run_on_smollm2() -> None:
                           "--hogs", "1", "--rounds", "1", "--max-new-tokens", "16"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| idle | none |" in out.stdout and "| 1 busy | none |" in out.stdout
+    for cond in ("idle", "1 busy"):
+        for entry in ("generate", "chat", "serve", "api"):
+            assert f"| {cond} | {entry} | none |" in out.stdout, out.stdout
