@@ -25,6 +25,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
@@ -84,14 +85,15 @@ def serve_run(target: str, drafter: str, tokens: int) -> Run:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         url = f"http://127.0.0.1:{port}"
+        log = tempfile.TemporaryFile("w+")  # a file, not a pipe: nobody reads the log while it serves
         proc = subprocess.Popen([sys.executable, "-m", "specdecode.cli", "serve", "--target", target, "--drafter",
-                                 drafter, "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+                                 drafter, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 600
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"specdecode serve exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+                    log.seek(0)
+                    raise RuntimeError(f"specdecode serve exited ({proc.returncode}): {log.read()[-2000:]}")
                 try:
                     if httpx.get(url + "/health", timeout=2).status_code == 200:
                         break
@@ -108,6 +110,7 @@ def serve_run(target: str, drafter: str, tokens: int) -> Run:
         finally:
             proc.kill()
             proc.wait()
+            log.close()
     return one
 
 
