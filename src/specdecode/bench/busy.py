@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import socket
@@ -183,6 +184,7 @@ def cmd_busy(args: argparse.Namespace) -> int:
         print(f"specdecode bench busy: error: --entries {','.join(unknown)} unknown; choose from "
               f"{','.join(ENTRIES)}", file=sys.stderr)
         return 2
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request to the servers it starts
     rows = measure(args.target, entries, [d for d in args.drafters.split(",") if d], args.max_new_tokens,
                    args.rounds, args.hogs)
     print(f"bench busy: {args.target}, {args.max_new_tokens} tokens, {args.rounds} rounds, {os.cpu_count()} CPUs")
