@@ -117,7 +117,7 @@ def test_attention_is_batch_invariant() -> None:
             assert torch.equal(one[0, 0], full[r, t])
 
 
-@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("window", [0, 8, 64])
 def test_windowed_and_wide_heads_are_batch_invariant(d: int, window: int) -> None:
     """Head dim 256 and sliding windows (Gemma 3): a pass of 5 tokens past the window (each query skipping its own

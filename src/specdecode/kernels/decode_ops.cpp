@@ -446,13 +446,19 @@ DOPS_AVX2 void attend_grouped_t(const float* Q, const int64_t* nkeys, const uint
       if (j1 <= j0) continue;
       const float* s = S + qi * n_keys;
       float* a = acc_buf + qi * D;
-      __m256 acc[NV];
-      for (int i = 0; i < NV; ++i) acc[i] = _mm256_loadu_ps(a + 8 * i);
-      for (int64_t j = j0; j < j1; ++j) {
-        const __m256 wj = _mm256_set1_ps(s[j]);
-        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vt + (j - j0) * D + 8 * i), acc[i]);
+      // at head_dim 128 / 256 the row's accumulators (16 / 32 ymm) do not fit AVX2's 16 registers and spilled on
+      // every key: the tile's keys are walked once per 64 dimensions instead (each lane's sum in the same order)
+      constexpr int CH = NV > 8 && NV % 8 == 0 ? 8 : NV;
+      for (int c0 = 0; c0 < NV; c0 += CH) {
+        __m256 acc[CH];
+        for (int i = 0; i < CH; ++i) acc[i] = _mm256_loadu_ps(a + 8 * (c0 + i));
+        for (int64_t j = j0; j < j1; ++j) {
+          const __m256 wj = _mm256_set1_ps(s[j]);
+          const float* vj = vt + (j - j0) * D + 8 * c0;
+          for (int i = 0; i < CH; ++i) acc[i] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < CH; ++i) _mm256_storeu_ps(a + 8 * (c0 + i), acc[i]);
       }
-      for (int i = 0; i < NV; ++i) _mm256_storeu_ps(a + 8 * i, acc[i]);
     }
   }
   if (extra != nullptr) {
