@@ -1093,9 +1093,12 @@ __attribute__((target(QL_VNNI256))) void groups_vnni256(const Layout& L, const Q
 // depend on the batch or on which chunk a group falls in (tests compare the paths bit for bit).
 constexpr int kStreams = 4;  // kStreamPrefetch: with groups_avx2_m1
 
+// Blocks [b0, b1) only, the float sums carried in ``out`` (row stride ``ostride``): loaded there unless b0 == 0,
+// stored back after b1 (groups_vnni's K segments; exact fp32 values, so the same bits as one walk).
 template <int MB, int NS>
 __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
-                                                   int64_t g0, float* out) {
+                                                   int64_t g0, float* out, int64_t b0, int64_t b1,
+                                                   int64_t ostride) {
   const int64_t nb = qx.nb, xstride = qx.Kp / 4;
   const uint8_t* grp[NS];
   const uint16_t* ws[NS];
@@ -1111,8 +1114,8 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
   const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes, sahead = scale_ahead(L.fmt);
   __m512 acc[NS][MB];
   for (int i = 0; i < NS; ++i)
-    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+    for (int j = 0; j < MB; ++j) acc[i][j] = b0 ? _mm512_loadu_ps(out + (i * ostride + j) * G) : _mm512_setzero_ps();
+  for (int64_t b = b0; b < b1; ++b) {
     for (int i = 0; i < NS; ++i) {
       prefetch_scales(reinterpret_cast<const uint8_t*>(ws[i]), b, nb, sahead, NS * gbytes);
       __m512i isum[MB];
@@ -1167,36 +1170,60 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
     }
   }
   for (int i = 0; i < NS; ++i)
-    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * ostride + j) * G, acc[i][j]);
 }
 
 template <int NS>
 __attribute__((target(QL_512))) void groups_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb,
-                                                     const uint8_t* w, int64_t g0, float* out) {
+                                                     const uint8_t* w, int64_t g0, float* out, int64_t b0,
+                                                     int64_t b1, int64_t ostride) {
   switch (mb) {
-    case 1: groups_vnni_mb<1, NS>(L, qx, m0, w, g0, out); break;
-    case 2: groups_vnni_mb<2, NS>(L, qx, m0, w, g0, out); break;
-    case 3: groups_vnni_mb<3, NS>(L, qx, m0, w, g0, out); break;
-    case 4: groups_vnni_mb<4, NS>(L, qx, m0, w, g0, out); break;
-    case 5: groups_vnni_mb<5, NS>(L, qx, m0, w, g0, out); break;
-    case 6: groups_vnni_mb<6, NS>(L, qx, m0, w, g0, out); break;
-    case 7: groups_vnni_mb<7, NS>(L, qx, m0, w, g0, out); break;
-    default: groups_vnni_mb<8, NS>(L, qx, m0, w, g0, out); break;
+    case 1: groups_vnni_mb<1, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
+    case 2: groups_vnni_mb<2, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
+    case 3: groups_vnni_mb<3, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
+    case 4: groups_vnni_mb<4, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
+    case 5: groups_vnni_mb<5, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
+    case 6: groups_vnni_mb<6, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
+    case 7: groups_vnni_mb<7, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
+    default: groups_vnni_mb<8, NS>(L, qx, m0, w, g0, out, b0, b1, ostride); break;
   }
 }
 
-// ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
+// Bytes of weights a K segment of kStreams groups spans when several register blocks of token rows share it:
+// each block then rereads the segment from L1. Whole-K walks per register block reread the groups from L2 at
+// best (139-557 KB a unit at 2048-8192 inputs), and a 9-row pass (5 + 4 rows) of a 1.7B-shape file cost 1.5-2x a
+// 5-row one depending on where the pages landed (L2 conflicts); per segment the second block pays its arithmetic.
+constexpr int64_t kSegmentBytes = 16 * 1024;
+
+// ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8; with several blocks, K in
+// segments of kSegmentBytes, every block over a segment before the next)
 __attribute__((target(QL_512))) void groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias,
                                                 float* y, int64_t g0, int ns) {
-  alignas(64) float out[kStreams * 8 * G];
-  for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
-    mb = block_rows(qx.M, m0, 8);
+  const int64_t nb = qx.nb;
+  if (qx.M <= 8) {
+    alignas(64) float out[kStreams * 8 * G];
     if (ns == kStreams)
-      groups_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out);
+      groups_vnni_rows<kStreams>(L, qx, 0, qx.M, w, g0, out, 0, nb, 8);
     else
-      groups_vnni_rows<1>(L, qx, m0, mb, w, g0, out);
-    write_groups(L, out, 8, ns, m0, mb, g0, bias, y);
+      groups_vnni_rows<1>(L, qx, 0, qx.M, w, g0, out, 0, nb, 8);
+    write_groups(L, out, 8, ns, 0, qx.M, g0, bias, y);
+    return;
   }
+  thread_local std::vector<float> sums;  // [group][row][column]: every row's carried float sums
+  sums.resize(static_cast<size_t>(kStreams * qx.M * G));
+  float* out = sums.data();
+  const int64_t seg = std::max<int64_t>(1, kSegmentBytes / (kStreams * G * (L.fmt == FMT_Q8 ? 32 : 16)));
+  for (int64_t b0 = 0; b0 < nb; b0 += seg) {
+    const int64_t b1 = std::min(nb, b0 + seg);
+    for (int64_t m0 = 0, mb = 0; m0 < qx.M; m0 += mb) {
+      mb = block_rows(qx.M, m0, 8);
+      if (ns == kStreams)
+        groups_vnni_rows<kStreams>(L, qx, m0, mb, w, g0, out + m0 * G, b0, b1, qx.M);
+      else
+        groups_vnni_rows<1>(L, qx, m0, mb, w, g0, out + m0 * G, b0, b1, qx.M);
+    }
+  }
+  write_groups(L, out, qx.M, ns, 0, qx.M, g0, bias, y);
 }
 #endif  // QL_X86
 
