@@ -647,9 +647,11 @@ __attribute__((target("avx2,fma,f16c"))) void half_avx2(const Layout& L, const Q
 // DRAM lines in flight). Only the decode step: 16 ymm registers leave no room for several token rows
 // per stream. Each column runs half_avx2<1>'s arithmetic in the same order (bit-identical results).
 constexpr int kStreamsAvx2 = 4;
-// into L2 (_MM_HINT_T1), not L1: a 16-row group is 7-80 KB here, and lines fetched into L1 that far
-// ahead evict the ones in use (measured with one stream: T0 made int8 / int4 steps at the 0.5B shape
-// ~1.15 / 1.5x slower at one row, ~1.9 / 1.45x at five)
+// Into L1 (_MM_HINT_T0): a stream's lines are due a few KiB later, 4 streams x 2 KiB sit well inside a 48 KiB L1,
+// and the L2 hint left each line's last hop on the critical path (bench kernel-ab, EPYC Zen 5, 1 thread, T0
+// against T1 on every stream: 1 row int8 / int4 / q4k / q5k 1.08-1.21x on VNNI-512, 1.02-1.2x on AVX2 and
+// AVX-VNNI, nothing slower beyond noise). Not a group ahead, as half_avx2 fetches: that far ahead, T0 evicts the
+// lines in use (one stream: 1.15-1.9x slower), so that one stays in L2.
 // How far ahead: 2 KiB (2048 x 8192 from memory, one thread: against 32 KiB, int8 1 row 0.655 -> 0.59 ms and
 // int4 5 rows 0.56 -> 0.37 ms on VNNI-512, int4 1 row 0.44 -> 0.32 ms on AVX2; 1 KiB and 4-8 KiB are slower).
 // Far ahead, lines arrive before they are due and crowd out the ones in use.
@@ -664,7 +666,7 @@ constexpr int64_t kStreamPrefetch = 2 * 1024;
 __attribute__((always_inline)) inline void prefetch_scales(const uint8_t* scales, int64_t b, int64_t nb, int64_t ahead,
                                                            int64_t next) {
   const int64_t sb = b + ahead;
-  _mm_prefetch(reinterpret_cast<const char*>(scales + (sb < nb ? sb * 32 : next + (sb - nb) * 32)), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(scales + (sb < nb ? sb * 32 : next + (sb - nb) * 32)), _MM_HINT_T0);
 }
 
 // kStreamPrefetch's worth of blocks: int8 blocks are 512 bytes a group, int4 256
@@ -685,7 +687,7 @@ __attribute__((target("avx2,fma,f16c"))) void groups_avx2_m1(const Layout& L, co
       const uint8_t* wb0 = grp + b * (L.fmt == FMT_Q8 ? 512 : 256);
       prefetch_scales(grp + G * L.qb, b, nb, scale_ahead(L.fmt), kStreamsAvx2 * G * L.rb);
       for (int s = 0; s < (L.fmt == FMT_Q8 ? 8 : 4); ++s)
-        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         const uint8_t* wb = wb0 + h * 32;
         __m256i isum;
@@ -807,7 +809,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows_q8_avx2(const Layout& L, cons
       const uint8_t* wb0 = grp + b * 512;
       if (prefetch)
         for (int s = 0; s < 8; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + b * G + h * 8)));
         tile_q8_avx2<MB>(wb0 + h * 32, xq + b * 32, Kp, dx + b, nb, dw, &acc[i][0][h * 8]);
@@ -865,7 +867,7 @@ __attribute__((target("avx2,fma,f16c"))) void groups_rows_q4_avx2(const Layout& 
       __m256i p16[MB][2];
       for (int j = 0; j < MB; ++j) p16[j][0] = p16[j][1] = _mm256_setzero_si256();
       for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T0);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
         const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
@@ -949,7 +951,7 @@ __attribute__((target(QL_VNNI256))) void groups_rows_vnni256(const Layout& L, co
       if (L.fmt == FMT_Q8) {
         const uint8_t* wb = grp + b * 512;
         for (int s = 0; s < 8; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T0);
           const __m256i w0 =
               _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64)), c128);
           const __m256i w1 =
@@ -965,7 +967,7 @@ __attribute__((target(QL_VNNI256))) void groups_rows_vnni256(const Layout& L, co
       } else {
         const uint8_t* wb = grp + b * 256;
         for (int s = 0; s < 4; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T0);
           const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
           const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
           const __m256i lo0 = _mm256_and_si256(r0, low4), hi0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), low4);
@@ -1028,7 +1030,7 @@ __attribute__((target(QL_VNNI256))) void groups_vnni256_m1(const Layout& L, cons
       const uint8_t* wb0 = grp + b * (L.fmt == FMT_Q8 ? 512 : 256);
       prefetch_scales(grp + G * L.qb, b, nb, scale_ahead(L.fmt), kStreamsAvx2 * G * L.rb);
       for (int s = 0; s < (L.fmt == FMT_Q8 ? 8 : 4); ++s)
-        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         const uint8_t* wb = wb0 + h * 32;
         __m256i isum = corr;
@@ -1123,7 +1125,7 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
         const uint8_t* wb = grp[i] + b * 512;
         __m512i wv[8];
         for (int s = 0; s < 8; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T0);
           wv[s] = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64), c128);
         }
         for (int j = 0; j < MB; ++j) {
@@ -1147,7 +1149,7 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
         const int64_t ahead = b * 256 + kStreamPrefetch;
         const uint8_t* pf = grp[i] + ahead + (ahead + 192 >= gbytes ? skip : 0);
         for (int s = 0; s < 4; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(pf + s * 64), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf + s * 64), _MM_HINT_T0);
           const __m512i raw = _mm512_loadu_si512(wb + s * 64);
           lo[s] = _mm512_and_si512(raw, low4);
           hi16[s] = _mm512_and_si512(raw, high4);
@@ -1326,7 +1328,7 @@ template <bool HI = false>
 __attribute__((always_inline)) inline void prefetch_q4k_scales(const uint8_t* base) {
   constexpr int64_t end = HI ? kQ5kQh + 8 * 64 : kQ4kGroupSb;
   for (int64_t o = kQ4kSc - 1; o < end + 63; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, end - 1) + kQ4kPrefetch), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, end - 1) + kQ4kPrefetch), _MM_HINT_T0);
 }
 
 // A group's 16 fp16 d and dmin as fp32 (dd[0..15]: d, dd[16..31]: dmin), once per super-block
@@ -1415,7 +1417,7 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
       if constexpr (MB == 1) {  // a decode step: one half group at a time (fewer live registers)
         const int8_t* xb = qx.q.data() + m0 * Kp + b * 32;
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
         for (int h = 0; h < 2; ++h) {
           const __m256i qh = k4_plane256<HI>(base, jb, h);
           __m256i p = _mm256_setzero_si256(), p32 = _mm256_setzero_si256();
@@ -1444,7 +1446,7 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
       }
       const __m256i qh0 = k4_plane256<HI>(base, jb, 0), qh1 = k4_plane256<HI>(base, jb, 1);
       for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
         __m256i lo0, hi0, lo1, hi1;
@@ -1504,7 +1506,7 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
       if constexpr (MB == 1) {  // a decode step: one half group at a time (fewer live registers)
         const int8_t* xb = qx.q.data() + m0 * Kp + b * 32;
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
         for (int h = 0; h < 2; ++h) {
           const __m256i qh = k4_plane256<HI>(base, jb, h);
           __m256i a = _mm256_setzero_si256();
@@ -1526,7 +1528,7 @@ __attribute__((target(QL_VNNI256))) void q4k_rows_vnni256(const Layout& L, const
       for (int j = 0; j < MB; ++j) isum[j][0] = isum[j][1] = _mm256_setzero_si256();
       const __m256i qh0 = k4_plane256<HI>(base, jb, 0), qh1 = k4_plane256<HI>(base, jb, 1);
       for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
         __m256i lo0, hi0, lo1, hi1;
@@ -1615,7 +1617,7 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
         const uint8_t* wb = base[i] + jb * 256;
         __m512i lo[4], hi16[4];  // q4k: the high nibbles in place (16 v); q5k: merged to bytes 0..31
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ4kPrefetch), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
         if constexpr (HI) {
           const __m512i qh = _mm512_loadu_si512(base[i] + kQ5kQh + jb * 64);
           b32_merge512<0>(_mm512_loadu_si512(wb), qh, lo[0], hi16[0]);
@@ -1818,9 +1820,9 @@ constexpr int64_t kQ6kPrefetch = 4096;
 // over its 8 blocks (block jb: its 2 high-bit lines, and for jb < 5 one of the 5 scale / d lines) rather than all
 // 21 at a super-block's start (4 groups: 84 at once; 1 token row, vnni512 2048 x 8192: 0.67 vs 0.46 ms)
 __attribute__((always_inline)) inline void prefetch_q6k_spread(const uint8_t* base, int64_t jb) {
-  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + kQ6kPrefetch), _MM_HINT_T1);
-  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + 64 + kQ6kPrefetch), _MM_HINT_T1);
-  if (jb < 5) _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kSc + jb * 64 + kQ6kPrefetch), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + kQ6kPrefetch), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + 64 + kQ6kPrefetch), _MM_HINT_T0);
+  if (jb < 5) _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kSc + jb * 64 + kQ6kPrefetch), _MM_HINT_T0);
 }
 
 // AVX-512 VNNI: NS groups side by side, one zmm lane per weight row, MB token rows per weight vector. A step s's
@@ -1858,7 +1860,7 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
           const __m512i qh = _mm512_loadu_si512(hb + p * 64);
           for (int e = 0; e < 2; ++e) {
             const int s = 2 * p + e;
-            _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ6kPrefetch), _MM_HINT_T0);
             const __m512i raw = _mm512_loadu_si512(wb + s * 64);
             const __m512i hl = e == 0 ? _mm512_slli_epi16(qh, 4) : qh;
             const __m512i hh = e == 0 ? _mm512_slli_epi16(qh, 2) : _mm512_srli_epi16(qh, 2);
@@ -1936,7 +1938,7 @@ __attribute__((target("avx2,fma,f16c"))) void q6k_rows_avx2(const Layout& L, con
       const uint8_t* wb = base + jb * 256;
       const uint8_t* hb = base + kQ6kQh + jb * 128;
       prefetch_q6k_spread(base, jb);
-      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
+      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         __m256i a[MB], a2[MB], p[MB], p2[MB];
         for (int j = 0; j < MB; ++j) {
@@ -2003,7 +2005,7 @@ __attribute__((target(QL_VNNI256))) void q6k_rows_vnni256(const Layout& L, const
       const uint8_t* wb = base + jb * 256;
       const uint8_t* hb = base + kQ6kQh + jb * 128;
       prefetch_q6k_spread(base, jb);
-      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T1);
+      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         __m256i a[MB], a2[MB];
         for (int j = 0; j < MB; ++j) {
@@ -2193,15 +2195,15 @@ __attribute__((always_inline)) inline void prefetch_b32(const uint8_t* grp, int6
     a -= nb;
   }
   const uint8_t* wb = grp + a * 256;
-  for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64), _MM_HINT_T1);
+  for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64), _MM_HINT_T0);
   const uint8_t* p = grp + G * 16 * nb;
   if (HI) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + a * 64), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(p + a * 64), _MM_HINT_T0);
     p += 64 * nb;
   }
   if ((b & 1) == 0) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + a * 32), _MM_HINT_T1);
-    if (MIN) _mm_prefetch(reinterpret_cast<const char*>(p + 32 * nb + a * 32), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(p + a * 32), _MM_HINT_T0);
+    if (MIN) _mm_prefetch(reinterpret_cast<const char*>(p + 32 * nb + a * 32), _MM_HINT_T0);
   }
 }
 
