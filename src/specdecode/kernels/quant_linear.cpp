@@ -1194,7 +1194,7 @@ __attribute__((target(QL_512))) void groups_vnni_rows(const Layout& L, const QX&
 // Bytes of weights a K segment of kStreams groups spans when several register blocks of token rows share it:
 // each block then rereads the segment from L1. Whole-K walks per register block reread the groups from L2 at
 // best (139-557 KB a unit at 2048-8192 inputs), and a 9-row pass (5 + 4 rows) of a 1.7B-shape file cost 1.5-2x a
-// 5-row one depending on where the pages landed (L2 conflicts); per segment the second block pays its arithmetic.
+// 5-row one, by a varying amount from run to run; per segment the second block pays its arithmetic.
 constexpr int64_t kSegmentBytes = 16 * 1024;
 
 // ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8; with several blocks, K in
