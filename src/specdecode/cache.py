@@ -69,6 +69,12 @@ class AttentionMeta:
         return offs + self.arange[: self.n_new].unsqueeze(0)
 
     @cached_property
+    def write_index(self) -> torch.Tensor:
+        """[T] int64 slots of the new tokens when every row starts at the same offset (``contiguous``)."""
+        s = self.starts[0]
+        return self.arange[s : s + self.n_new]
+
+    @cached_property
     def ancestors(self) -> Optional[torch.Tensor]:
         """[B, T, T] bool: ``tree`` per row with the diagonal set (a token always sees itself, which also
         keeps a padding row's dummy tokens from attending to nothing). The fused path does this in C++."""
@@ -167,11 +173,14 @@ class KVCache:
         device: torch.device | str,
     ) -> None:
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
-        self.k = lazy_zeros(shape, dtype, device)
-        self.v = lazy_zeros(shape, dtype, device)
+        # keys and values in one allocation, each half contiguous: a layer's pair view lets the eager pass
+        # write both in one op (``write_pair``)
+        kv = lazy_zeros((2, *shape), dtype, device)
+        self.k, self.v = kv[0], kv[1]
         # per-layer views made once: indexing self.k[layer] every layer of every step costs dispatch time
         self._k_layers = list(self.k.unbind(0))
         self._v_layers = list(self.v.unbind(0))
+        self._kv_layers: Optional[list[torch.Tensor]] = list(kv.unbind(1))  # [2, batch, kv_heads, max_len, hd]
         self.max_len = max_len
         self.batch_size = batch_size
         self.lengths: list[int] = [0] * batch_size
@@ -195,6 +204,7 @@ class KVCache:
         first = next(t for t in k_layers if t is not None)
         self = cls.__new__(cls)
         self.k = self.v = None  # type: ignore[assignment]
+        self._kv_layers = None
         # None stands only at layers nothing runs, so nothing reads them through k_layer/v_layer
         self._k_layers = cast(list[torch.Tensor], list(k_layers))
         self._v_layers = cast(list[torch.Tensor], list(v_layers))
@@ -337,17 +347,38 @@ class KVCache:
         self.last_count[row] = len(indices)
         return self.lengths[row]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over, in
-        ``k``'s dtype (copies widened from the storage dtype when that is narrower: the attention
-        then reads exactly what a later step will read, the values as stored)."""
+    def write_pair(self, layer: int, kv: torch.Tensor, meta: AttentionMeta) -> bool:
+        """Write the real rows' new keys and values, ``kv`` = [2, B, kv_heads, n_new, D] (keys then values), in one
+        ``index_copy_``; False (nothing written) where that does not apply: a layer view, rows at different
+        offsets, a replayed pass, or another dtype. Why: the eager pass's operators are a GPU step's launches
+        (``models/eager_pass.py``)."""
+        if self._kv_layers is None or not meta.contiguous or meta.write_slots is not None or kv.dtype != self.dtype:
+            return False
+        pair = self._kv_layers[layer]
+        if meta.rows != slice(0, self.batch_size):
+            pair = pair[:, meta.rows]
+        pair.index_copy_(3, meta.write_index, kv)
+        return True
+
+    def views(self, layer: int, meta: AttentionMeta, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live keys and values to attend over, in ``dtype`` (copies widened from the storage dtype when that
+        is narrower: the attention then reads exactly what a later step will read, the values as stored)."""
         kc, vc = self._k_layers[layer], self._v_layers[layer]
         if meta.rows != slice(0, self.batch_size):
             kc, vc = kc[meta.rows], vc[meta.rows]
-        end = meta.kv_len
-        if meta.fixed is not None:  # attend over the whole capacity (a fixed shape)
-            end = self.max_len
+        end = self.max_len if meta.fixed is not None else meta.kv_len  # fixed: the whole capacity (one shape)
+        if end != self.max_len:
+            kc, vc = kc[:, :, :end], vc[:, :, :end]
+        if kc.dtype != dtype:
+            return kc.to(dtype), vc.to(dtype)
+        return kc, vc
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new keys/values ``[B, H, T, D]`` and return the live cache views to attend over (``views``)."""
+        kc, vc = self._k_layers[layer], self._v_layers[layer]
+        if meta.rows != slice(0, self.batch_size):
+            kc, vc = kc[meta.rows], vc[meta.rows]
         if meta.write_slots is not None:  # every row, padding too (beyond the live length: masked, rewritten later)
             b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.write_slots)
             kc[b_idx, :, meta.write_slots] = k.transpose(1, 2).to(kc.dtype)
@@ -363,7 +394,4 @@ class KVCache:
                 b_idx = torch.arange(k.shape[0], device=k.device).unsqueeze(1).expand_as(meta.slots)
                 kc[b_idx, :, meta.slots] = k.transpose(1, 2).to(kc.dtype)  # index_put does not convert
                 vc[b_idx, :, meta.slots] = v.transpose(1, 2).to(vc.dtype)
-        kc, vc = kc[:, :, :end], vc[:, :, :end]
-        if kc.dtype != k.dtype:
-            return kc.to(k.dtype), vc.to(v.dtype)
-        return kc, vc
+        return self.views(layer, meta, k.dtype)

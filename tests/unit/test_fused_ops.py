@@ -158,7 +158,8 @@ def test_model_logits_fused_equal_eager_and_rows_invariant(tmp_path: Path) -> No
         model.forward(ids[:1, :6], cache, rows=slice(0, 1))
         model.forward(ids[1:, :3], cache, rows=slice(1, 2))
         results[fused] = model.forward(ids[:, 6:10], cache)  # rows at offsets 6 and 3
-    torch.testing.assert_close(results[True], results[False], atol=1e-5, rtol=0)
+    # the eager pass rounds differently (a vector norm, residual adds inside addmm): fp32 ulps, not more
+    torch.testing.assert_close(results[True], results[False], atol=3e-5, rtol=0)
     cache = model.new_cache(1, 32)
     model.forward(ids[:1, :6], cache)
     steps = torch.cat([model.forward(ids[:1, i : i + 1], cache) for i in range(6, 10)], dim=1)

@@ -43,6 +43,7 @@ def per_step(target: Any, tokens: int) -> dict[str, Any]:
     short_ops, short_s = count_ops(target, 1)
     diff = long_ops - short_ops
     return {"aten_per_step": round(sum(diff.values()) / tokens, 1),
+            "gemm_per_step": round((diff["aten::mm"] + diff["aten::addmm"]) / tokens, 1),  # linear's nested too
             "host_ms_per_step": round((long_s - short_s) / tokens * 1e3, 3),
             "top": [(name, round(n / tokens, 1)) for name, n in diff.most_common(15)]}
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional, Sequence, cast
+from typing import Optional, Sequence, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +23,8 @@ from torch import nn
 from ..cache import AttentionMeta, KVCache
 from ..kernels import EAGER, Kernels
 from ..ops import rms_norm
+from . import eager_pass
+from .eager_pass import project_qkv
 from .config import ModelConfig
 from .tables import StoredRows
 
@@ -72,17 +74,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def project_qkv(linear: Callable[..., torch.Tensor], h: torch.Tensor, wqkv: torch.Tensor,
-                bqkv: Optional[torch.Tensor], wv: Optional[torch.Tensor]) -> torch.Tensor:
-    """q|k|v of ``h``: one product, or, where v's rows are held apart (``wv``: a K-quant file keeps some layers'
-    v in Q6_K, computed as stored beside q|k's Q4_K), two products joined; the bias is added after the join, the
-    same one fp32 addition the kernel makes."""
-    if wv is None:
-        return linear(h, wqkv, bqkv)
-    out = torch.cat([linear(h, wqkv), linear(h, wv)], dim=-1)
-    return out if bqkv is None else out.add_(bqkv)
-
-
 class LlamaBlock(nn.Module):
     kernels: Kernels = EAGER  # set per loaded model (kernels.install_kernels)
     wv: Optional[nn.Parameter]  # v's rows when held in another format than q|k's (``project_qkv``); else None
@@ -114,7 +105,7 @@ class LlamaBlock(nn.Module):
                 meta: Optional[AttentionMeta], cache: Optional[KVCache],
                 window_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``window_mask`` ([B, 1, T, keys] bool, True = attend) replaces the causal/tree mask: a sliding
-        layer's when the sequence has outgrown its window (``LlamaModel._window_mask``)."""
+        layer's when the sequence has outgrown its window (``LlamaModel.window_mask``)."""
         linear = self.kernels.linear
         b, t, _ = x.shape
         h = rms_norm(x, self.attn_norm, self.eps)
@@ -278,12 +269,17 @@ class LlamaModel(nn.Module):
             positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
         else:
             positions = meta.positions
+        run = [*(self.layers if layers is None else [self.layers[i] for i in layers]), *blocks]
+        if meta is not None and cache is not None:  # inference over a cache: the same layers in fewer operators
+            x = eager_pass.layers_pass(self, cast(list[LlamaBlock], run), x, positions, meta, cache, last_only)
+            if meta.capture is not None:
+                meta.hidden = x
+            return eager_pass.head_pass(self, x, head)
         cos = self.rope_cos[positions].unsqueeze(1).to(x.dtype)
         sin = self.rope_sin[positions].unsqueeze(1).to(x.dtype)
         full: tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]] = (cos, sin, None)
         local = self._sliding_args(positions, meta, x.dtype) if self.cfg.sliding_layers else full
         capture = meta.capture if meta is not None else None
-        run = [*(self.layers if layers is None else [self.layers[i] for i in layers]), *blocks]
         if capture:
             assert meta is not None  # capture comes from meta
             meta.layer_states = {}
@@ -399,19 +395,22 @@ class LlamaModel(nn.Module):
 
     def _sliding_args(self, positions: torch.Tensor, meta: Optional[AttentionMeta], dtype: torch.dtype
                       ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """(cos, sin, window mask) of the sliding layers for this pass (see ``_window_mask``)."""
-        if self.cfg.rope_local_theta is None:
-            cos_t, sin_t = self.rope_cos, self.rope_sin
-        else:
-            if self.rope_local_cos.device != self.rope_cos.device:  # the loader moves rope_cos/rope_sin only
-                self.rope_local_cos = self.rope_local_cos.to(self.rope_cos.device)
-                self.rope_local_sin = self.rope_local_sin.to(self.rope_cos.device)
-            cos_t, sin_t = self.rope_local_cos, self.rope_local_sin
+        """(cos, sin, window mask) of the sliding layers for this pass (see ``window_mask``)."""
+        cos_t, sin_t = self.local_rope()
         cos = cos_t[positions].unsqueeze(1).to(dtype)
         sin = sin_t[positions].unsqueeze(1).to(dtype)
-        return cos, sin, self._window_mask(positions, meta)
+        return cos, sin, self.window_mask(positions, meta)
 
-    def _window_mask(self, positions: torch.Tensor, meta: Optional[AttentionMeta]) -> Optional[torch.Tensor]:
+    def local_rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sliding layers' RoPE tables (cos, sin): their own base where the model has one (Gemma 3)."""
+        if self.cfg.rope_local_theta is None:
+            return self.rope_cos, self.rope_sin
+        if self.rope_local_cos.device != self.rope_cos.device:  # the loader moves rope_cos/rope_sin only
+            self.rope_local_cos = self.rope_local_cos.to(self.rope_cos.device)
+            self.rope_local_sin = self.rope_local_sin.to(self.rope_cos.device)
+        return self.rope_local_cos, self.rope_local_sin
+
+    def window_mask(self, positions: torch.Tensor, meta: Optional[AttentionMeta]) -> Optional[torch.Tensor]:
         """The sliding layers' attention mask: the pass's own (causal or tree) mask, less the keys
         ``sliding_window`` or more positions behind the query (transformers' ``kv > q - window``).
         None while every query is younger than the window (then the window masks nothing).
