@@ -43,6 +43,7 @@ from .prefill import Filling
 from .rows import Event, Failure, Request, Row
 from .threads import ThreadGovernor, governor
 from .verify import VerifyResult, tree_mask, verify_draft
+from .verify_batch import judge_chains
 
 _NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
 _Layers = Mapping[int, torch.Tensor]  # EAGLE-3: the residual after layer i, per row and position
@@ -384,12 +385,13 @@ class DecodeCore:
         finished: list[Row] = []
         failed: list[Row] = []  # rows whose grammar engine gave up (constraints.py): they fail alone
         width = logits.shape[1]
+        judged = judge_chains(logits, self.rows, drafts)
         for i, (r, d) in enumerate(zip(self.rows, drafts)):
             if r.constraint is not None and r.constraint.error is not None:
                 failed.append(r)
                 continue
-            res = verify_draft(d, logits[i], argmax[i] if argmax is not None else None, r.sampling, len(r.tokens),
-                               r.noise, r.gen, r.request.verify.chain_rule)
+            res = judged.get(i) or verify_draft(d, logits[i], argmax[i] if argmax is not None else None, r.sampling,
+                                                len(r.tokens), r.noise, r.gen, r.request.verify.chain_rule)
             kept, accepted = self._commit(i, d, res, width)
             if r.constraint is not None:
                 r.constraint.commit(accepted + [res.next_token])
