@@ -5,10 +5,11 @@
 1. **Greedy identity on the device**, for each target given (the bundled pair when its weights are here,
    and ``--real``, e.g. SmolLM2's GGUF), in each of ``--dtypes``: every drafter that can be built from what
    lies beside the target, against plain decoding, on the real workload's prompts with the chat template
-   where the target has one. Plain decoding runs twice, so a run-to-run difference is told apart from a
+   where the target has one. Plain decoding runs every round, so a run-to-run difference is told apart from a
    speculative one (``plain_repeatable``).
-2. **Plain against speculative tokens/s** on those prompts, same process, plain timed before and after; on
-   CUDA with and without CUDA graphs (``--graphs``, ``models/graphs.py``).
+2. **Plain against speculative tokens/s** on those prompts, same process, ``--reps`` rounds (3) of plain and
+   every drafter in turn; on CUDA with and without CUDA graphs (``--graphs``, ``models/graphs.py``); the eager
+   step's ``aten::`` operators (``bench ops``); one table per target in ``speed.md``.
 3. **CUDA tests**: the drafter conformance suite with its models on the device, in each of
    ``--test-dtypes`` (`pytest tests/conformance --device cuda --dtype D`, both tiers): every registered
    drafter's greedy identity, batched rows, a streaming server request, bench methods, errors, and the
@@ -132,9 +133,12 @@ def profile_plain(target: Any, prompt: Prompt, device: str, stop_at_eos: bool, o
 
 
 def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, graphs: bool, tokens: int,
-                 per_category: int, stop_at_eos: bool, profile_dir: Optional[Path] = None) -> dict[str, Any]:
-    """Every buildable drafter against plain decoding of ``path``: identity first, then tok/s (per category)."""
+                 per_category: int, stop_at_eos: bool, reps: int, profile_dir: Optional[Path] = None
+                 ) -> dict[str, Any]:
+    """Every buildable drafter against plain decoding of ``path``: identity first, then tok/s (per category),
+    ``reps`` rounds of plain and every drafter in turn, in one process; the eager step's operators."""
     import specdecode
+    from specdecode.bench.ops import per_step
     from specdecode.drafters import DrafterOptions
     from specdecode.drafters.registry import PLAIN, REGISTRY, build_drafter, missing, resolve_artifacts
 
@@ -144,16 +148,18 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
     target = specdecode.load_model(path, device=device, dtype=dtype, weight_dtype=weights, cuda_graphs=graphs)
     draft = specdecode.load_model(draft_path, device=device, dtype=dtype, cuda_graphs=graphs) if draft_path else None
     report: dict[str, Any] = {"target": path, "draft": draft_path, "dtype": dtype, "fixed_rows": target.fixed_rows,
-                              "cuda_graphs": graphs, "stop_at_eos": stop_at_eos,
+                              "cuda_graphs": graphs, "stop_at_eos": stop_at_eos, "reps": reps,
                               "load_s": round(time.perf_counter() - t0, 1)}
     prompts = prompts_for(target, tokens, per_category)
     report["prompts"] = [p[0] for p in prompts]
     timed(target, prompts[:1], None, device, stop_at_eos)  # warm-up (and, with graphs, the captures)
-    plain = timed(target, prompts, None, device, stop_at_eos)
+    step = per_step(target, 16)  # the eager step's aten:: operators (a GPU step's launches) and host time
+    report["step"] = {k: step[k] for k in ("aten_per_step", "gemm_per_step", "host_ms_per_step")}
     if profile_dir is not None:
         report["profile"] = profile_plain(target, prompts[0], device, stop_at_eos,
                                           profile_dir / f"profile-{dtype}-graphs-{'on' if graphs else 'off'}.txt")
     rows: dict[str, Any] = {}
+    drafters: dict[str, Any] = {}
     artifacts = resolve_artifacts({}, None, path)
     for name, spec in REGISTRY.items():
         if name == PLAIN:
@@ -164,27 +170,68 @@ def check_target(path: str, draft_path: Optional[str], device: str, dtype: str, 
         if why:
             rows[name] = {"skipped": why[:200]}
             continue
-        log(f"{Path(path).name} {dtype}: {name}")
         try:
-            drafter = build_drafter(name, opts)
-            timed(target, [prompts[0][:3] + (16,)], drafter, device, stop_at_eos)  # warm-up (measures its costs)
-            runs = timed(target, prompts, drafter, device, stop_at_eos)
-            differing = [p[0] for p, r, q in zip(prompts, runs, plain) if r[0] != q[0]]
-            rows[name] = {"greedy_identical": not differing, "differing_prompts": differing,
-                          "tok_s": rates(prompts, runs),
-                          "tau": round(sum(len(t) for t, _, _ in runs) / max(sum(n for _, _, n in runs), 1), 2)}
+            drafters[name] = build_drafter(name, opts)
+            timed(target, [prompts[0][:3] + (16,)], drafters[name], device, stop_at_eos)  # warm-up: its costs
         except Exception as e:  # recorded, and the check goes on with the next drafter
-            rows[name] = {"error": f"{type(e).__name__}: {e}"[:400],
-                          "where": "".join(traceback.format_exception(e)[-3:])[-800:]}
-    again = timed(target, prompts, None, device, stop_at_eos)
-    base = rates(prompts, plain, again)
+            rows[name] = _failure(e)
+            drafters.pop(name, None)
+    runs: dict[str, list[Runs]] = {PLAIN: [], **{n: [] for n in drafters}}
+    for rep in range(reps):  # plain and every drafter in turn, so a slow patch of the machine hits them alike
+        for name in runs:
+            if name in rows:
+                continue
+            log(f"{Path(path).name} {dtype}: {name} ({rep + 1}/{reps})")
+            try:
+                runs[name].append(timed(target, prompts, drafters.get(name), device, stop_at_eos))
+            except Exception as e:
+                rows[name] = _failure(e)
+    plain = runs.pop(PLAIN)
+    base = rates(prompts, *plain)
     report["plain_tok_s"] = base
-    report["plain_repeatable"] = [r[0] for r in again] == [r[0] for r in plain]  # False: plain varies run to run
-    for r in rows.values():
-        if "tok_s" in r:
-            r["speedup"] = {c: round(v / base[c], 3) for c, v in r["tok_s"].items()}
+    report["plain_rounds"] = [rates(prompts, r)["overall"] for r in plain]
+    report["plain_repeatable"] = all([x[0] for x in r] == [x[0] for x in plain[0]] for r in plain)
+    for name, done in runs.items():
+        if name in rows:
+            continue
+        differing = sorted({p[0] for r in done for p, x, y in zip(prompts, r, plain[0]) if x[0] != y[0]})
+        tok_s = rates(prompts, *done)
+        rows[name] = {"greedy_identical": not differing, "differing_prompts": differing, "tok_s": tok_s,
+                      "rounds": [rates(prompts, r)["overall"] for r in done],
+                      "speedup": {c: round(v / base[c], 3) for c, v in tok_s.items()},
+                      "tau": round(sum(len(t) for r in done for t, _, _ in r)
+                                   / max(sum(n for r in done for _, _, n in r), 1), 2)}
     report["drafters"] = rows
+    report["table"] = speed_table(report)
     return report
+
+
+def _failure(e: Exception) -> dict[str, str]:
+    return {"error": f"{type(e).__name__}: {e}"[:400], "where": "".join(traceback.format_exception(e)[-3:])[-800:]}
+
+
+def speed_table(report: dict[str, Any]) -> str:
+    """One markdown table: plain and each drafter, overall tok/s over the rounds (each round's in brackets),
+    the speedup, τ and whether greedy output was identical to plain's."""
+    def rounds(xs: list[float]) -> str:
+        return ", ".join(f"{x:.1f}" for x in xs)
+    lines = ["| method | tok/s (rounds) | speedup | τ | identical |", "|---|---|---|---|---|",
+             f"| plain | {report['plain_tok_s']['overall']} ({rounds(report['plain_rounds'])}) | 1.00 | 1.00 | "
+             f"{'yes' if report['plain_repeatable'] else 'NO (plain varies)'} |"]
+    for name, r in report["drafters"].items():
+        if "tok_s" in r:
+            lines.append(f"| {name} | {r['tok_s']['overall']} ({rounds(r['rounds'])}) | {r['speedup']['overall']:.2f} "
+                         f"| {r['tau']} | {'yes' if r['greedy_identical'] else 'NO'} |")
+        else:
+            lines.append(f"| {name} | {r.get('skipped') or r.get('error')} | | | |")
+    step = report["step"]
+    lines.append(f"\nEager step: {step['aten_per_step']} aten:: operators ({step['gemm_per_step']} GEMMs), "
+                 f"{step['host_ms_per_step']} ms host (profiler on).")
+    prof = report.get("profile")
+    if prof and prof["wall_s"] > 0:
+        lines.append(f"Profiled prompt: device busy {prof['device_kernels_s'] / prof['wall_s']:.0%} of the wall time "
+                     f"({prof['device_kernels_s']} of {prof['wall_s']} s; host ops {prof['host_ops_s']} s).")
+    return "\n".join(lines)
 
 
 def vllm_status() -> dict[str, Any]:
@@ -213,6 +260,7 @@ def main() -> int:
     ap.add_argument("--skip-tests", action="store_true", help="no CUDA test run")
     ap.add_argument("--graphs", default="both", choices=("both", "on", "off"),
                     help="on CUDA, run each target with CUDA graphs, without, or both (default: both)")
+    ap.add_argument("--reps", type=int, default=3, help="rounds of plain and every drafter in turn (default: 3)")
     ap.add_argument("--profile", action="store_true", help="profile one prompt of plain decoding per target "
                                                            "(profile-*.txt in --out)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check")
@@ -235,7 +283,7 @@ def main() -> int:
         log(f"target {path} ({dtype}, CUDA graphs {'on' if graphs else 'off'})")
         try:
             report["targets"].append(check_target(path, draft, args.device, dtype, graphs, args.tokens,
-                                                  args.per_category, args.stop_at_eos,
+                                                  args.per_category, args.stop_at_eos, args.reps,
                                                   args.out if args.profile else None))
         except Exception as e:
             report["targets"].append({"target": path, "dtype": dtype, "cuda_graphs": graphs,
@@ -255,6 +303,10 @@ def main() -> int:
     report["ok"] = not differs and not broken and all(t["returncode"] == 0 for t in report.get("tests", {}).values())
     text = json.dumps(report, indent=1)
     print(text)
+    tables = [f"## {Path(t['target']).name}, {t['dtype']}, CUDA graphs {'on' if t['cuda_graphs'] else 'off'}\n\n"
+              f"{t['table']}" for t in report["targets"] if "table" in t]
+    (args.out / "speed.md").write_text(f"# {report['name']}, torch {report['torch']}\n\n" + "\n\n".join(tables) + "\n")
+    print("\n\n".join(tables))
     (args.out / "gpu_check.json").write_text(text)
     return 0 if report["ok"] else 1
 
