@@ -41,32 +41,37 @@ def _outside_nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """Mask of the tokens top-p removes: a token stays while the tokens ranked above it hold less than
     ``top_p`` of the mass (the best one always stays), as transformers' ``TopPLogitsWarper``.
 
-    Why not sort every row: sorting a 49k vocabulary takes ~3.5 ms on a CPU core, more than half a
+    Why not sort every row on the CPU: sorting a 49k vocabulary takes ~3.5 ms on a core, more than half a
     135M model's decode step, and verification filters every drafted position. A row whose best
     ``NUCLEUS_PROBE`` tokens hold at least ``top_p`` has its nucleus among them (~0.1 ms); only the
-    other rows are sorted. Each row's mask depends on that row alone, so the sampler and the verifier,
-    one row or a batch, apply the same law."""
+    other rows are sorted. Picking those rows reads the device, so off the CPU (where a sort costs
+    microseconds and a read stalls the stream) every row is sorted. Each row's mask depends on that row
+    alone, so the sampler and the verifier, one row or a batch, apply the same law."""
     shape = scores.shape
     v = shape[-1]
     scores = scores.reshape(-1, v)  # any leading dims: rows
+    if scores.device.type != "cpu" or NUCLEUS_PROBE >= v:
+        return sorted_outside_nucleus(scores, top_p).view(shape)
     remove = torch.ones_like(scores, dtype=torch.bool)
-    todo = torch.arange(scores.shape[0], device=scores.device)
-    if NUCLEUS_PROBE < v:
-        vals, idx = torch.topk(scores, NUCLEUS_PROBE, dim=-1)  # best first
-        p = (vals - torch.logsumexp(scores, dim=-1, keepdim=True)).exp()
-        keep = (p.cumsum(dim=-1) - p) < top_p  # the mass ranked above each token
-        keep[:, 0] = True
-        covered = p.sum(dim=-1) >= top_p
-        remove[covered] = remove[covered].scatter(-1, idx[covered], ~keep[covered])
-        todo = todo[~covered]
+    vals, idx = torch.topk(scores, NUCLEUS_PROBE, dim=-1)  # best first
+    p = (vals - torch.logsumexp(scores, dim=-1, keepdim=True)).exp()
+    keep = (p.cumsum(dim=-1) - p) < top_p  # the mass ranked above each token
+    keep[:, 0] = True
+    covered = p.sum(dim=-1) >= top_p
+    remove[covered] = remove[covered].scatter(-1, idx[covered], ~keep[covered])
+    todo = torch.arange(scores.shape[0], device=scores.device)[~covered]
     if len(todo):
-        rows = scores[todo]
-        sorted_scores, order = torch.sort(rows, dim=-1, descending=False)
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cum <= (1.0 - top_p)
-        remove_sorted[..., -1:] = False
-        remove[todo] = remove_sorted.scatter(-1, order, remove_sorted)
+        remove[todo] = sorted_outside_nucleus(scores[todo], top_p)
     return remove.view(shape)
+
+
+def sorted_outside_nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``_outside_nucleus`` of rows [N, V] by a full sort of each (the same mask, no host read)."""
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+    cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cum <= (1.0 - top_p)
+    remove_sorted[..., -1:] = False
+    return remove_sorted.scatter(-1, order, remove_sorted)
 
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

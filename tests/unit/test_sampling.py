@@ -124,3 +124,8 @@ def test_top_p_over_a_large_vocabulary_matches_transformers_row_by_row(top_p: fl
     # leading dims are rows too: [batch, positions, vocab] and a single [vocab] row
     assert torch.equal(filter_logits(logits[:6].view(2, 3, v), SamplingConfig(**setting)), ours[:6].view(2, 3, v))
     assert torch.equal(filter_logits(logits[0], SamplingConfig(**setting)), ours[0])
+    # the full sort alone (every row: what a GPU runs, with no host read) gives the same mask
+    from specdecode.sampling import _outside_nucleus, sorted_outside_nucleus
+
+    scores = logits / 0.7
+    assert torch.equal(sorted_outside_nucleus(scores, top_p), _outside_nucleus(scores, top_p))
