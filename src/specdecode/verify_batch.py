@@ -9,8 +9,9 @@ The rules are the same, position for position (``verify.py`` stays the reference
 each row consumes its generator exactly as the reference does (its γ uniforms, then one float64 uniform for the
 draw), computes the same ratios, weights and residual masses in the same dtypes and order, and draws by the same
 inverse CDF, so a row's result equals the reference's for the same generator state (tests check it on random
-laws, besides the chi-square tests of the emitted law). Trees, the coupled rule and greedy rows (one argmax list
-a step already) stay with ``verify_draft``.
+laws, besides the chi-square tests of the emitted law). Coupled rows (seeded sampling) are judged in the same
+read: their draws argmax p · rate on the device, then the greedy walk. Trees and greedy rows (one argmax list a
+step already) stay with ``verify_draft``.
 """
 
 from __future__ import annotations
@@ -32,24 +33,31 @@ if TYPE_CHECKING:
 class ChainRow:
     """One sampled chain row: the target's filtered law after each prefix, [≥ g + 1, V] float32 (rows past g + 1
     are ignored), the g draft tokens, the draft's law of each ([g, V], None: a deterministic drafter), the row's
-    rule ("block" or "token") and generator."""
+    rule ("block", "token", or "coupled": then ``rates``, the Gumbel-max noise rates of its g + 1 positions, as
+    ``verify.coupled_verify`` takes them) and generator."""
 
     probs: torch.Tensor
     tokens: Sequence[int]
     draft_probs: Optional[torch.Tensor]
     rule: str
     generator: Optional[torch.Generator]
+    rates: Optional[torch.Tensor] = None
 
 
 def judge_chains(logits: torch.Tensor, rows: Sequence["Row"], drafts: Sequence["Draft"]) -> dict[int, VerifyResult]:
-    """The decode core's step: its sampled chain rows without coupled noise (and with a live grammar, if any)
-    judged together (``verify_chains``), by row index; greedy rows, trees and coupled rows are left to
-    ``verify.verify_draft``. ``logits``: the pass's [B, width, V], under the rows' grammars."""
-    picked = [(i, ChainRow(probs_from_logits(logits[i, : len(d.tokens) + 1], r.sampling), d.tokens, d.probs,
-                           r.request.verify.chain_rule, r.gen))
-              for i, (r, d) in enumerate(zip(rows, drafts))
-              if d.parents is None and not r.sampling.greedy and r.noise is None
-              and (r.constraint is None or r.constraint.error is None)]
+    """The decode core's step: its sampled chain rows (with a live grammar, if any) judged together
+    (``verify_chains``), by row index; greedy rows and trees are left to ``verify.verify_draft``. ``logits``: the
+    pass's [B, width, V], under the rows' grammars."""
+    picked = []
+    for i, (r, d) in enumerate(zip(rows, drafts)):
+        if d.parents is not None or r.sampling.greedy or (r.constraint is not None and r.constraint.error is not None):
+            continue
+        g = len(d.tokens)
+        probs = probs_from_logits(logits[i, : g + 1], r.sampling)
+        if r.noise is not None:  # the coupled rule: the row's noise from its next position on
+            picked.append((i, ChainRow(probs, d.tokens, None, "coupled", None, r.noise.window(len(r.tokens), g + 1))))
+        else:
+            picked.append((i, ChainRow(probs, d.tokens, d.probs, r.request.verify.chain_rule, r.gen)))
     return dict(zip((i for i, _ in picked), verify_chains([row for _, row in picked])))
 
 
@@ -57,6 +65,51 @@ def verify_chains(rows: Sequence[ChainRow]) -> list[VerifyResult]:
     """Every row's ``VerifyResult``, computed on the rows' device; one host read for the whole batch."""
     if not rows:
         return []
+    coupled = [i for i, r in enumerate(rows) if r.rule == "coupled"]
+    sampled = [i for i, r in enumerate(rows) if r.rule != "coupled"]
+    parts = []  # [3, rows] each: accepted count, next token, whether the weights were valid
+    if sampled:
+        parts.append(_sampled([rows[i] for i in sampled]))
+    if coupled:
+        parts.append(_coupled([rows[i] for i in coupled]))
+    out = torch.cat(parts, dim=1).tolist()  # the one host read
+    if not all(out[2]):
+        raise ValueError("cannot sample: the weights hold a negative, inf or nan entry, or sum to zero")
+    order = sampled + coupled
+    res: list[Optional[VerifyResult]] = [None] * len(rows)
+    for j, i in enumerate(order):
+        res[i] = VerifyResult(out[0][j], out[1][j], out[0][j] == len(rows[i].tokens))
+    return [r for r in res if r is not None]
+
+
+def _coupled(rows: Sequence[ChainRow]) -> torch.Tensor:
+    """The coupled rule (``verify.coupled_verify``): each position's draw is argmax p · rate; the draft is kept
+    while it equals the draws, and the first differing (or the bonus) draw comes next. [3, B] on the device."""
+    dev = rows[0].probs.device
+    lengths = [len(r.tokens) for r in rows]
+    g_max = max(lengths)
+    draws = torch.stack([_pad((r.probs[: g + 1].float() * _need(r.rates)[: g + 1]).argmax(dim=-1), g_max + 1)
+                         for r, g in zip(rows, lengths)])  # [B, G + 1]
+    tokens = torch.tensor([list(r.tokens) + [-1] * (g_max - len(r.tokens)) for r in rows], dtype=torch.long,
+                          device=dev).view(len(rows), g_max)
+    n = (draws[:, :g_max] == tokens).long().cumprod(dim=1).sum(dim=1)
+    nxt = draws.gather(1, n.unsqueeze(1)).squeeze(1)
+    return torch.stack([n, nxt, torch.ones_like(n)])
+
+
+def _need(rates: Optional[torch.Tensor]) -> torch.Tensor:
+    if rates is None:
+        raise ValueError("a coupled row needs its noise rates")
+    return rates
+
+
+def _pad(x: torch.Tensor, n: int) -> torch.Tensor:
+    """A 1-D tensor padded with zeros to length n."""
+    return x if x.shape[0] == n else torch.cat([x, x.new_zeros(n - x.shape[0])])
+
+
+def _sampled(rows: Sequence[ChainRow]) -> torch.Tensor:
+    """The block and token-by-token rules for ``rows``: [3, B] on the device (count, next token, valid)."""
     dev = rows[0].probs.device
     lengths = [len(r.tokens) for r in rows]
     g_max = max(lengths)
@@ -103,10 +156,7 @@ def verify_chains(rows: Sequence[ChainRow]) -> list[VerifyResult]:
     thin = residual.sum(dim=1) <= _RESIDUAL_EPS  # reachable only by rounding: p and q agree there
     residual = torch.where((bonus | thin).unsqueeze(1), p_n, residual)
     nxt, ok = _draw(residual, [r.generator for r in rows])
-    out = torch.stack([n, nxt, ok.long()]).tolist()  # the one host read
-    if not all(out[2]):
-        raise ValueError("cannot sample: the weights hold a negative, inf or nan entry, or sum to zero")
-    return [VerifyResult(k, t, k == g) for k, t, g in zip(out[0], out[1], lengths)]
+    return torch.stack([n, nxt, ok.long()])
 
 
 def _batch(xs: list[torch.Tensor]) -> torch.Tensor:

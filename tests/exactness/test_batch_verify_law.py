@@ -69,6 +69,35 @@ def test_each_row_equals_the_reference_rule(v: int) -> None:
     assert kept > rows_seen // 2  # the batches accepted tokens: the comparison covered acceptances
 
 
+def test_coupled_rows_equal_the_reference_in_a_mixed_batch() -> None:
+    """Coupled rows (seeded sampling) beside sampled ones: each is ``coupled_verify``'s result, and the sampled
+    rows are still the reference's."""
+    from specdecode.sampling import CoupledNoise
+    from specdecode.verify import coupled_verify
+
+    g = torch.Generator().manual_seed(9)
+    v = 40
+    for trial in range(60):
+        rows, refs = [], []
+        for k in range(4):
+            n = int(torch.randint(0, 6, (1,), generator=g))
+            p = random_law(n + 1, v, g, sparse=trial % 2 == 0)
+            noise = CoupledNoise(trial * 10 + k, v)
+            rates = noise.window(7, n + 1)
+            draws = (p * rates).argmax(-1).tolist()  # a draft agreeing with the target's own draws for a while
+            cut = int(torch.randint(0, n + 1, (1,), generator=g))
+            tokens = draws[:cut] + torch.randint(0, v, (n - cut,), generator=g).tolist()
+            if k % 2:
+                rows.append(ChainRow(p, tokens, None, "coupled", None, rates))
+                refs.append(coupled_verify(p, tokens, rates))
+            else:
+                seed = trial * 10 + k
+                rows.append(ChainRow(p, tokens, None, "block", torch.Generator().manual_seed(seed)))
+                refs.append(CHAIN_RULES["block"](p, torch.tensor(tokens, dtype=torch.long), None,
+                                                 torch.Generator().manual_seed(seed)))
+        assert verify_chains(rows) == refs
+
+
 def test_a_row_judged_alone_or_in_a_batch_is_the_same() -> None:
     """A row's result does not depend on the other rows of the batch (their lengths pad it)."""
     g = torch.Generator().manual_seed(5)
