@@ -20,16 +20,85 @@ numbers differ from the training layer's by rounding only (SmolLM2 in bf16: as c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..cache import AttentionMeta, KVCache
-from ..kernels import EAGER
+from ..kernels import EAGER, Kernels
+from .config import ModelConfig
 
-if TYPE_CHECKING:
-    from .llama import LlamaBlock, LlamaModel
+
+class Block(Protocol):
+    """What the pass reads of a decoder block (``llama.LlamaBlock``; a protocol, so this module needs not import
+    the one that calls it)."""
+
+    @property
+    def layer(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def n_kv(self) -> int: ...
+    @property
+    def hd(self) -> int: ...
+    @property
+    def ffn(self) -> int: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def scale(self) -> Optional[float]: ...
+    @property
+    def sliding(self) -> bool: ...
+    @property
+    def gelu(self) -> bool: ...
+    @property
+    def kernels(self) -> Kernels: ...
+    @property
+    def wqkv(self) -> torch.Tensor: ...
+    @property
+    def bqkv(self) -> Optional[torch.Tensor]: ...
+    @property
+    def wv(self) -> Optional[torch.Tensor]: ...
+    @property
+    def wo(self) -> torch.Tensor: ...
+    @property
+    def w13(self) -> torch.Tensor: ...
+    @property
+    def w2(self) -> torch.Tensor: ...
+    @property
+    def attn_norm(self) -> torch.Tensor: ...
+    @property
+    def mlp_norm(self) -> torch.Tensor: ...
+    @property
+    def q_norm(self) -> Optional[torch.Tensor]: ...
+    @property
+    def k_norm(self) -> Optional[torch.Tensor]: ...
+    @property
+    def post_attn_norm(self) -> Optional[torch.Tensor]: ...
+    @property
+    def post_mlp_norm(self) -> Optional[torch.Tensor]: ...
+    @property
+    def _parameters(self) -> dict[str, Optional[torch.nn.Parameter]]: ...
+
+
+class Stack(Protocol):
+    """What the pass reads of the model (``llama.LlamaModel``)."""
+
+    @property
+    def cfg(self) -> ModelConfig: ...
+    @property
+    def kernels(self) -> Kernels: ...
+    @property
+    def norm(self) -> torch.Tensor: ...
+    @property
+    def rope_cos(self) -> torch.Tensor: ...
+    @property
+    def rope_sin(self) -> torch.Tensor: ...
+
+    def local_rope(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def window_mask(self, positions: torch.Tensor, meta: Optional[AttentionMeta]) -> Optional[torch.Tensor]: ...
 
 
 @dataclass
@@ -64,7 +133,7 @@ class _Weights:
     down: Optional[torch.Tensor]
 
 
-def rope_tables(model: "LlamaModel", local: bool, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+def rope_tables(model: Stack, local: bool, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
     """Rows ``positions`` ([B, T]) of the model's RoPE tables (``local``: the sliding layers' base) in ``dtype``,
     with rotate-half's minus on the first half of sin. The whole tables are converted once and kept on the
     module (made again if its fp32 tables were replaced, e.g. moved to another device)."""
@@ -119,7 +188,7 @@ def project_qkv(linear: Callable[..., torch.Tensor], h: torch.Tensor, wqkv: torc
     return out if bqkv is None else out.add_(bqkv)
 
 
-def _weights(block: "LlamaBlock") -> _Weights:
+def _weights(block: Block) -> _Weights:
     """The block's transposed views, made again when a weight or its storage changed (``param.data = ...``, a move
     to another device) or other kernels were installed: a check of four pointers per layer."""
     params = block._parameters
@@ -144,14 +213,14 @@ def _transposed(p: Optional[torch.Tensor]) -> torch.Tensor:
     return p.t()
 
 
-def _project(block: "LlamaBlock", x: torch.Tensor, weight: torch.Tensor, t: Optional[torch.Tensor],
+def _project(block: Block, x: torch.Tensor, weight: torch.Tensor, t: Optional[torch.Tensor],
              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     if t is None:
         return block.kernels.linear(x, weight, bias)
     return torch.mm(x, t) if bias is None else torch.addmm(bias, x, t)
 
 
-def _residual(block: "LlamaBlock", x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor,
+def _residual(block: Block, x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor,
               t: Optional[torch.Tensor], post: Optional[torch.Tensor], tables: PassTables) -> torch.Tensor:
     """x + a·Wᵀ, with the output normed first where the model has a sandwich norm (Gemma 3)."""
     if post is None and t is not None:
@@ -162,7 +231,7 @@ def _residual(block: "LlamaBlock", x: torch.Tensor, a: torch.Tensor, weight: tor
     return x + out
 
 
-def block_pass(block: "LlamaBlock", x: torch.Tensor, shape: tuple[int, int], tables: PassTables,
+def block_pass(block: Block, x: torch.Tensor, shape: tuple[int, int], tables: PassTables,
                meta: AttentionMeta, cache: KVCache) -> torch.Tensor:
     """One decoder block over the residual stream ``x`` ([B·T, dim]) on ``cache``; a new tensor (never in place:
     a captured layer state stays as it was)."""
@@ -207,7 +276,7 @@ def block_pass(block: "LlamaBlock", x: torch.Tensor, shape: tuple[int, int], tab
     return _residual(block, x, act, block.w2, w.down, block.post_mlp_norm, tables)
 
 
-def layers_pass(model: "LlamaModel", run: Sequence["LlamaBlock"], x: torch.Tensor, positions: torch.Tensor,
+def layers_pass(model: Stack, run: Sequence[Block], x: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMeta, cache: KVCache, last_only: bool) -> torch.Tensor:
     """The blocks ``run`` over embeddings ``x`` ([B, T, dim]) on ``cache``, then the final norm: [B, T or 1, dim]
     (``meta.layer_states`` filled where ``meta.capture`` asks)."""
@@ -238,7 +307,7 @@ def layers_pass(model: "LlamaModel", run: Sequence["LlamaBlock"], x: torch.Tenso
     return norm(h, model.norm, eps, tables.scale).view(b, t, d)
 
 
-def head_pass(model: "LlamaModel", x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+def head_pass(model: Stack, x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
     """Logits of the final normed states ``x`` [B, T, dim] through ``head`` [V, dim] (``mm`` on its transposed
     view where the model runs eager kernels)."""
     if model.kernels is not EAGER:
