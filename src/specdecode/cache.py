@@ -171,11 +171,17 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        storage: Optional[torch.Tensor] = None,
     ) -> None:
+        """``storage``: the [2, layers, batch, kv_heads, max_len, head_dim] tensor to hold keys and values in (one
+        lent by a pool, ``models/graphs.py``), else new lazy zeros."""
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
         # keys and values in one allocation, each half contiguous: a layer's pair view lets the eager pass
         # write both in one op (``write_pair``)
-        kv = lazy_zeros((2, *shape), dtype, device)
+        if storage is not None and (tuple(storage.shape) != (2, *shape) or storage.dtype != dtype):
+            raise ValueError(f"cache storage must be {(2, *shape)} {dtype}, got {tuple(storage.shape)} {storage.dtype}")
+        kv = lazy_zeros((2, *shape), dtype, device) if storage is None else storage
+        self.storage: Optional[torch.Tensor] = kv  # None for a layer view (``over_layers``)
         self.k, self.v = kv[0], kv[1]
         # per-layer views made once: indexing self.k[layer] every layer of every step costs dispatch time
         self._k_layers = list(self.k.unbind(0))
@@ -205,6 +211,7 @@ class KVCache:
         self = cls.__new__(cls)
         self.k = self.v = None  # type: ignore[assignment]
         self._kv_layers = None
+        self.storage = None
         # None stands only at layers nothing runs, so nothing reads them through k_layer/v_layer
         self._k_layers = cast(list[torch.Tensor], list(k_layers))
         self._v_layers = cast(list[torch.Tensor], list(v_layers))

@@ -118,6 +118,29 @@ def test_replayed_passes_equal_eager_fixed_passes(tmp_path: Path, device: str) -
     assert torch.equal(eager.forward(ids[:, 30:], cache_a), replayed.forward(ids[:, 30:], cache_b))
 
 
+def test_requests_replay_the_passes_an_earlier_request_captured(tmp_path: Path) -> None:
+    """Captured passes are keyed by the cache's storage, and a new cache takes the storage a finished one let go
+    of (zeroed): the second request of the same shape captures nothing new and writes the same tokens."""
+    from specdecode.models.graphs import PassGraphs
+
+    model = sd.load_model(build_model(tmp_path / "t", "llama", seed=0, hidden=128), dtype="bf16", fixed_rows=16)
+    model.graphs = PassGraphs(capture=False)  # the body a CUDA graph captures, run eagerly (what the CPU can check)
+    first = sd.generate(model, "def fib(n):\n", max_new_tokens=24, ignore_eos=True)
+    captured = dict(model.graphs._passes)
+    again = sd.generate(model, "def fib(n):\n", max_new_tokens=24, ignore_eos=True)
+    assert again.token_ids == first.token_ids
+    assert captured and model.graphs._passes.keys() == captured.keys()  # no new captures
+    held = model.new_cache(1, 64)
+    other = model.new_cache(1, 64)  # one is held: the other gets storage of its own
+    assert held.storage is not None and other.storage is not None
+    assert held.storage.data_ptr() != other.storage.data_ptr()
+    held.k.fill_(1.0)
+    ptr = held.storage.data_ptr()
+    del held
+    reused = model.new_cache(1, 64)
+    assert reused.storage is not None and reused.storage.data_ptr() == ptr and not reused.k.any()
+
+
 def test_cuda_graphs_need_cuda_and_fixed_rows(tiny_dirs: dict[str, Path]) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="cuda_graphs needs a CUDA device"):

@@ -15,9 +15,10 @@ near the cache's end to hold the padding runs eagerly. ``capture=False`` runs th
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ class _Pass:
     meta: AttentionMeta
     logits: Optional[torch.Tensor] = None
     graph: Any = None  # torch.cuda.CUDAGraph, None when not capturing
-    held: tuple = ()  # the cache and head the graph reads: kept alive, so that their ids in the key stay theirs
+    held: tuple = ()  # the cache storage and head the graph reads: kept alive, so that the key stays theirs
 
 
 class PassGraphs:
@@ -47,6 +48,20 @@ class PassGraphs:
         self.limit = limit
         self._passes: OrderedDict[tuple, _Pass] = OrderedDict()
         self._pool: Any = None
+        self._free: dict[tuple, list[torch.Tensor]] = {}  # cache storage no cache holds, by shape, dtype, device
+
+    def lend_cache(self, make: Callable[[Optional[torch.Tensor]], KVCache], shape: tuple[int, ...],
+                   dtype: torch.dtype, device: torch.device) -> KVCache:
+        """A new cache (``make(storage)``) on storage an earlier cache of this shape let go of (zeroed), else on
+        new storage; the storage comes back here when the cache is collected. Why: a captured pass is keyed by
+        its cache's storage, so the next request's cache replays the graphs the last one captured, where a new
+        allocation each ``generate`` captured every pass anew (and kept the old caches alive for the graphs)."""
+        free = self._free.setdefault((shape, dtype, str(device)), [])
+        storage = free.pop().zero_() if free else None  # stale keys are masked, but 0 · NaN would not be
+        cache = make(storage)
+        assert cache.storage is not None
+        weakref.finalize(cache, free.append, cache.storage)
+        return cache
 
     def run(self, module: nn.Module, tokens: torch.Tensor, meta: AttentionMeta, cache: KVCache,
             head: Optional[torch.Tensor], layers: Optional[tuple[int, ...]]) -> Optional[torch.Tensor]:
@@ -56,7 +71,8 @@ class PassGraphs:
         b, f = tokens.shape
         if max(meta.starts) + f > cache.max_len:
             return None
-        key = (id(cache), meta.rows.start, meta.rows.stop, f, layers, None if head is None else id(head), meta.capture)
+        where = cache.storage.data_ptr() if cache.storage is not None else id(cache)  # storage outlives a cache
+        key = (where, meta.rows.start, meta.rows.stop, f, layers, None if head is None else id(head), meta.capture)
         p = self._passes.get(key)
         if p is None:
             p = self._new(module, tokens, meta, cache, head, layers)
@@ -99,7 +115,7 @@ class PassGraphs:
         slots = torch.zeros_like(tokens)
         graph_meta = replace(meta, write_slots=slots, hidden=None, layer_states=None)
         p = _Pass(torch.zeros_like(tokens), torch.zeros_like(meta.positions), torch.zeros_like(mask), slots, graph_meta,
-                  held=(cache, head))
+                  held=(cache if cache.storage is None else cache.storage, head))
         # the module reads positions and mask through the meta's cached properties: preset them to the inputs
         vars(graph_meta)["positions"], vars(graph_meta)["mask"] = p.positions, p.mask
         if not self.capture:

@@ -137,9 +137,17 @@ class Model:
         return cast(torch.Tensor, self.module.embedding_matrix())  # type: ignore[operator]
 
     def new_cache(self, batch_size: int = 1, max_len: Optional[int] = None) -> KVCache:
+        """A KV cache for ``batch_size`` rows of ``max_len`` tokens; with CUDA graphs, on storage the graphs lend."""
         c = self.config
-        return KVCache(c.n_layers, batch_size, c.n_kv_heads, max_len or self.max_seq_len, c.head_dim,
-                       self.kv_dtype, self.device)
+        length = max_len or self.max_seq_len
+
+        def make(storage: Optional[torch.Tensor] = None) -> KVCache:
+            return KVCache(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.kv_dtype, self.device,
+                           storage)
+        if self.graphs is None:
+            return make()
+        shape = (2, c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim)
+        return self.graphs.lend_cache(make, shape, self.kv_dtype, self.device)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, rows: Optional[slice] = None,
                 last_only: bool = False, head: Optional[torch.Tensor] = None, *,
