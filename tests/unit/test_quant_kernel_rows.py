@@ -76,3 +76,32 @@ def test_multi_row_paths_at_the_extremes(fmt: str) -> None:
         for m in (1, 4, 8, 16):
             y = ext.quant_linear(x[:m].contiguous(), p, None, isa).double()
             assert (y - ref[:m]).abs().max().item() < 1e-5 * ref.abs().max().item(), (isa, m)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "q4k", "q5k", "q6k", "q5_0", "q4_1", "q5_1"])
+def test_a_decode_step_reads_one_or_four_streams_to_the_same_bits(fmt: str) -> None:
+    # one token row (a decode step) reads 1 weight stream on AMD and 4 side by side elsewhere (VNNI-512): both
+    # walks, and the CPU's default, give the scalar path's bits; 149 columns: two chunks of 4 groups, one
+    # alone and a tail
+    from specdecode.bench.kernel_ab import random_packed
+
+    g = torch.Generator().manual_seed(11)
+    p = random_packed(149, 512, fmt, g)
+    x, b = torch.randn(1, 512, generator=g), torch.randn(149, generator=g)
+    ref = ext.quant_linear(x, p, b, "scalar")
+    for isa in ISAS[1:]:
+        for streams in (0, 1, 4):
+            assert torch.equal(ext.quant_linear(x, p, b, isa, streams), ref), (fmt, isa, streams)
+
+
+def test_streams_take_one_or_four_and_name_the_fix() -> None:
+    before = ext.set_streams(1)
+    try:
+        assert ext.streams() == 1
+        assert ext.set_streams(0) == 1 and ext.streams() == (1 if ext.is_amd() else 4)
+        with pytest.raises(RuntimeError, match="streams must be 1, 4 or 0"):
+            ext.set_streams(3)
+        with pytest.raises(RuntimeError, match="streams must be 1, 4 or 0"):
+            ext.quant_linear(torch.zeros(1, 64), Q.quantize(torch.zeros(16, 64), "int8"), None, None, 2)
+    finally:
+        ext.set_streams(before)

@@ -131,6 +131,9 @@
 
 namespace {
 
+// weight groups a VNNI-512 call reads side by side (kStreams there; decode_streams_default says when one)
+constexpr int kStreamsDefault = 4;
+
 enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2, FMT_Q6K = 3, FMT_Q5_0 = 4, FMT_Q4_1 = 5, FMT_Q5_1 = 6, FMT_Q5K = 7 };
 // q4k and q5k: the Q4_K super-block, q5k with a 5th-bit plane (the "q4k" section below)
 inline bool k4_fmt(int fmt) { return fmt == FMT_Q4K || fmt == FMT_Q5K; }
@@ -656,6 +659,11 @@ constexpr int kStreamsAvx2 = 4;
 // int4 5 rows 0.56 -> 0.37 ms on VNNI-512, int4 1 row 0.44 -> 0.32 ms on AVX2; 1 KiB and 4-8 KiB are slower).
 // Far ahead, lines arrive before they are due and crowd out the ones in use.
 constexpr int64_t kStreamPrefetch = 2 * 1024;
+// A stream read alone (a decode step on AMD, decode_streams_default; the groups left over) prefetches further ahead:
+// on a Zen 5 EPYC (KVM, one thread) a decode step's int8 matrices at SmolLM2-360M's shapes read 26-28 GB/s as 4
+// streams 2 KiB ahead and as 1 stream 2 KiB ahead, up to 30-31 GB/s as 1 stream 4-6 KiB ahead (bench kernel-ab;
+// 4 streams 4 KiB ahead: 0.86-0.97x); 16 KiB 27.
+constexpr int64_t kOneStreamPrefetch = 4 * 1024;
 
 // A group's block scales (32 bytes a block) sit after its quants: a second stream per group, under a KiB at short
 // rows (K = 960: 30 blocks), too short for the hardware prefetcher to learn, so each of its lines was a demand
@@ -672,22 +680,24 @@ __attribute__((always_inline)) inline void prefetch_scales(const uint8_t* scales
 // kStreamPrefetch's worth of blocks: int8 blocks are 512 bytes a group, int4 256
 inline int64_t scale_ahead(int fmt) { return kStreamPrefetch / (fmt == FMT_Q8 ? 512 : 256); }
 
+template <int NS>
 __attribute__((target("avx2,fma,f16c"))) void groups_avx2_m1(const Layout& L, const QX& qx, const uint8_t* w,
                                                             const float* bias, float* y, int64_t g0) {
   const int64_t nb = qx.nb;
   const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
-  __m256 acc[kStreamsAvx2][2];
-  for (int i = 0; i < kStreamsAvx2; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  __m256 acc[NS][2];
+  for (int i = 0; i < NS; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* xb = qx.q.data() + b * 32;
     const __m256 dx = _mm256_set1_ps(qx.d[b]);
-    for (int i = 0; i < kStreamsAvx2; ++i) {
+    for (int i = 0; i < NS; ++i) {
       const uint8_t* grp = L.group(w, g0 + i);
       const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
       const uint8_t* wb0 = grp + b * (L.fmt == FMT_Q8 ? 512 : 256);
-      prefetch_scales(grp + G * L.qb, b, nb, scale_ahead(L.fmt), kStreamsAvx2 * G * L.rb);
+      prefetch_scales(grp + G * L.qb, b, nb, scale_ahead(L.fmt), NS * G * L.rb);
       for (int s = 0; s < (L.fmt == FMT_Q8 ? 8 : 4); ++s)
-        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + kStreamPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wb0 + s * 64 + (NS == 1 ? kOneStreamPrefetch : kStreamPrefetch)),
+                     _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         const uint8_t* wb = wb0 + h * 32;
         __m256i isum;
@@ -719,12 +729,12 @@ __attribute__((target("avx2,fma,f16c"))) void groups_avx2_m1(const Layout& L, co
       }
     }
   }
-  alignas(32) float out[kStreamsAvx2 * G];
-  for (int i = 0; i < kStreamsAvx2; ++i) {
+  alignas(32) float out[NS * G];
+  for (int i = 0; i < NS; ++i) {
     _mm256_store_ps(out + i * G, acc[i][0]);
     _mm256_store_ps(out + i * G + 8, acc[i][1]);
   }
-  write_groups(L, out, 1, kStreamsAvx2, 0, 1, g0, bias, y);
+  write_groups(L, out, 1, NS, 0, 1, g0, bias, y);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void group_avx2(const Layout& L, const QX& qx, const uint8_t* w,
@@ -1093,7 +1103,7 @@ __attribute__((target(QL_VNNI256))) void groups_vnni256(const Layout& L, const Q
 // kernels also read 4 groups of 16 columns side by side). NS = 1 serves the groups left over. Each
 // (row, column) does the same operations in the same order whatever NS and MB, so results do not
 // depend on the batch or on which chunk a group falls in (tests compare the paths bit for bit).
-constexpr int kStreams = 4;  // kStreamPrefetch: with groups_avx2_m1
+constexpr int kStreams = kStreamsDefault;  // kStreamPrefetch: with groups_avx2_m1
 
 // Blocks [b0, b1) only, the float sums carried in ``out`` (row stride ``ostride``): loaded there unless b0 == 0,
 // stored back after b1 (groups_vnni's K segments; exact fp32 values, so the same bits as one walk).
@@ -1125,7 +1135,8 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
         const uint8_t* wb = grp[i] + b * 512;
         __m512i wv[8];
         for (int s = 0; s < 8; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kStreamPrefetch), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + (NS == 1 ? kOneStreamPrefetch : kStreamPrefetch)),
+                       _MM_HINT_T0);
           wv[s] = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64), c128);
         }
         for (int j = 0; j < MB; ++j) {
@@ -1146,7 +1157,7 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
       } else {
         const uint8_t* wb = grp[i] + b * 256;
         __m512i lo[4], hi16[4];  // high nibbles kept in place: that chain sums 16x the dot, shifted back once per block
-        const int64_t ahead = b * 256 + kStreamPrefetch;
+        const int64_t ahead = b * 256 + (NS == 1 ? kOneStreamPrefetch : kStreamPrefetch);
         const uint8_t* pf = grp[i] + ahead + (ahead + 192 >= gbytes ? skip : 0);
         for (int s = 0; s < 4; ++s) {
           _mm_prefetch(reinterpret_cast<const char*>(pf + s * 64), _MM_HINT_T0);
@@ -1703,7 +1714,7 @@ void q4k_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const floa
 
 template <bool HI>
 void k4_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
-              int isa) {
+              int isa, int streams) {
   for (int64_t u = u0; u < u1; ++u) {
     if (u == L.ng) {
       cols_scalar_q4k(L, qx, w, bias, y, L.ng * G, L.N);
@@ -1711,15 +1722,15 @@ void k4_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias
     }
 #if QL_X86
     if (isa == ISA_VNNI512) {
-      const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+      const int ns = streams > 1 && u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
       q4k_groups_vnni<HI>(L, qx, w, bias, y, u, ns);
       u += ns - 1;
       continue;
     }
     if (isa == ISA_AVX2 || isa == ISA_AVXVNNI) {
       // side by side streams for a decode step and short verification passes (int4's measured choice)
-      const bool streams = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
-      const int ns = streams ? kStreamsAvx2 : 1;
+      const bool side = streams > 1 && qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
+      const int ns = side ? kStreamsAvx2 : 1;
       if (isa == ISA_AVXVNNI)
         q4k_groups_256<true, HI>(L, qx, w, bias, y, u, ns);
       else
@@ -1734,11 +1745,11 @@ void k4_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias
 
 // q4k's (or q5k's) column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
 void q4k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
-               int isa) {
+               int isa, int streams) {
   if (L.fmt == FMT_Q5K)
-    k4_units<true>(L, qx, w, bias, y, u0, u1, isa);
+    k4_units<true>(L, qx, w, bias, y, u0, u1, isa, streams);
   else
-    k4_units<false>(L, qx, w, bias, y, u0, u1, isa);
+    k4_units<false>(L, qx, w, bias, y, u0, u1, isa, streams);
 }
 
 // ------------------------------------------------------------------ q6k (GGUF Q6_K, as stored)
@@ -2083,7 +2094,7 @@ void q6k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float
 
 // q6k's column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
 void q6k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
-               int isa) {
+               int isa, int streams) {
   for (int64_t u = u0; u < u1; ++u) {
     if (u == L.ng) {
       cols_scalar_q6k(L, qx, w, bias, y, L.ng * G, L.N);
@@ -2091,14 +2102,14 @@ void q6k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bia
     }
 #if QL_X86
     if (isa == ISA_VNNI512) {
-      const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+      const int ns = streams > 1 && u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
       q6k_groups_vnni(L, qx, w, bias, y, u, ns);
       u += ns - 1;
       continue;
     }
     if (isa == ISA_AVX2 || isa == ISA_AVXVNNI) {
-      const bool streams = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
-      const int ns = streams ? kStreamsAvx2 : 1;
+      const bool side = streams > 1 && qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
+      const int ns = side ? kStreamsAvx2 : 1;
       if (isa == ISA_AVXVNNI)
         q6k_groups_256<true>(L, qx, w, bias, y, u, ns);
       else
@@ -2455,7 +2466,7 @@ void b32_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float
 // the b32 formats' column groups [u0, u1) (and the tail rows as unit L.ng) on path ``isa``
 template <bool HI, bool MIN>
 void b32_units_t(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0,
-                 int64_t u1, int isa) {
+                 int64_t u1, int isa, int streams) {
   for (int64_t u = u0; u < u1; ++u) {
     if (u == L.ng) {
       cols_scalar_b32(L, qx, w, bias, y, L.ng * G, L.N);
@@ -2463,14 +2474,15 @@ void b32_units_t(const Layout& L, const QX& qx, const uint8_t* w, const float* b
     }
 #if QL_X86
     if (isa == ISA_VNNI512) {
-      const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+      const int ns = streams > 1 && u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
       b32_groups_vnni<HI, MIN>(L, qx, w, bias, y, u, ns);
       u += ns - 1;
       continue;
     }
     if (isa == ISA_AVX2 || isa == ISA_AVXVNNI) {
-      const bool streams = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
-      const int ns = streams ? kStreamsAvx2 : 1;
+      // AVX2's b32 walk keeps its 4 streams on AMD too (SmolLM2-135M Q4_1, Zen 5, 1 thread: 1 stream 0.92-0.97x)
+      const bool side = qx.M <= kMaxRowsQ4StreamsAvx2 && u + kStreamsAvx2 <= std::min(u1, L.ng);
+      const int ns = side ? kStreamsAvx2 : 1;
       if (isa == ISA_AVXVNNI)
         b32_groups_256<true, HI, MIN>(L, qx, w, bias, y, u, ns);
       else
@@ -2484,18 +2496,19 @@ void b32_units_t(const Layout& L, const QX& qx, const uint8_t* w, const float* b
 }
 
 void b32_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t u0, int64_t u1,
-               int isa) {
+               int isa, int streams) {
   if (L.fmt == FMT_Q5_0)
-    b32_units_t<true, false>(L, qx, w, bias, y, u0, u1, isa);
+    b32_units_t<true, false>(L, qx, w, bias, y, u0, u1, isa, streams);
   else if (L.fmt == FMT_Q4_1)
-    b32_units_t<false, true>(L, qx, w, bias, y, u0, u1, isa);
+    b32_units_t<false, true>(L, qx, w, bias, y, u0, u1, isa, streams);
   else
-    b32_units_t<true, true>(L, qx, w, bias, y, u0, u1, isa);
+    b32_units_t<true, true>(L, qx, w, bias, y, u0, u1, isa, streams);
 }
 
 // ------------------------------------------------------------------ runtime choice
 struct Cpu {
   bool avx2 = false, vnni512 = false, avxvnni = false;
+  bool amd = false;  // the vendor: which stream layout a decode step reads fastest (decode_streams_default)
 };
 
 Cpu detect() {
@@ -2510,6 +2523,9 @@ Cpu detect() {
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
               __builtin_cpu_supports("avx512vnni");
   c.avxvnni = c.avx2 && __builtin_cpu_supports("avxvnni");
+  unsigned vendor[3] = {0, 0, 0};
+  if (__get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]))
+    c.amd = std::memcmp(vendor, "AuthenticAMD", 12) == 0;
 #endif
   return c;
 }
@@ -2552,6 +2568,27 @@ int isa_from_env() {
 }
 
 std::atomic<int> g_isa{isa_from_env()};
+
+// Weight streams a one-row call (a decode step) reads side by side on the VNNI-512 path: 4 groups block by block
+// on an Intel Xeon (1.14-1.3x one stream there, groups_vnni_mb's note), 1 on AMD, whose prefetchers follow one
+// sequential stream best (Zen 5 EPYC, one thread, whole models: SmolLM2-135M Q4_1 1.2-1.3x, 360M Q8_0 1.18x, 360M
+// Q4_0 1.05-1.08x, 1.7B Q4_K_M 1.14x the 4-stream walk). SPECDECODE_KERNEL_STREAMS=1|4 overrides; either walk
+// gives the same bits (each row and column does the same operations in the same order).
+int decode_streams_default() {
+  const char* v = std::getenv("SPECDECODE_KERNEL_STREAMS");
+  if (v && std::string(v) == "1") return 1;
+  if (v && std::string(v) == std::to_string(kStreamsDefault)) return kStreamsDefault;
+  return kCpu.amd ? 1 : kStreamsDefault;
+}
+
+std::atomic<int> g_streams{decode_streams_default()};
+
+// 1 or kStreamsDefault as given, 0 this CPU's default; else an error naming ``who``
+int checked_streams(const char* who, int64_t n) {
+  TORCH_CHECK(n == 0 || n == 1 || n == kStreamsDefault, who, ": streams must be 1, ", kStreamsDefault,
+              " or 0 (this CPU's default), got ", n);
+  return n == 0 ? decode_streams_default() : static_cast<int>(n);
+}
 std::atomic<uintptr_t> g_dense{0};  // the small-M kernel's linear(x, w, bias, bf16_dot), or 0: at::linear
 
 std::string set_isa(const std::string& name) {
@@ -2605,7 +2642,7 @@ int64_t check_packed(const char* who, const at::Tensor& w, int fmt, int64_t K) {
 
 // The kernel on 2-D contiguous fp32 x [M, K] and a packed weight.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                        const std::optional<std::string>& isa_arg) {
+                        const std::optional<std::string>& isa_arg, std::optional<int64_t> streams_arg) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "quant_linear: CPU tensors only");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "quant_linear: x must be a contiguous fp32 [M, K] tensor");
@@ -2626,6 +2663,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
     isa = req == -1 ? kBest : req;
     TORCH_CHECK(supported(isa), "quant_linear: this CPU does not support ", isa_name(isa));
   }
+  // a decode step's stream layout; verification passes and prefills keep kStreams (their rows reuse each line)
+  const int decode = streams_arg.has_value() ? checked_streams("quant_linear", *streams_arg) : g_streams.load();
+  const int streams = M == 1 ? decode : kStreamsDefault;
   at::Tensor y = at::empty({M, N}, x.options());
   if (M * N == 0) return y;
   const Layout L(fmt, N, K);
@@ -2641,22 +2681,22 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   // ~64k integer multiply-adds per task, so small layers do not wake threads for nothing
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, G * qx.Kp * M));
   if (k4_fmt(fmt)) {
-    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q4k_units(L, qx, wp, bp, yp, u0, u1, isa); });
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q4k_units(L, qx, wp, bp, yp, u0, u1, isa, streams); });
     return y;
   }
   if (fmt == FMT_Q6K) {
-    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q6k_units(L, qx, wp, bp, yp, u0, u1, isa); });
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { q6k_units(L, qx, wp, bp, yp, u0, u1, isa, streams); });
     return y;
   }
   if (b32_fmt(fmt)) {
-    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { b32_units(L, qx, wp, bp, yp, u0, u1, isa); });
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) { b32_units(L, qx, wp, bp, yp, u0, u1, isa, streams); });
     return y;
   }
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
 #if QL_X86
       if (isa == ISA_VNNI512 && u < L.ng) {  // several weight streams at once where kStreams groups remain
-        const int ns = u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
+        const int ns = streams > 1 && u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
         groups_vnni(L, qx, wp, bp, yp, u, ns);
         u += ns - 1;
         continue;
@@ -2667,9 +2707,13 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
         continue;
       }
 #if QL_X86
-      if (isa == ISA_AVX2 && M == 1 && u + kStreamsAvx2 <= std::min(u1, L.ng)) {  // a decode step: several streams
-        groups_avx2_m1(L, qx, wp, bp, yp, u);
+      if (isa == ISA_AVX2 && M == 1 && streams > 1 && u + kStreamsAvx2 <= std::min(u1, L.ng)) {  // several streams
+        groups_avx2_m1<kStreamsAvx2>(L, qx, wp, bp, yp, u);
         u += kStreamsAvx2 - 1;
+        continue;
+      }
+      if (isa == ISA_AVX2 && M == 1 && streams == 1) {  // one stream, further ahead (decode_streams_default)
+        groups_avx2_m1<1>(L, qx, wp, bp, yp, u);
         continue;
       }
       if (isa == ISA_AVX2 && fmt == FMT_Q8 && M >= kMinRowsQ8Avx2) {  // a verification pass, several streams
@@ -2726,7 +2770,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
               "quantized weights need fp32 activations (load the model with dtype fp32)");
   const int64_t K = x.size(-1);
   at::Tensor x2 = x.reshape({-1, K}).contiguous();
-  at::Tensor y = quant_linear(x2, w, bias, std::nullopt);
+  at::Tensor y = quant_linear(x2, w, bias, std::nullopt, std::nullopt);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(0);
   return y.view(shape);
@@ -2788,8 +2832,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("bf16_dot") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("quant_linear", &quant_linear, "the kernel on fp32 x [M, K] and a packed weight; isa: None, auto, scalar, "
-        "avx2, avxvnni, vnni512", pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
-        pybind11::arg("isa") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+        "avx2, avxvnni, vnni512; streams: None, or a one-row call's weight streams on VNNI-512 (1, 4; 0: this CPU's "
+        "default)", pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
+        pybind11::arg("isa") = pybind11::none(), pybind11::arg("streams") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("reference", &reference, "fp64 product of the dequantized int8 activations and weights (tests)",
         pybind11::arg("input"), pybind11::arg("weight"));
   m.def("row_bytes", [](int64_t K, bool int4) { return row_bytes(int4 ? FMT_Q4 : FMT_Q8, K); },
@@ -2824,6 +2870,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", []() { return std::string(isa_name(kBest)); }, "the best path this CPU supports");
   m.def("isa", []() { return std::string(isa_name(g_isa.load())); }, "the path linear() uses now");
   m.def("set_isa", &set_isa, "use another path ('auto' = the best); returns the previous one", pybind11::arg("isa"));
+  m.def("streams", []() { return g_streams.load(); }, "weight streams a one-row call reads side by side (VNNI-512)");
+  m.def("set_streams", [](int64_t n) { return g_streams.exchange(checked_streams("set_streams", n)); },
+        "1 or 4 weight streams for one-row calls (0: this CPU's default); returns the previous", pybind11::arg("n"));
+  m.def("is_amd", []() { return kCpu.amd; }, "whether this CPU is AMD's (one weight stream by default)");
   m.def("set_dense_linear", [](uintptr_t fn) { g_dense.store(fn); },
         "address of the dense small-M linear(x, w, bias, bf16_dot) that non-packed weights go to (0: at::linear)",
         pybind11::arg("address"));
