@@ -95,13 +95,13 @@ def test_a_decode_step_reads_one_or_four_streams_to_the_same_bits(fmt: str) -> N
 
 
 def test_streams_take_one_or_four_and_name_the_fix() -> None:
-    before = ext.set_streams(1)
+    before = Q.set_quant_streams(1)
     try:
-        assert ext.streams() == 1
-        assert ext.set_streams(0) == 1 and ext.streams() == (1 if ext.is_amd() else 4)
+        assert Q.quant_streams() == 1
+        assert Q.set_quant_streams(0) == 1 and Q.quant_streams() == (1 if ext.is_amd() else 4)
         with pytest.raises(RuntimeError, match="streams must be 1, 4 or 0"):
             ext.set_streams(3)
         with pytest.raises(RuntimeError, match="streams must be 1, 4 or 0"):
             ext.quant_linear(torch.zeros(1, 64), Q.quantize(torch.zeros(16, 64), "int8"), None, None, 2)
     finally:
-        ext.set_streams(before)
+        Q.set_quant_streams(before)

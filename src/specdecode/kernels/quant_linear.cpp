@@ -131,7 +131,7 @@
 
 namespace {
 
-// weight groups a VNNI-512 call reads side by side (kStreams there; decode_streams_default says when one)
+// weight groups a call reads side by side (kStreams; a decode step on AMD reads one: decode_streams_default)
 constexpr int kStreamsDefault = 4;
 
 enum Fmt : int { FMT_Q8 = 0, FMT_Q4 = 1, FMT_Q4K = 2, FMT_Q6K = 3, FMT_Q5_0 = 4, FMT_Q4_1 = 5, FMT_Q5_1 = 6, FMT_Q5K = 7 };
@@ -2569,11 +2569,12 @@ int isa_from_env() {
 
 std::atomic<int> g_isa{isa_from_env()};
 
-// Weight streams a one-row call (a decode step) reads side by side on the VNNI-512 path: 4 groups block by block
-// on an Intel Xeon (1.14-1.3x one stream there, groups_vnni_mb's note), 1 on AMD, whose prefetchers follow one
-// sequential stream best (Zen 5 EPYC, one thread, whole models: SmolLM2-135M Q4_1 1.2-1.3x, 360M Q8_0 1.18x, 360M
-// Q4_0 1.05-1.08x, 1.7B Q4_K_M 1.14x the 4-stream walk). SPECDECODE_KERNEL_STREAMS=1|4 overrides; either walk
-// gives the same bits (each row and column does the same operations in the same order).
+// Weight streams a one-row call (a decode step) reads side by side: 4 groups block by block on an Intel Xeon
+// (1.14-1.3x one stream there, groups_vnni_mb's note), 1 on AMD, whose prefetchers follow one sequential stream
+// best (Zen 5 EPYC, one thread, whole models against the 4-stream walk: VNNI-512 SmolLM2-135M Q4_1 1.2-1.3x, 360M
+// Q8_0 1.18x, 360M Q4_0 1.05-1.08x, 1.7B Q4_K_M 1.14x; AVX2 1.7B Q4_K_M 1.29x, 360M Q4_0 1.11x, its b32 walk
+// excepted). SPECDECODE_KERNEL_STREAMS=1|4 overrides; either walk gives the same bits (each row and column does
+// the same operations in the same order).
 int decode_streams_default() {
   const char* v = std::getenv("SPECDECODE_KERNEL_STREAMS");
   if (v && std::string(v) == "1") return 1;
