@@ -23,6 +23,10 @@ kernel's AVX-VNNI path, means avx2 here) forces a code path, for
 comparisons and tests; ``set_kernel_isa`` changes it at runtime (for the whole
 process: it picks the extension's instructions, not a model's arithmetic). Paths
 agree to fp32 rounding, not bit for bit; ``supported_isas`` lists this CPU's.
+On AMD a one-token call on the AVX-512 paths reads its weight rows one after another,
+one stream, which Zen's prefetchers follow best (blocks of rows side by side
+elsewhere); ``SPECDECODE_KERNEL_STREAMS=1|4`` or ``set_kernel_streams`` overrides
+it, with the same bits either way (as the quantized kernel's ``set_quant_streams``).
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 and cached under ``$TORCH_EXTENSIONS_DIR`` if set, else
@@ -56,7 +60,8 @@ from .fused import fused_ops_available, load_fused_extension
 
 __all__ = [
     "EAGER", "Kernels", "LinearFn", "fast_linear", "fast_linear_available", "fast_linear_bf16", "install_kernels",
-    "ISAS", "kernel_isa", "load_extension", "select_kernels", "set_kernel_isa", "supported_isas",
+    "ISAS", "kernel_isa", "kernel_streams", "load_extension", "select_kernels", "set_kernel_isa",
+    "set_kernel_streams", "supported_isas",
 ]
 
 
@@ -160,6 +165,20 @@ def kernel_isa() -> Optional[str]:
 
 
 ISAS = ("scalar", "avx2", "avx512", "avx512bf16", "amx")  # the kernel's code paths, each needing more of the CPU
+
+
+def kernel_streams() -> Optional[int]:
+    """A one-token call's weight streams: 1 (one row after another, AMD's default) or 4 (blocks of rows); None if
+    the kernel is unavailable."""
+    return int(_ext.streams()) if fast_linear_available() else None  # type: ignore[union-attr]
+
+
+def set_kernel_streams(n: int = 0) -> int:
+    """1 or 4 weight streams for one-token calls, 0 this CPU's default; returns the previous. Speed only: the
+    same bits. RuntimeError if the kernel is unavailable."""
+    if not fast_linear_available():
+        raise RuntimeError(f"fast linear kernel unavailable: {_load_error or 'disabled'}")
+    return int(_ext.set_streams(n))  # type: ignore[union-attr]
 
 
 def supported_isas() -> tuple[str, ...]:
