@@ -43,7 +43,7 @@ from .prefill import Filling
 from .rows import Event, Failure, Request, Row
 from .threads import ThreadGovernor, governor
 from .verify import VerifyResult, tree_mask, verify_draft
-from .verify_batch import judge_chains
+from .verify_step import judge_step
 
 _NO_DRAFT = Draft()  # shared, never mutated: "this row drafts nothing this step"
 _Layers = Mapping[int, torch.Tensor]  # EAGLE-3: the residual after layer i, per row and position
@@ -385,7 +385,7 @@ class DecodeCore:
         finished: list[Row] = []
         failed: list[Row] = []  # rows whose grammar engine gave up (constraints.py): they fail alone
         width = logits.shape[1]
-        judged = judge_chains(logits, self.rows, drafts)
+        judged = judge_step(logits, self.rows, drafts)
         for i, (r, d) in enumerate(zip(self.rows, drafts)):
             if r.constraint is not None and r.constraint.error is not None:
                 failed.append(r)

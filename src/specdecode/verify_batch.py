@@ -10,23 +10,18 @@ each row consumes its generator exactly as the reference does (its γ uniforms, 
 draw), computes the same ratios, weights and residual masses in the same dtypes and order, and draws by the same
 inverse CDF, so a row's result equals the reference's for the same generator state (tests check it on random
 laws, besides the chi-square tests of the emitted law). Coupled rows (seeded sampling) are judged in the same
-read: their draws argmax p · rate on the device, then the greedy walk. Trees and greedy rows (one argmax list a
-step already) stay with ``verify_draft``.
+read: their draws argmax p · rate on the device, then the greedy walk. Sampled trees: ``verify_tree_batch``; the
+step's single read of both: ``verify_step``; greedy rows (one argmax list a step already) stay with ``verify_draft``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from .sampling import probs_from_logits
 from .verify import _RESIDUAL_EPS, VerifyResult
-
-if TYPE_CHECKING:
-    from .draft import Draft
-    from .rows import Row
 
 
 @dataclass(frozen=True)
@@ -44,42 +39,43 @@ class ChainRow:
     rates: Optional[torch.Tensor] = None
 
 
-def judge_chains(logits: torch.Tensor, rows: Sequence["Row"], drafts: Sequence["Draft"]) -> dict[int, VerifyResult]:
-    """The decode core's step: its sampled chain rows (with a live grammar, if any) judged together
-    (``verify_chains``), by row index; greedy rows and trees are left to ``verify.verify_draft``. ``logits``: the
-    pass's [B, width, V], under the rows' grammars."""
-    picked = []
-    for i, (r, d) in enumerate(zip(rows, drafts)):
-        if d.parents is not None or r.sampling.greedy or (r.constraint is not None and r.constraint.error is not None):
-            continue
-        g = len(d.tokens)
-        probs = probs_from_logits(logits[i, : g + 1], r.sampling)
-        if r.noise is not None:  # the coupled rule: the row's noise from its next position on
-            picked.append((i, ChainRow(probs, d.tokens, None, "coupled", None, r.noise.window(len(r.tokens), g + 1))))
-        else:
-            picked.append((i, ChainRow(probs, d.tokens, d.probs, r.request.verify.chain_rule, r.gen)))
-    return dict(zip((i for i, _ in picked), verify_chains([row for _, row in picked])))
+def chain_outcomes(rows: Sequence[ChainRow]) -> torch.Tensor:
+    """[3, B] on the device, unread, in ``rows``' order: accepted count, next token, whether the weights were
+    valid."""
+    coupled = [i for i, r in enumerate(rows) if r.rule == "coupled"]
+    sampled = [i for i, r in enumerate(rows) if r.rule != "coupled"]
+    parts = []
+    if sampled:
+        parts.append(_sampled([rows[i] for i in sampled]))
+    if coupled:
+        parts.append(_coupled([rows[i] for i in coupled]))
+    out = torch.cat(parts, dim=1)
+    if coupled and sampled:  # back to the rows' order (an index made on the host: no read)
+        where = [0] * len(rows)
+        for j, i in enumerate(sampled + coupled):
+            where[i] = j
+        out = out[:, torch.tensor(where, device=out.device)]
+    return out
+
+
+def read_chains(out: Sequence[Sequence[int]], rows: Sequence[ChainRow]) -> list[VerifyResult]:
+    """``chain_outcomes``' columns, read on the host, as ``VerifyResult``s."""
+    return [VerifyResult(out[0][j], out[1][j], out[0][j] == len(r.tokens)) for j, r in enumerate(rows)]
 
 
 def verify_chains(rows: Sequence[ChainRow]) -> list[VerifyResult]:
     """Every row's ``VerifyResult``, computed on the rows' device; one host read for the whole batch."""
     if not rows:
         return []
-    coupled = [i for i, r in enumerate(rows) if r.rule == "coupled"]
-    sampled = [i for i, r in enumerate(rows) if r.rule != "coupled"]
-    parts = []  # [3, rows] each: accepted count, next token, whether the weights were valid
-    if sampled:
-        parts.append(_sampled([rows[i] for i in sampled]))
-    if coupled:
-        parts.append(_coupled([rows[i] for i in coupled]))
-    out = torch.cat(parts, dim=1).tolist()  # the one host read
-    if not all(out[2]):
+    out = chain_outcomes(rows).tolist()  # the one host read
+    check_valid(out[2])
+    return read_chains(out, rows)
+
+
+def check_valid(valid: Sequence[int]) -> None:
+    """The draws' weights were valid in every row (``sampling.draw``'s error otherwise)."""
+    if not all(valid):
         raise ValueError("cannot sample: the weights hold a negative, inf or nan entry, or sum to zero")
-    order = sampled + coupled
-    res: list[Optional[VerifyResult]] = [None] * len(rows)
-    for j, i in enumerate(order):
-        res[i] = VerifyResult(out[0][j], out[1][j], out[0][j] == len(rows[i].tokens))
-    return [r for r in res if r is not None]
 
 
 def _coupled(rows: Sequence[ChainRow]) -> torch.Tensor:

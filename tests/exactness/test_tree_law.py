@@ -13,14 +13,14 @@ import itertools
 import math
 from collections import defaultdict
 from functools import lru_cache
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 import torch
 
 from specdecode.config import SamplingConfig
 from specdecode.sampling import draw
-from specdecode.verify import rejection_sample_tree
+from specdecode.verify import VerifyResult, rejection_sample_tree
 
 from .chi2 import gof_pvalue
 from .test_rejection_law import SETTINGS
@@ -85,11 +85,13 @@ def paths(tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def tree_step(p: PrefixLaws, q: PrefixLaws, context: tuple[int, ...], kind: str, g: torch.Generator) -> tuple[int, ...]:
-    """One sampled tree verification at ``context``: the accepted path's tokens and the next token."""
+def tree_step(p: PrefixLaws, q: PrefixLaws, context: tuple[int, ...], kind: str, g: torch.Generator,
+              verify: Callable[..., VerifyResult] = rejection_sample_tree) -> tuple[int, ...]:
+    """One sampled tree verification at ``context`` (by ``verify``, the reference's call shape): the accepted
+    path's tokens and the next token."""
     tokens, parents, probs = build_tree(q, context, kind, g)
     target = torch.stack([p(context)] + [p(context + path) for path in paths(tokens, parents)])
-    r = rejection_sample_tree(target, tokens, parents, probs, g)
+    r = verify(target, tokens, parents, probs, g)
     assert r.path is not None and r.n_accepted == len(r.path)
     for a, b in zip(r.path, r.path[1:]):
         assert parents[b] == a  # the accepted nodes form a root-to-node path
