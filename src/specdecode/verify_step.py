@@ -35,11 +35,12 @@ def judge_step(logits: torch.Tensor, rows: Sequence["Row"], drafts: Sequence["Dr
     for i, (r, d) in enumerate(zip(rows, drafts)):
         if r.sampling.greedy or (r.constraint is not None and r.constraint.error is not None):
             continue
+        if d.parents is not None and (not batch_trees or r.noise is not None):
+            continue  # per row (coupled trees: their draws follow the walk)
         g = len(d.tokens)
         probs = probs_from_logits(logits[i, : g + 1], r.sampling)
         if d.parents is not None:
-            if batch_trees and r.noise is None:  # coupled trees keep the reference walk (draws follow the path)
-                trees.append((i, TreeRow(probs, d.tokens, d.parents, d.probs, r.gen)))
+            trees.append((i, TreeRow(probs, d.tokens, d.parents, d.probs, r.gen)))
         elif r.noise is not None:  # the coupled rule: the row's noise from its next position on
             chains.append((i, ChainRow(probs, d.tokens, None, "coupled", None, r.noise.window(len(r.tokens), g + 1))))
         else:
