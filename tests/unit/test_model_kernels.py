@@ -12,7 +12,7 @@ import torch
 import specdecode
 from specdecode import kernels
 from specdecode.sizing.book import cost_key
-from specdecode.kernels import EAGER
+from specdecode.kernels import EAGER, set_kernel_streams
 from specdecode.kernels.fused import load_fused_extension
 from specdecode.models.llama import LlamaModel
 
@@ -75,8 +75,15 @@ def test_two_models_in_one_process_run_their_own_kernels(exts, tiny_dirs: dict[s
     ids = torch.randint(1, fast.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(fast.forward(ids, fast.new_cache(1, 16)), eager.forward(ids, eager.new_cache(1, 16)),
                                rtol=1e-4, atol=1e-4)
-    # the cost cache keys them apart: their timings differ
+    # the cost cache keys them apart: their timings differ; and a fast model's by its weight-stream layout
     assert cost_key([fast]) != cost_key([eager])
+    before = set_kernel_streams(1)
+    try:
+        one, eager_one = cost_key([fast]), cost_key([eager])
+        set_kernel_streams(4)
+        assert cost_key([fast]) != one and cost_key([eager]) == eager_one  # eager models: no such layout
+    finally:
+        set_kernel_streams(before)
 
 
 def test_a_module_built_for_training_runs_eager(tiny_dirs: dict[str, Path]) -> None:

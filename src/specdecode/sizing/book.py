@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
+from ..kernels import kernel_streams
 from .costs import MAX_GAMMA, Costs, CostSteps, chain_steps, measure_steps
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refine
 QUICK_WARMUP = 0  # its untimed rounds: none, its minimum already drops a slow first call (w1 and w0 agree)
 QUICK_WIDTHS = (1, 2, 4, 8, 16)  # widths it times; the others interpolated (SmolLM2: within 3.2% VNNI, 2.1% AVX2)
 QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
-COST_FORMAT = 6  # part of every cache key: other schemes' files are ignored (6: tree drafters share the target's v)
+COST_FORMAT = 7  # part of every cache key: other schemes' files are ignored (7: one weight stream on AMD, faster steps)
 log = logging.getLogger(__name__)
 
 
@@ -114,7 +115,7 @@ def cost_key(models: Sequence[Optional["Model"]], what: str = "") -> str:
     threads, torch, and per model its files (a GGUF file's size and date), dtypes, KV-cache dtype and
     kernels with their ISA (each model's own: an eager model and a fast one time differently)."""
     parts = [f"costs-v{COST_FORMAT}", what, platform.processor() or platform.machine(), cpu_name(),
-             str(torch.get_num_threads()), torch.__version__]
+             str(torch.get_num_threads()), torch.__version__, stream_layout(models)]
     for m in models:
         if m is None:
             parts.append("none")
@@ -125,6 +126,14 @@ def cost_key(models: Sequence[Optional["Model"]], what: str = "") -> str:
         parts += [str(path.resolve()), stamp, str(m.dtype), str(m.weight_dtype), str(m.device),
                   m.kernels.describe(), str(getattr(m, "kv_dtype", m.dtype))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def stream_layout(models: Sequence[Optional["Model"]]) -> str:
+    """The CPU kernels' weight-stream layout for a decode step where a model runs them (``SPECDECODE_KERNEL_STREAMS``,
+    else the CPU's vendor; the quantized kernel takes the same): speed only, not bits, so part of the cost key and
+    not of the kernels' label. Read only where the kernel is loaded already (a fast model's)."""
+    fast = any(m is not None and m.kernels.fast for m in models)
+    return f"streams {kernel_streams()}" if fast else "streams -"
 
 
 def cpu_name() -> str:
