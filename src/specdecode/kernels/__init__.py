@@ -23,10 +23,10 @@ kernel's AVX-VNNI path, means avx2 here) forces a code path, for
 comparisons and tests; ``set_kernel_isa`` changes it at runtime (for the whole
 process: it picks the extension's instructions, not a model's arithmetic). Paths
 agree to fp32 rounding, not bit for bit; ``supported_isas`` lists this CPU's.
-On AMD a one-token call on the AVX-512 paths reads its weight rows one after another,
-one stream, which Zen's prefetchers follow best (blocks of rows side by side
-elsewhere); ``SPECDECODE_KERNEL_STREAMS=1|4`` or ``set_kernel_streams`` overrides
-it, with the same bits either way (as the quantized kernel's ``set_quant_streams``).
+``SPECDECODE_KERNEL_STREAMS=1`` or ``set_kernel_streams(1)`` makes a one-token call on
+the AVX-512 paths read its weight rows one after another, one stream, which Zen's
+prefetchers follow best (1.3x on SmolLM2 in bf16); not the default yet (docs/cpu.md),
+and the same bits either way.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 and cached under ``$TORCH_EXTENSIONS_DIR`` if set, else
@@ -168,7 +168,7 @@ ISAS = ("scalar", "avx2", "avx512", "avx512bf16", "amx")  # the kernel's code pa
 
 
 def kernel_streams() -> Optional[int]:
-    """A one-token call's weight streams: 1 (one row after another, AMD's default) or 4 (blocks of rows); None if
+    """A one-token call's weight streams: 1 (one row after another) or 4 (blocks of rows, the default); None if
     the kernel is unavailable."""
     return int(_ext.streams()) if fast_linear_available() else None  # type: ignore[union-attr]
 

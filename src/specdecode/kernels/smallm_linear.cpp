@@ -100,15 +100,21 @@ constexpr int64_t kPrefetchRowsDot = TILE_N512;  // bf16-dot blocks
 
 enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_AMX = 4 };
 
-// On AMD a one-token call (a decode step) on the AVX-512 paths reads its weight rows one after another, one
-// sequential stream, which Zen's prefetchers follow best (Zen 5 EPYC, SmolLM2-135M with bf16 weights, a plain
-// step against blocks of rows side by side: bf16-dot 1.3x, fp32-widening 1.3x at 1 thread, 1.2-1.5x at 2).
-// Elsewhere, and on AVX2 (one row at a time there ran 0.6x: its horizontal sums), the measured blocks (NBFor,
-// NB512For, NBDotFor) stand. Set at load (one_stream_default; SPECDECODE_KERNEL_STREAMS=1|4 overrides); the
-// same bits either way (each row's sum walks K in the same order whatever block it is in).
+// With SPECDECODE_KERNEL_STREAMS=1 a one-token call (a decode step) on the AVX-512 paths reads its weight rows one
+// after another, one sequential stream, which Zen's prefetchers follow best (Zen 5 EPYC, SmolLM2-135M with bf16
+// weights, a plain step against blocks of rows side by side: bf16-dot 1.3x, fp32-widening 1.3x at 1 thread,
+// 1.2-1.5x at 2; the bundled bf16 code model 1.1-1.4x). AVX2 keeps its blocks (one row at a time ran 0.6x there:
+// its horizontal sums). The same bits either way (each row's sum walks K in the same order whatever block).
 std::atomic<bool> g_one_stream{false};
 
-inline bool one_stream(int mb) { return mb == 1 && g_one_stream.load(std::memory_order_relaxed); }
+// Only for a matrix past L2's size: one that stays in cache is bound by arithmetic, where one row at a time pays a
+// horizontal sum per row (576 x 576 bf16 called again and again: 12.6 against 7.7 us; 49,152 x 576 streamed from
+// DRAM: 1.03 against 1.72 ms). A small model's whole step is such (the tests' tiny models ran slower).
+constexpr int64_t kOneStreamMinBytes = int64_t(1) << 20;
+
+inline bool one_stream(int mb, int64_t weight_bytes) {
+  return mb == 1 && weight_bytes >= kOneStreamMinBytes && g_one_stream.load(std::memory_order_relaxed);
+}
 
 const char* isa_name(int isa) {
   switch (isa) {
@@ -480,7 +486,7 @@ SMALLM_AVX512 void mblock_avx512(const float* x, int64_t K, const WT* w, const f
   constexpr int NB = NB512For<MB>::value;
   int64_t n = n_begin;
   // a block prefetches the rows pf_rows further on (while they are below pf_end); one stream: all by the row loop
-  const int64_t blocks_end = one_stream(MB) ? n : n_end - (n_end - n) % NB;
+  const int64_t blocks_end = one_stream(MB, N * K * int64_t(sizeof(WT))) ? n : n_end - (n_end - n) % NB;
   for (; n < blocks_end; n += NB)
     block_avx512<MB, NB, WT>(x, K, w, bias, y, N, m0, n,
                              pf_rows && n + pf_rows + NB <= pf_end ? w + (n + pf_rows) * K : nullptr, pk0, pk1);
@@ -495,7 +501,7 @@ SMALLM_BF16 void mblock_bf16dot(const uint16_t* xb, int64_t Kp, int64_t K, const
                                 int64_t pf_rows, int64_t pf_end, int64_t pk0, int64_t pk1) {
   constexpr int NB = NBDotFor<MB>::value;
   int64_t n = n_begin;
-  const int64_t blocks_end = one_stream(MB) ? n : n_end - (n_end - n) % NB;  // one stream: all by the row loop
+  const int64_t blocks_end = one_stream(MB, N * K * 2) ? n : n_end - (n_end - n) % NB;  // one stream: the row loop
   for (; n < blocks_end; n += NB)
     block_bf16dot<MB, NB>(xb, Kp, K, w, bias, y, N, m0, n,
                           pf_rows && n + pf_rows + NB <= pf_end ? w + (n + pf_rows) * K : nullptr, pk0, pk1);
@@ -731,12 +737,12 @@ int isa_from_env() {
 
 std::atomic<int> g_isa{isa_from_env()};
 
-// SPECDECODE_KERNEL_STREAMS=1 (one stream) or 4 (the measured blocks), else one stream on AMD (g_one_stream)
+// SPECDECODE_KERNEL_STREAMS=1: one stream; else the measured blocks. Not AMD's default (the quantized kernel's is):
+// with the faster plain step, gamma="auto" recovered from a 3x pessimistic cost cache in only 1 of 6 runs on the
+// bundled bf16 pair (test_policy_poisoning; 3 of 3 with blocks), so it waits on the policy.
 bool one_stream_default() {
   const char* v = std::getenv("SPECDECODE_KERNEL_STREAMS");
-  if (v && std::string(v) == "1") return true;
-  if (v && std::string(v) == "4") return false;
-  return kCpu.amd;
+  return v && std::string(v) == "1";
 }
 
 const bool kOneStreamSet = (g_one_stream.store(one_stream_default()), true);

@@ -129,11 +129,12 @@ def cost_key(models: Sequence[Optional["Model"]], what: str = "") -> str:
 
 
 def stream_layout(models: Sequence[Optional["Model"]]) -> str:
-    """The CPU kernels' weight-stream layout for a decode step where a model runs them (``SPECDECODE_KERNEL_STREAMS``,
-    else the CPU's vendor; the quantized kernel takes the same): speed only, not bits, so part of the cost key and
-    not of the kernels' label. Read only where the kernel is loaded already (a fast model's)."""
+    """The CPU kernels' weight-stream layouts for a decode step where a model runs them (the dense kernel's, and
+    ``SPECDECODE_KERNEL_STREAMS``, which with the CPU's vendor sets the quantized kernel's): speed only, not bits,
+    so part of the cost key and not of the kernels' label. Read only where the kernel is loaded already."""
     fast = any(m is not None and m.kernels.fast for m in models)
-    return f"streams {kernel_streams()}" if fast else "streams -"
+    env = os.environ.get("SPECDECODE_KERNEL_STREAMS", "auto")
+    return f"streams {kernel_streams()}/{env}" if fast else "streams -"
 
 
 def cpu_name() -> str:
