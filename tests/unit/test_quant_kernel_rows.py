@@ -79,19 +79,20 @@ def test_multi_row_paths_at_the_extremes(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "q4k", "q5k", "q6k", "q5_0", "q4_1", "q5_1"])
-def test_a_decode_step_reads_one_or_four_streams_to_the_same_bits(fmt: str) -> None:
-    # one token row (a decode step) reads 1 weight stream on AMD and 4 side by side elsewhere (VNNI-512): both
-    # walks, and the CPU's default, give the scalar path's bits; 149 columns: two chunks of 4 groups, one
-    # alone and a tail
+def test_every_call_reads_one_or_four_streams_to_the_same_bits(fmt: str) -> None:
+    # a call (a decode step's one token row, a verification pass's several, register blocks of 5 + 4 and int8's
+    # K segments at 17) reads 1 weight stream on AMD and 4 side by side elsewhere: both walks, and the CPU's
+    # default, give the scalar path's bits; 149 columns: two chunks of 4 groups, one alone and a tail
     from specdecode.bench.kernel_ab import random_packed
 
     g = torch.Generator().manual_seed(11)
     p = random_packed(149, 512, fmt, g)
-    x, b = torch.randn(1, 512, generator=g), torch.randn(149, generator=g)
-    ref = ext.quant_linear(x, p, b, "scalar")
-    for isa in ISAS[1:]:
-        for streams in (0, 1, 4):
-            assert torch.equal(ext.quant_linear(x, p, b, isa, streams), ref), (fmt, isa, streams)
+    x, b = torch.randn(17, 512, generator=g), torch.randn(149, generator=g)
+    for m in (1, 5, 9, 17):
+        ref = ext.quant_linear(x[:m], p, b, "scalar")
+        for isa in ISAS[1:]:
+            for streams in (0, 1, 4):
+                assert torch.equal(ext.quant_linear(x[:m], p, b, isa, streams), ref), (fmt, m, isa, streams)
 
 
 def test_streams_take_one_or_four_and_name_the_fix() -> None:

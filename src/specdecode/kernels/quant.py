@@ -32,9 +32,9 @@ dot products (AVX-512 VNNI ``vpdpbusd``, AVX-VNNI's 256-bit ``vpdpbusd`` on AVX2
 or AVX2 ``maddubs``/``madd``, chosen at runtime; the scalar path elsewhere). Rows are batch-invariant,
 so speculative verification is exact relative to the quantized model. ``SPECDECODE_KERNEL_ISA=avx2``
 or ``=avxvnni`` (read when the extension loads) or ``set_quant_isa`` forces a path; ``quant_isa`` says
-which runs. A decode step (one row) reads one weight stream on AMD and 4 side by side elsewhere, what each
-vendor's prefetchers read fastest (``docs/cpu.md``); ``SPECDECODE_KERNEL_STREAMS=1|4`` or ``set_quant_streams``
-overrides it, with the same bits either way.
+which runs. A call (a decode step, a verification pass, a prefill) reads one weight stream on AMD and 4 side
+by side elsewhere, what each vendor's prefetchers read fastest (``docs/cpu.md``);
+``SPECDECODE_KERNEL_STREAMS=1|4`` or ``set_quant_streams`` overrides it, with the same bits either way.
 
 A model with quantized matrices keeps its embedding table dense (a lookup, not a product) and
 multiplies by a quantized copy of the output matrix; ``quantized_kernels`` wraps the model's
@@ -424,12 +424,12 @@ def set_quant_isa(isa: str = "auto") -> str:
 
 
 def quant_streams() -> int:
-    """Weight streams a one-row call reads side by side: 1 (AMD's default) or 4 (elsewhere)."""
+    """Weight streams a call reads side by side: 1 (AMD's default) or 4 (elsewhere)."""
     return int(load_quant_extension().streams())
 
 
 def set_quant_streams(n: int = 0) -> int:
-    """1 or 4 weight streams for one-row calls, 0 this CPU's default; returns the previous. Speed only: the
+    """1 or 4 weight streams a call reads, 0 this CPU's default; returns the previous. Speed only: the
     results are the same bits."""
     return int(load_quant_extension().set_streams(n))
 

@@ -664,6 +664,18 @@ constexpr int64_t kStreamPrefetch = 2 * 1024;
 // streams 2 KiB ahead and as 1 stream 2 KiB ahead, up to 30-31 GB/s as 1 stream 4-6 KiB ahead (bench kernel-ab;
 // 4 streams 4 KiB ahead: 0.86-0.97x); 16 KiB 27.
 constexpr int64_t kOneStreamPrefetch = 4 * 1024;
+// A pass of several token rows read as one stream (a verification pass on AMD) prefetches further still: each line
+// takes its rows' arithmetic, so a decode step's distance runs out of lead and the reads stop overlapping it. On
+// the Zen 5 EPYC (KVM, one thread, 1.7B-shape matrices from DRAM) a 5-row q4k pass took 1.37x a 1-row one as 4
+// streams 4 KiB ahead, 1.50x as 1 stream 4 KiB ahead, 1.05-1.10x as 1 stream 8-32 KiB ahead (T0; T1 / T2 no
+// better), and 9 rows 2.45x, 2.31x and 1.84x.
+constexpr int64_t kRowsPrefetch = 16 * 1024;
+// How far ahead a walk of NS groups side by side with MB token rows prefetches: ``side`` (NS > 1), ``one`` (one
+// stream, one row) or kRowsPrefetch (one stream, several rows)
+template <int NS, int MB>
+constexpr int64_t stream_ahead(int64_t side, int64_t one) {
+  return NS > 1 ? side : MB > 1 ? kRowsPrefetch : one;
+}
 
 // A group's block scales (32 bytes a block) sit after its quants: a second stream per group, under a KiB at short
 // rows (K = 960: 30 blocks), too short for the hardware prefetcher to learn, so each of its lines was a demand
@@ -1123,7 +1135,9 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
   const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
   // int4: a stream's prefetch past its group's end goes on in the group it reads next (NS groups on), not in the
   // neighbour stream's, already being read: short rows (10-40 KB a group) otherwise start each call's streams cold
-  const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes, sahead = scale_ahead(L.fmt);
+  constexpr int64_t ahead_bytes = stream_ahead<NS, MB>(kStreamPrefetch, kOneStreamPrefetch);
+  const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes;
+  const int64_t sahead = MB > 1 && NS == 1 ? ahead_bytes / (L.fmt == FMT_Q8 ? 512 : 256) : scale_ahead(L.fmt);
   __m512 acc[NS][MB];
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = b0 ? _mm512_loadu_ps(out + (i * ostride + j) * G) : _mm512_setzero_ps();
@@ -1135,8 +1149,7 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
         const uint8_t* wb = grp[i] + b * 512;
         __m512i wv[8];
         for (int s = 0; s < 8; ++s) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + (NS == 1 ? kOneStreamPrefetch : kStreamPrefetch)),
-                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + ahead_bytes), _MM_HINT_T0);
           wv[s] = _mm512_xor_si512(_mm512_loadu_si512(wb + s * 64), c128);
         }
         for (int j = 0; j < MB; ++j) {
@@ -1157,7 +1170,7 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
       } else {
         const uint8_t* wb = grp[i] + b * 256;
         __m512i lo[4], hi16[4];  // high nibbles kept in place: that chain sums 16x the dot, shifted back once per block
-        const int64_t ahead = b * 256 + (NS == 1 ? kOneStreamPrefetch : kStreamPrefetch);
+        const int64_t ahead = b * 256 + ahead_bytes;
         const uint8_t* pf = grp[i] + ahead + (ahead + 192 >= gbytes ? skip : 0);
         for (int s = 0; s < 4; ++s) {
           _mm_prefetch(reinterpret_cast<const char*>(pf + s * 64), _MM_HINT_T0);
@@ -1335,11 +1348,11 @@ constexpr int64_t kQ4kPrefetch = 4 * 1024;
 // The lines of a group's super-block past its quants (scales, mins, d, dmin: 320 bytes, not line aligned),
 // kQ4kPrefetch ahead; the sub-blocks' loops prefetch the quants' lines.
 // (q5k: and its planes)
-template <bool HI = false>
+template <bool HI = false, int64_t AHEAD = kQ4kPrefetch>
 __attribute__((always_inline)) inline void prefetch_q4k_scales(const uint8_t* base) {
   constexpr int64_t end = HI ? kQ5kQh + 8 * 64 : kQ4kGroupSb;
   for (int64_t o = kQ4kSc - 1; o < end + 63; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, end - 1) + kQ4kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(base + std::min(o, end - 1) + AHEAD), _MM_HINT_T0);
 }
 
 // A group's 16 fp16 d and dmin as fp32 (dd[0..15]: d, dd[16..31]: dmin), once per super-block
@@ -1609,16 +1622,17 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
   // a stream's prefetch past its group's end goes on in the group it reads next (NS groups on): int4's choice
+  constexpr int64_t ahead = stream_ahead<NS, MB>(kQ4kPrefetch, kQ4kPrefetch);
   const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes;
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* base[NS];
-    const uint8_t* pf[NS];  // what the prefetches add kQ4kPrefetch to
-    const bool past = (sb + 1) * k4_group_sb<HI>() + kQ4kPrefetch > gbytes;
+    const uint8_t* pf[NS];  // what the prefetches add ``ahead`` to
+    const bool past = (sb + 1) * k4_group_sb<HI>() + ahead > gbytes;
     alignas(64) float dd[NS][G], dn[NS][G];  // through L1: in registers they crowd out a register block's sums
     for (int i = 0; i < NS; ++i) {
       base[i] = L.group(w, g0 + i) + sb * k4_group_sb<HI>();
       pf[i] = base[i] + (past ? skip : 0);
-      prefetch_q4k_scales<HI>(pf[i]);
+      prefetch_q4k_scales<HI, ahead>(pf[i]);
       _mm512_store_ps(dd[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kD))));
       _mm512_store_ps(dn[i], _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base[i] + kQ4kDmin))));
     }
@@ -1628,7 +1642,7 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
         const uint8_t* wb = base[i] + jb * 256;
         __m512i lo[4], hi16[4];  // q4k: the high nibbles in place (16 v); q5k: merged to bytes 0..31
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + ahead), _MM_HINT_T0);
         if constexpr (HI) {
           const __m512i qh = _mm512_loadu_si512(base[i] + kQ5kQh + jb * 64);
           b32_merge512<0>(_mm512_loadu_si512(wb), qh, lo[0], hi16[0]);
@@ -1830,10 +1844,11 @@ constexpr int64_t kQ6kPrefetch = 4096;
 // A group's super-block's lines past its nibbles (high bits, scales, d: 1344 bytes), kQ6kPrefetch ahead, spread
 // over its 8 blocks (block jb: its 2 high-bit lines, and for jb < 5 one of the 5 scale / d lines) rather than all
 // 21 at a super-block's start (4 groups: 84 at once; 1 token row, vnni512 2048 x 8192: 0.67 vs 0.46 ms)
+template <int64_t AHEAD = kQ6kPrefetch>
 __attribute__((always_inline)) inline void prefetch_q6k_spread(const uint8_t* base, int64_t jb) {
-  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + kQ6kPrefetch), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + 64 + kQ6kPrefetch), _MM_HINT_T0);
-  if (jb < 5) _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kSc + jb * 64 + kQ6kPrefetch), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + AHEAD), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kQh + jb * 128 + 64 + AHEAD), _MM_HINT_T0);
+  if (jb < 5) _mm_prefetch(reinterpret_cast<const char*>(base + kQ6kSc + jb * 64 + AHEAD), _MM_HINT_T0);
 }
 
 // AVX-512 VNNI: NS groups side by side, one zmm lane per weight row, MB token rows per weight vector. A step s's
@@ -1849,11 +1864,12 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
   // a stream's prefetch past its group's end goes on in the group it reads next (NS groups on): q4k's choice
+  constexpr int64_t ahead = stream_ahead<NS, MB>(kQ6kPrefetch, kQ6kPrefetch);
   const int64_t gbytes = G * L.rb, skip = (NS - 1) * gbytes;
   for (int64_t sb = 0; sb < nb / 8; ++sb) {
     const uint8_t* base[NS];
-    const uint8_t* pf[NS];  // what the prefetches add kQ6kPrefetch to
-    const bool past = (sb + 1) * kQ6kGroupSb + kQ6kPrefetch > gbytes;
+    const uint8_t* pf[NS];  // what the prefetches add ``ahead`` to
+    const bool past = (sb + 1) * kQ6kGroupSb + ahead > gbytes;
     alignas(64) float dd[NS][G];
     for (int i = 0; i < NS; ++i) {
       base[i] = L.group(w, g0 + i) + sb * kQ6kGroupSb;
@@ -1865,13 +1881,13 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
       for (int i = 0; i < NS; ++i) {
         const uint8_t* wb = base[i] + jb * 256;
         const uint8_t* hb = base[i] + kQ6kQh + jb * 128;
-        prefetch_q6k_spread(pf[i], jb);
+        prefetch_q6k_spread<ahead>(pf[i], jb);
         __m512i lo[4], hi[4];
         for (int p = 0; p < 2; ++p) {
           const __m512i qh = _mm512_loadu_si512(hb + p * 64);
           for (int e = 0; e < 2; ++e) {
             const int s = 2 * p + e;
-            _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + kQ6kPrefetch), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(pf[i] + jb * 256 + s * 64 + ahead), _MM_HINT_T0);
             const __m512i raw = _mm512_loadu_si512(wb + s * 64);
             const __m512i hl = e == 0 ? _mm512_slli_epi16(qh, 4) : qh;
             const __m512i hh = e == 0 ? _mm512_slli_epi16(qh, 2) : _mm512_srli_epi16(qh, 2);
@@ -2198,9 +2214,9 @@ constexpr int64_t kB32Prefetch = 4096;
 // (1 line), d and m (a line per 2 blocks); past the group's end, the same lines of the group ``next`` bytes on,
 // the one this stream reads next (prefetch_scales's reason: at short rows each region was too short for the
 // hardware prefetcher, and a group's first 16 blocks of every region were demand misses)
-template <bool HI, bool MIN>
+template <bool HI, bool MIN, int64_t AHEAD = kB32Prefetch>
 __attribute__((always_inline)) inline void prefetch_b32(const uint8_t* grp, int64_t nb, int64_t b, int64_t next) {
-  int64_t a = b + kB32Prefetch / 256;
+  int64_t a = b + AHEAD / 256;
   if (a >= nb) {
     grp += next;
     a -= nb;
@@ -2235,7 +2251,7 @@ __attribute__((target(QL_512))) void b32_vnni_mb(const Layout& L, const QX& qx, 
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < NS; ++i) {
-      prefetch_b32<HI, MIN>(grp[i], nb, b, NS * G * L.rb);
+      prefetch_b32<HI, MIN, stream_ahead<NS, MB>(kB32Prefetch, kB32Prefetch)>(grp[i], nb, b, NS * G * L.rb);
       const uint8_t* wb = grp[i] + b * 256;
       __m512i lo[4], hi[4];
       if constexpr (HI) {
@@ -2569,12 +2585,14 @@ int isa_from_env() {
 
 std::atomic<int> g_isa{isa_from_env()};
 
-// Weight streams a one-row call (a decode step) reads side by side: 4 groups block by block on an Intel Xeon
-// (1.14-1.3x one stream there, groups_vnni_mb's note), 1 on AMD, whose prefetchers follow one sequential stream
-// best (Zen 5 EPYC, one thread, whole models against the 4-stream walk: VNNI-512 SmolLM2-135M Q4_1 1.2-1.3x, 360M
-// Q8_0 1.18x, 360M Q4_0 1.05-1.08x, 1.7B Q4_K_M 1.14x; AVX2 1.7B Q4_K_M 1.29x, 360M Q4_0 1.11x, its b32 walk
-// excepted). SPECDECODE_KERNEL_STREAMS=1|4 overrides; either walk gives the same bits (each row and column does
-// the same operations in the same order).
+// Weight streams a call reads side by side: 4 groups block by block on an Intel Xeon (1.14-1.3x one stream there
+// at one token row, groups_vnni_mb's note), 1 on AMD, whose prefetchers follow one sequential stream best (Zen 5
+// EPYC, one thread, whole models against the 4-stream walk, one token row: VNNI-512 SmolLM2-135M Q4_1 1.2-1.3x,
+// 360M Q8_0 1.18x, 360M Q4_0 1.05-1.08x, 1.7B Q4_K_M 1.14x; AVX2 1.7B Q4_K_M 1.29x, 360M Q4_0 1.11x, its b32 walk
+// excepted). Passes of several token rows read one stream there too, kRowsPrefetch ahead (1.7B-shape matrices from
+// DRAM, VNNI-512, 9 rows against 4 streams: q4k 1.38x, q6k 1.3x, int8 1.25x, q4_1 1.3x; 64 rows q4k 1.38x; AVX2 as
+// fast or faster). SPECDECODE_KERNEL_STREAMS=1|4 overrides; either walk gives the same bits (each row and column
+// does the same operations in the same order).
 int decode_streams_default() {
   const char* v = std::getenv("SPECDECODE_KERNEL_STREAMS");
   if (v && std::string(v) == "1") return 1;
@@ -2664,9 +2682,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
     isa = req == -1 ? kBest : req;
     TORCH_CHECK(supported(isa), "quant_linear: this CPU does not support ", isa_name(isa));
   }
-  // a decode step's stream layout; verification passes and prefills keep kStreams (their rows reuse each line)
-  const int decode = streams_arg.has_value() ? checked_streams("quant_linear", *streams_arg) : g_streams.load();
-  const int streams = M == 1 ? decode : kStreamsDefault;
+  // the stream layout, the same for a decode step, a verification pass and a prefill (decode_streams_default)
+  const int streams = streams_arg.has_value() ? checked_streams("quant_linear", *streams_arg) : g_streams.load();
   at::Tensor y = at::empty({M, N}, x.options());
   if (M * N == 0) return y;
   const Layout L(fmt, N, K);
@@ -2833,7 +2850,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("bf16_dot") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("quant_linear", &quant_linear, "the kernel on fp32 x [M, K] and a packed weight; isa: None, auto, scalar, "
-        "avx2, avxvnni, vnni512; streams: None, or a one-row call's weight streams on VNNI-512 (1, 4; 0: this CPU's "
+        "avx2, avxvnni, vnni512; streams: None, or the weight streams the call reads (1, 4; 0: this CPU's "
         "default)", pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("isa") = pybind11::none(), pybind11::arg("streams") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
@@ -2871,9 +2888,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", []() { return std::string(isa_name(kBest)); }, "the best path this CPU supports");
   m.def("isa", []() { return std::string(isa_name(g_isa.load())); }, "the path linear() uses now");
   m.def("set_isa", &set_isa, "use another path ('auto' = the best); returns the previous one", pybind11::arg("isa"));
-  m.def("streams", []() { return g_streams.load(); }, "weight streams a one-row call reads side by side (VNNI-512)");
+  m.def("streams", []() { return g_streams.load(); }, "weight streams a call reads side by side");
   m.def("set_streams", [](int64_t n) { return g_streams.exchange(checked_streams("set_streams", n)); },
-        "1 or 4 weight streams for one-row calls (0: this CPU's default); returns the previous", pybind11::arg("n"));
+        "1 or 4 weight streams a call reads (0: this CPU's default); returns the previous", pybind11::arg("n"));
   m.def("is_amd", []() { return kCpu.amd; }, "whether this CPU is AMD's (one weight stream by default)");
   m.def("set_dense_linear", [](uintptr_t fn) { g_dense.store(fn); },
         "address of the dense small-M linear(x, w, bias, bf16_dot) that non-packed weights go to (0: at::linear)",
