@@ -11,7 +11,9 @@ fast=True)``, the default; see ``specdecode.kernels.Kernels``); ``SPECDECODE_FUS
 keeps the eager layer. Models use them only for fp32 activations on the CPU with a KV
 cache (decode and verification), stored as fp32, fp16 or bf16 (``load_model(..., kv_dtype=)``:
 the kernel rounds new keys/values to it once and widens stored ones exactly, computing in fp32);
-training and other dtypes/devices run the eager ops.
+training and other dtypes/devices run the eager ops. On AVX-512 attention over an fp16/bf16 cache runs 16 lanes
+wide with the 8-wide walk's bits (``attention_isa``/``set_attention_isa`` on the extension;
+``SPECDECODE_KERNEL_ISA=avx2`` keeps 8).
 Helpers that are exact either way (``ops.argmax_list``, ``sampling.draw``) use the
 extension whenever it is loaded (``loaded_fused_extension``).
 """
