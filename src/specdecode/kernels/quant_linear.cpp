@@ -1649,32 +1649,23 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
             lo[s] = _mm512_and_si512(raw, low4);
             hi16[s] = _mm512_and_si512(raw, high4);
           }
-        } else {  // several rows: shifted down once here, so each row's sum is one chain with no shift or add
+        } else {  // several rows: shifted down once here, not once a row
           for (int s = 0; s < 4; ++s) {
             const __m512i raw = _mm512_loadu_si512(wb + s * 64);
             lo[s] = _mm512_and_si512(raw, low4);
             hi16[s] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
           }
         }
-        constexpr bool one_chain = HI || MB > 1;  // hi16 holds the high values themselves
+        constexpr bool values = HI || MB > 1;  // hi16 holds the high values themselves, else 16x them
         __m512i isum[MB];
-        for (int j = 0; j < MB; ++j) {
+        for (int j = 0; j < MB; ++j) {  // two chains of 4 (exact integer sums)
           const int32_t* xb = xq32 + j * xstride + b * 8;
-          if constexpr (one_chain) {  // exact integer sums: the same as one chain
-            __m512i a = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
-            for (int s = 0; s < 4; ++s) {
-              a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
-              a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
-            }
-            isum[j] = _mm512_add_epi32(a, a2);
-          } else {
-            __m512i a = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
-            for (int s = 0; s < 4; ++s) {
-              a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
-              a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
-            }
-            isum[j] = _mm512_add_epi32(a, _mm512_srai_epi32(a2, 4));
+          __m512i a = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
+          for (int s = 0; s < 4; ++s) {
+            a = _mm512_dpbusd_epi32(a, lo[s], _mm512_set1_epi32(xb[s]));
+            a2 = _mm512_dpbusd_epi32(a2, hi16[s], _mm512_set1_epi32(xb[4 + s]));
           }
+          isum[j] = _mm512_add_epi32(a, values ? a2 : _mm512_srai_epi32(a2, 4));
         }
         const __m512 ds = _mm512_mul_ps(_mm512_load_ps(dd[i]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[i] + kQ4kSc + jb * G)))));
