@@ -394,9 +394,10 @@ DOPS_AVX2 void attend_one(const float* q, const T* kbase, const T* vbase, int64_
 constexpr int64_t kKeyTile = 32;
 
 #if DOPS_X86
-// Each tile prefetches the next one's rows (K while scoring, V while summing): a one-token step reads the cache once
-// and no hardware prefetcher had learned a head's few KiB before it ended (1.7B shape, 2,048 keys, fp16: with the
-// 16-lane walk a 5-token pass 1.16-1.20x, 9 tokens 1.26-1.30x; two tiles ahead no better).
+// Each tile prefetches the next one's rows (K while scoring, V while summing): a pass reads a head's few KiB of
+// cache once, and its first loads were DRAM misses (perf: most of the 16-lane walk's samples). 1.7B shape, 2,048
+// keys, fp16, the 8-lane walk against the build before: a 9-token pass 134-137 -> 109-110 ms; two tiles ahead no
+// better.
 constexpr int64_t kPrefetchTiles = 1;
 // the rows of keys [j, j + kKeyTile) (below ``used``) on their way to L1
 template <typename T>
@@ -543,8 +544,9 @@ DOPS_512 inline __m512 load8x2(const BFloat16* p, const BFloat16* q) {
 }
 
 // attend_grouped_t's arithmetic, bit for bit, in 16 lanes (fp16 / bf16 storage, head_dim a multiple of 16). Why: on
-// AVX-512 a 256-bit FMA does half the work of a 512-bit one in the same issue slot, and a pass of several tokens is
-// bound by these FMAs (1.7B shape, 512 keys: attention 4.6 ms at one token, 7.6 at five). Each lane does what a lane
+// AVX-512 a 256-bit FMA does half the work of a 512-bit one in the same issue slot, and past the cache's misses a
+// pass of several tokens is bound by these FMAs (1.7B shape, 2,048 keys, both walks prefetching: 5 / 9 tokens
+// 1.12x / 1.13x the 8-lane walk's whole pass, one token the same; 512 keys 1.03x). Each lane does what a lane
 // of the 8-wide walk does, in the same order: a score's 8 lanes sum its D / 8 chunks one after another, so two keys
 // share a register (key k in lanes 0-7, key k + 8 in lanes 8-15 of a 16-key block: the K tile is widened in that
 // order), and hsum8x8 reduces each half; the weighted sum of V takes 16 dimensions a register. Keys outside whole
