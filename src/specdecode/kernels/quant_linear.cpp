@@ -668,7 +668,8 @@ constexpr int64_t kOneStreamPrefetch = 4 * 1024;
 // takes its rows' arithmetic, so a decode step's distance runs out of lead and the reads stop overlapping it. On
 // the Zen 5 EPYC (KVM, one thread, 1.7B-shape matrices from DRAM) a 5-row q4k pass took 1.37x a 1-row one as 4
 // streams 4 KiB ahead, 1.50x as 1 stream 4 KiB ahead, 1.05-1.10x as 1 stream 8-32 KiB ahead (T0; T1 / T2 no
-// better), and 9 rows 2.45x, 2.31x and 1.84x.
+// better), and 9 rows 2.45x, 2.31x and 1.84x. AVX2's q4k / q6k walks likewise (bound by arithmetic sooner: 3 rows
+// 1.08-1.09x, 5 rows 1.05-1.06x faster than at 4 KiB; 1.7B Q4_K_M v(1) 1.23-1.27 -> 1.10-1.12).
 constexpr int64_t kRowsPrefetch = 16 * 1024;
 // How far ahead a walk of NS groups side by side with MB token rows prefetches: ``side`` (NS > 1), ``one`` (one
 // stream, one row) or kRowsPrefetch (one stream, several rows)
@@ -1418,6 +1419,7 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
                                                            const uint8_t* w, int64_t g0, float* out) {
   const int64_t Kp = qx.Kp, nb = qx.nb;
   const __m256i ones = _mm256_set1_epi16(1);
+  constexpr int64_t ahead = stream_ahead<NS, MB>(kQ4kPrefetch, kQ4kPrefetch);
   alignas(32) float dd[NS][2 * G];
   __m256 acc[NS][MB][2];
   for (int i = 0; i < NS; ++i)
@@ -1428,14 +1430,14 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
       const uint8_t* base = L.group(w, g0 + i) + sb * k4_group_sb<HI>();
       const uint8_t* wb = base + jb * 256;
       if (jb == 0) {
-        prefetch_q4k_scales<HI>(base);
+        prefetch_q4k_scales<HI, ahead>(base);
         q4k_d_avx2(base, dd[i]);
       }
       __m256i p16[MB][2], isum[MB][2];
       if constexpr (MB == 1) {  // a decode step: one half group at a time (fewer live registers)
         const int8_t* xb = qx.q.data() + m0 * Kp + b * 32;
         for (int s = 0; s < 4; ++s)
-          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + ahead), _MM_HINT_T0);
         for (int h = 0; h < 2; ++h) {
           const __m256i qh = k4_plane256<HI>(base, jb, h);
           __m256i p = _mm256_setzero_si256(), p32 = _mm256_setzero_si256();
@@ -1464,7 +1466,7 @@ __attribute__((target("avx2,fma,f16c"))) void q4k_rows_avx2(const Layout& L, con
       }
       const __m256i qh0 = k4_plane256<HI>(base, jb, 0), qh1 = k4_plane256<HI>(base, jb, 1);
       for (int s = 0; s < 4; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ4kPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + ahead), _MM_HINT_T0);
         const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64));
         const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + s * 64 + 32));
         __m256i lo0, hi0, lo1, hi1;
@@ -1951,8 +1953,8 @@ __attribute__((target("avx2,fma,f16c"))) void q6k_rows_avx2(const Layout& L, con
       const uint8_t* base = L.group(w, g0 + i) + sb * kQ6kGroupSb;
       const uint8_t* wb = base + jb * 256;
       const uint8_t* hb = base + kQ6kQh + jb * 128;
-      prefetch_q6k_spread(base, jb);
-      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + kQ6kPrefetch), _MM_HINT_T0);
+      prefetch_q6k_spread<stream_ahead<NS, MB>(kQ6kPrefetch, kQ6kPrefetch)>(base, jb);
+      for (int s = 0; s < 4; ++s) _mm_prefetch(reinterpret_cast<const char*>(wb + s * 64 + stream_ahead<NS, MB>(kQ6kPrefetch, kQ6kPrefetch)), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         __m256i a[MB], a2[MB], p[MB], p2[MB];
         for (int j = 0; j < MB; ++j) {
