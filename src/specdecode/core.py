@@ -71,6 +71,7 @@ class DecodeCore:
         self.cache = target.new_cache(max_rows, self.context_len)
         self.rows: list[Row] = []
         self.forward_passes = 0
+        self._trust_seen = 0  # the policy's trust events the drafters were last refined at
         self.filling: Optional[Filling] = None  # a prompt going in a chunk a step, in cache row len(rows)
         self.prefill_slice_s = 0.1  # how long one chunk of it may hold the running rows' next pass
         self._cost_clock = cost_clock(target)  # online costs: the same clock as the offline ones
@@ -208,7 +209,10 @@ class DecodeCore:
 
     def _refine_drafters(self) -> None:
         """Self-sizing drafters check their own measured costs against the live passes (``sizing/live.py``),
-        when a request ends and every ``REFINE_EVERY`` passes (a long request does not run on a spoiled file)."""
+        when a request ends, every ``REFINE_EVERY`` passes (a long request does not run on a spoiled file) and as
+        soon as a single-row width's timings become trusted (a pessimistic file is overruled inside the request
+        that first shows it wrong, not after it)."""
+        self._trust_seen = self.policy.trust_events
         passes = self.policy.trusted_passes()
         if not passes:
             return
@@ -363,7 +367,7 @@ class DecodeCore:
         if self._clock is self._cost_clock:
             self.policy.record_target(batch, width, self._clock() - t0)
         self.forward_passes += 1
-        if self.forward_passes % REFINE_EVERY == 0:
+        if self.forward_passes % REFINE_EVERY == 0 or self.policy.trust_events != self._trust_seen:
             self._refine_drafters()
         return logits, argmax, hidden, layers
 

@@ -120,3 +120,32 @@ def test_a_poisoned_tree_cost_cache_is_corrected_by_the_live_steps(name: str, ti
     rewritten = cached_costs(key)
     # written when the figures in use left the file's by DISAGREE×; later moves within that stay in memory
     assert rewritten is not None and rewritten.c < 50.0 / DISAGREE and not costs_differ(drafter.costs, rewritten)
+
+
+def test_the_drafters_hear_a_pass_width_as_soon_as_its_timings_are_trusted(tiny_dirs: dict[str, Path],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core hands the self-sizing drafters the live passes when a single-row width's timings become trusted,
+    not only at a request's end and every ``REFINE_EVERY`` passes: after a 3x pessimistic cache, ``auto`` on the
+    bundled pair drafted from the 2nd request at best, and with a faster plain step from the 3rd or 4th."""
+    from specdecode.drafters.base import as_batch_drafter
+    from specdecode.drafters.ngram import PromptLookupDrafter
+
+    target = sd.load_model(tiny_dirs["llama"])
+    drafter = as_batch_drafter(PromptLookupDrafter())
+    core = DecodeCore(target, {"ngram": drafter}, max_rows=1)
+    heard: list[tuple[int, dict[int, float]]] = []
+    real = drafter.refine_costs
+
+    def spy(passes: dict[int, float]) -> list[Costs]:
+        heard.append((core.forward_passes, dict(passes)))
+        return real(passes)
+
+    monkeypatch.setattr(drafter, "refine_costs", spy)
+    prompt = [i % target.vocab_size for i in range(3, 30)]
+    core.add(Request(prompt, SamplingConfig(temperature=0.0), GenerationConfig(max_new_tokens=40, ignore_eos=True),
+                     "ngram", adaptive=True))
+    while core.rows and not heard:
+        core.step()
+    assert core.rows, "heard only at the request's end"
+    at, passes = heard[0]
+    assert at < REFINE_EVERY and passes  # a width's trusted timing, handed over at once

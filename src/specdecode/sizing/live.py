@@ -4,13 +4,13 @@ under whatever load the machine had, stays authoritative).
 EAGLE, Medusa, suffix drafting and ``auto`` size their own drafts from the target's v(n) and their own
 step costs, measured once per machine and cached; the γ policy, which checks a chain drafter's figures
 against every pass, only caps them. So the decode core hands each of them the target's live single-row
-pass timings after every finished request and every 64 passes (``refine_costs(passes)``: seconds by width,
-each a low quantile of at least ``TRUST`` passes), and a drafter times its own steps as they run
-(``StepTimings``). As in the γ policy, a trusted live figure then counts instead of the measured one (when
-they differ by more than ``FOLLOW``, so that noise does not re-plan every tree); a pessimistic step cost is
-also bounded by a cheaper step that does more work, so it gets run and measured. Past ``DISAGREE``×
-the drafter returns its figures for the core to write back to the cache. A drafter given fixed costs keeps
-them.
+pass timings after every finished request, every 64 passes and whenever a width's timings become trusted
+(``refine_costs(passes)``: seconds by width, each a low quantile of at least ``TRUST`` passes), and a
+drafter times its own steps as they run (``StepTimings``). As in the γ policy, a trusted live figure then
+counts instead of the measured one (when they differ by more than ``FOLLOW``, so that noise does not re-plan
+every tree); a pessimistic step cost is also bounded by a cheaper step that does more work, so it gets run
+and measured. Past ``DISAGREE``× the drafter returns its figures for the core to write back to the cache. A
+drafter given fixed costs keeps them.
 """
 
 from __future__ import annotations

@@ -66,6 +66,9 @@ class GammaPolicy:
         self._tables: dict[str, tuple[tuple[float, ...], float]] = {}  # drafter -> (target s by width, draft s)
         self._memo: dict[tuple[str, int, int], int] = {}  # single-row choices, valid until the next refresh
         self._records = 0
+        # single-row pass widths whose live timings became trusted: the core's cue to refine the self-sizing
+        # drafters at once (``trusted_passes`` changed), not at the request's end
+        self.trust_events = 0
         self._refined: dict[str, Costs] = {}  # replaced offline costs not yet handed out (take_refined)
 
     # -- measurements -------------------------------------------------------------------------
@@ -77,7 +80,7 @@ class GammaPolicy:
     def offline(self, drafter: str) -> Optional[Costs]:
         return self._offline.get(drafter)
 
-    def _record(self, table: dict, key: object, seconds: float) -> None:
+    def _record(self, table: dict, key: object, seconds: float) -> Timings:
         t = table.get(key)
         if t is None:
             t = table[key] = Timings()
@@ -85,9 +88,11 @@ class GammaPolicy:
         self._records += 1
         if t.n == 1 or t.n == TRUST or self._records % REFRESH == 0:
             self._refresh()
+        return t
 
     def record_target(self, batch: int, width: int, seconds: float) -> None:
-        self._record(self._t, (batch, width), seconds)
+        if self._record(self._t, (batch, width), seconds).n == TRUST and batch == 1:
+            self.trust_events += 1
 
     def record_draft(self, drafter: str, rows: int, depth: int, seconds: float) -> None:
         """``rows`` rows drafted up to ``depth`` tokens each in ``seconds``."""
