@@ -162,9 +162,10 @@ def test_auto_on_a_target_whose_wider_passes_were_cached_3x_too_dear(pair: tuple
     """``auto`` sizes its members' drafts with the target's v(n) itself, so the policy's correction of a
     pessimistic cache must reach it too: the widths its members have run show the overstatement, and the ones
     not run are scaled alike (``sizing.live.live_v``), and a row where nothing pays drafts a token on a probe
-    schedule so that wider passes get run at all. From the 3rd request it accepts at least 3/4 of what a fresh core
-    accepts (before: 0 drafted, request after request; both sides size from live timings, which move acceptance by
-    15-20% between runs on a shared 2-core machine: 41 against 50 was seen once)."""
+    schedule so that wider passes get run at all. From the 2nd request it accepts at least 3/4 of what a fresh core
+    accepts (before: 0 drafted, request after request; then from the 3rd, until the drafters heard a width as soon
+    as its timings were trusted, not at the 1st request's end; both sides size from live timings, which move
+    acceptance by 15-20% between runs on a shared 2-core machine: 41 against 50 was seen once)."""
     from specdecode.drafters.auto import AutoDrafter
     from specdecode.drafters.base import as_batch_drafter
     from specdecode.drafters.ngram import PromptLookupDrafter
@@ -186,5 +187,5 @@ def test_auto_on_a_target_whose_wider_passes_were_cached_3x_too_dear(pair: tuple
     monkeypatch.setattr(cm, "_MEMO", {})
     core = auto_core()
     stats = [run(core, PROMPT, 64, gamma="auto", drafter="auto") for _ in range(4)]
-    assert min(s.accepted for s in stats[2:]) >= 0.75 * fresh.accepted, ([s.accepted for s in stats], fresh.accepted)
+    assert min(s.accepted for s in stats[1:]) >= 0.75 * fresh.accepted, ([s.accepted for s in stats], fresh.accepted)
     assert stats[0].drafted > 0  # rows where nothing pays probe one token now and then: so the passes get timed

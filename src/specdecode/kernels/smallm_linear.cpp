@@ -738,8 +738,9 @@ int isa_from_env() {
 std::atomic<int> g_isa{isa_from_env()};
 
 // SPECDECODE_KERNEL_STREAMS=1: one stream; else the measured blocks. Not AMD's default (the quantized kernel's is):
-// with the faster plain step, gamma="auto" recovered from a 3x pessimistic cost cache in only 1 of 6 runs on the
-// bundled bf16 pair (test_policy_poisoning; 3 of 3 with blocks), so it waits on the policy.
+// a model whose weights stay in cache runs slower so (the bundled 2-block draft model's steps 0.85-0.9x: its
+// 2 MiB head passes kOneStreamMinBytes but never leaves L3), so the choice belongs to a model (its weights past
+// the last-level cache), made when it is loaded; docs/cpu.md.
 bool one_stream_default() {
   const char* v = std::getenv("SPECDECODE_KERNEL_STREAMS");
   return v && std::string(v) == "1";
