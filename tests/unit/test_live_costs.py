@@ -43,6 +43,20 @@ def test_live_v_puts_in_the_widths_that_contradict_the_measurement_and_bounds_th
     assert got is not None and got.v == (1.0,) * 8 and got.target_s == (0.02,) * 8
 
 
+def test_widths_past_a_run_one_are_tried_when_the_cache_there_was_only_the_cap() -> None:
+    """A cache whose wide widths were timed 3x too dear reads 1, 2, 3, ... (``plausible`` caps a width at n/m times
+    a narrower one): a live v(2) of 1.5 against that capped 2.0 says little of how far the rest overstate, so the
+    widths not run are taken at most at the dearest run one below them (they get run, so measured), where scaling
+    them by 1.5 / 2.0 left width 3 at 2.25 and width 8 at 3.8 and ``auto`` drafting one token a step for good."""
+    spoiled = (1.0, 2.0, 3.0, 4.0, 4.5, 4.8, 5.0, 5.3)  # what plausible() makes of 1, 3.5, 3.6, ...
+    costs = Costs(c=0.0, v=spoiled, target_s=tuple(0.001 * x for x in spoiled), key="k")
+    got = live_v(costs, {1: 0.001, 2: 0.0015})
+    assert got is not None and got.v[:2] == (1.0, 1.5) and got.v[2:] == (1.5,) * 6
+    sound = Costs(c=0.0, v=V, target_s=tuple(0.01 * x for x in V), key="k")  # not at the cap: scaled as before
+    got = live_v(sound, {1: 0.01, 2: 0.021})
+    assert got is not None and got.v[1] == pytest.approx(2.1) and got.v[2:] == V[2:]
+
+
 def _steps(**seconds: float) -> StepTimings:
     steps = StepTimings(lambda: 0.0)
     for name, s in seconds.items():
