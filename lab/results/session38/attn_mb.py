@@ -15,7 +15,7 @@ g = torch.Generator().manual_seed(0)
 out = []
 for ctx in [int(c) for c in os.environ.get("CTXS", "512,2048").split(",")]:
     caches = [(torch.randn(1, KV, ctx + 16, D, generator=g).half(), torch.randn(1, KV, ctx + 16, D, generator=g).half())
-              for _ in range(L)]
+              for _ in range(int(os.environ.get("NL", L)))] * (L // int(os.environ.get("NL", L)))
     for t in [int(x) for x in os.environ.get("TS", "1,5,9").split(",")]:
         qkv = torch.randn(1, t, (H + 2 * KV) * D, generator=g)
         def one():
