@@ -740,7 +740,8 @@ std::atomic<int> g_isa{isa_from_env()};
 // SPECDECODE_KERNEL_STREAMS=1: one stream; else the measured blocks. Not AMD's default (the quantized kernel's is):
 // a model whose weights stay in cache runs slower so (the bundled 2-block draft model's steps 0.85-0.9x: its
 // 2 MiB head passes kOneStreamMinBytes but never leaves L3), and made a model's own choice (weights past the
-// last-level cache) it sped plain decoding but the live gamma policy then drafted less than pays (docs/cpu.md).
+// last-level cache) it sped plain decoding but left the bundled pair near break-even, where a first request's
+// early rejections kept it plain (docs/cpu.md).
 bool one_stream_default() {
   const char* v = std::getenv("SPECDECODE_KERNEL_STREAMS");
   return v && std::string(v) == "1";

@@ -66,7 +66,7 @@ def overstated(offline: Sequence[float], live: Sequence[Optional[float]]) -> flo
 
 
 def capped(v: Sequence[float], i: int) -> bool:
-    """Whether v's width i + 1 sits at ``plausible``'s cap, i + 1 / i times the width below: a figure a load spike
+    """Whether v's width i + 1 sits at ``plausible``'s cap, (i + 1) / i times the width below: a figure a load spike
     left so (a cache whose every wide width was timed 3x too dear reads 1, 2, 3, ... from width 1), so its scale
     against a live figure tells how much the cache overstated no better than that cap did."""
     return i > 0 and v[i] >= v[i - 1] * (i + 1) / i * (1 - 1e-9)
