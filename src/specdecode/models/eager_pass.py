@@ -103,7 +103,8 @@ class Stack(Protocol):
 
 @dataclass
 class Rope:
-    """One RoPE base's tables for this pass's positions: [B, T, 1, head_dim] in the compute dtype, sin signed."""
+    """One RoPE base's tables for this pass's positions: [B, T, 1, 2, head_dim / 2] (the two halves) in the compute
+    dtype, sin signed."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -148,7 +149,7 @@ def rope_tables(model: Stack, local: bool, positions: torch.Tensor, dtype: torch
         kept[(local, dtype)] = entry
     b, t = positions.shape
     flat = positions.reshape(-1)
-    return Rope(entry[1].index_select(0, flat).view(b, t, 1, -1), entry[2].index_select(0, flat).view(b, t, 1, -1))
+    return Rope(entry[1].index_select(0, flat).view(b, t, 1, 2, -1), entry[2].index_select(0, flat).view(b, t, 1, 2, -1))
 
 
 def additive(mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -250,9 +251,9 @@ def block_pass(block: Block, x: torch.Tensor, shape: tuple[int, int], tables: Pa
         norm(heads[:, :, :n_h], block.q_norm, eps, out=heads[:, :, :n_h])
         norm(heads[:, :, n_h : n_h + n_kv], block.k_norm, eps, out=heads[:, :, n_h : n_h + n_kv])
     rope, hk = tables.local if block.sliding else tables.rope, n_h + n_kv
-    qk = _view(qkv, (b, t, hk, hd), (t * width, width, hd, 1), 0)  # q and k heads, [B, T, heads, hd]
-    rotated = qk.view(b, t, hk, 2, hd // 2).flip(-2).view(b, t, hk, hd).mul_(rope.sin)
-    torch.addcmul(rotated, qk, rope.cos, out=qk)
+    # q and k heads as their two halves, [B, T, heads, 2, hd / 2]: rotate-half is a flip of that axis
+    qk = _view(qkv, (b, t, hk, 2, hd // 2), (t * width, width, hd, hd // 2, 1), 0)
+    torch.addcmul(qk.flip(-2).mul_(rope.sin), qk, rope.cos, out=qk)
     # k and v heads of the real rows, [2, B, kv_heads, rows, hd]
     kv = _view(qkv, (2, b, n_kv, meta.n_new, hd), (n_kv * hd, t * width, hd, width, 1), n_h * hd)
     if not cache.write_pair(block.layer, kv, meta):
