@@ -149,7 +149,8 @@ def rope_tables(model: Stack, local: bool, positions: torch.Tensor, dtype: torch
         kept[(local, dtype)] = entry
     b, t = positions.shape
     flat = positions.reshape(-1)
-    return Rope(entry[1].index_select(0, flat).view(b, t, 1, 2, -1), entry[2].index_select(0, flat).view(b, t, 1, 2, -1))
+    cos, sin = (table.index_select(0, flat).view(b, t, 1, 2, -1) for table in entry[1:])
+    return Rope(cos, sin)
 
 
 def additive(mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
