@@ -136,10 +136,12 @@ def test_a_cache_with_its_wider_passes_timed_under_load_is_corrected_by_the_narr
     """Every width from 2 tokens cached 3x too dear: only γ = 1 looks worth drafting, and a width never run is
     never measured. The narrow widths' live timings show the overstatement, the untried widths are scaled alike
     (``sizing.live.overstated``) and so tried: by the 3rd request the core accepts within 10% of a fresh one's
-    (before: 30 against 51 for every request), and the file is rewritten."""
+    (before: 30 against 51 for every request), and the file is rewritten. Two requests a side: live timings move
+    one request's accepted tokens by up to ~10% on their own (44 against a fresh core's 49 was seen once)."""
     monkeypatch.setattr(cm, "_MEMO", {})
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "good"))
-    fresh = run(new_core(pair), PROMPT, 64)
+    fresh_core = new_core(pair)
+    fresh = [run(fresh_core, PROMPT, 64) for _ in range(2)]
 
     monkeypatch.setattr(cm, "_MEMO", {})
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "bad"))
@@ -150,8 +152,9 @@ def test_a_cache_with_its_wider_passes_timed_under_load_is_corrected_by_the_narr
     f.write_text(json.dumps(dict(d, v=v, target_s=[d["target_s"][0] * x for x in v])))
     monkeypatch.setattr(cm, "_MEMO", {})
     core = new_core(pair)
-    stats = [run(core, PROMPT, 64) for _ in range(3)]
-    assert stats[2].accepted >= 0.9 * fresh.accepted, (stats, fresh)
+    stats = [run(core, PROMPT, 64) for _ in range(4)]
+    got, want = sum(s.accepted for s in stats[2:]), sum(s.accepted for s in fresh)
+    assert got >= 0.9 * want, ([s.accepted for s in stats], [s.accepted for s in fresh])
     monkeypatch.setattr(cm, "_MEMO", {})
     rewritten = cached_costs(f.stem)
     assert rewritten is not None and rewritten.v[4] < 2.0  # the untried widths no longer 3x on disk
