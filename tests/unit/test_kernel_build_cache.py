@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from specdecode.kernels import build
-from specdecode.kernels.build import CFLAGS, build_dir, source_key, stable_source, toolchain
+from specdecode.kernels.build import (CFLAGS, build_dir, build_extension, source_files, source_key, stable_source,
+                                      toolchain)
 
 SOURCE = "#include <torch/extension.h>\nint f() { return 1; }\n"
 
@@ -92,8 +93,38 @@ def test_the_shipped_kernels_have_distinct_stable_keys() -> None:
     kernels = Path(__file__).resolve().parents[2] / "src" / "specdecode" / "kernels"
     sources = sorted(kernels.glob("*.cpp"))
     assert sources
-    keys = [source_key([s]) for s in sources]
-    assert len(set(keys)) == len(keys) and keys == [source_key([s]) for s in sources]
+    keys = [source_key(source_files(s)) for s in sources]
+    assert len(set(keys)) == len(keys) and keys == [source_key(source_files(s)) for s in sources]
+    # every header beside them is some kernel's (the wheel ships kernels/*.h for them)
+    used = {f.name for s in sources for f in source_files(s)[1:]}
+    assert used == {h.name for h in kernels.glob("*.h")}
+
+
+def test_a_kernels_local_headers_are_part_of_its_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel split into headers: they are found (recursively, once each, system and missing ones left to the
+    compiler), key its folder (an edited header never loads the stale library) and sit beside the copy compiled."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    k = tmp_path / "k"
+    src = _checkout(k, '#include <vector>\n#include "a.h"\n  #  include "b.h"\n#include "gone.h"\n' + SOURCE)
+    (k / "a.h").write_text('#pragma once\n#include "b.h"\nint a() { return b(); }\n')
+    (k / "b.h").write_text("#pragma once\nint b() { return 2; }\n")
+    assert source_files(src) == [src, k / "a.h", k / "b.h"]
+    before = build_dir("ext", source_files(src))
+    (k / "b.h").write_text("#pragma once\nint b() { return 3; }\n")
+    assert build_dir("ext", source_files(src)) != before
+
+    seen: dict[str, object] = {}
+
+    def loader(*, name: str, sources: list[str], extra_cflags: list[str], extra_ldflags: list[str],
+               build_directory: str, verbose: bool) -> object:
+        seen["sources"] = sources
+        seen["beside"] = sorted(p.name for p in Path(sources[0]).parent.iterdir())
+        (Path(build_directory) / f"{name}.so").write_bytes(b"lib")
+        return object()
+
+    build_extension("ext", src, loader=loader)
+    assert seen["sources"] == [str(build_dir("ext", source_files(src)) / "src" / "smallm_linear.cpp")]
+    assert seen["beside"] == ["a.h", "b.h", "smallm_linear.cpp"]
 
 
 TINY = """#include <pybind11/pybind11.h>

@@ -100,6 +100,23 @@ def build_dir(name: str, sources: Sequence[Path] = (), cflags: Sequence[str] = C
     return base / f"{name}_{tag}_{source_key(sources, cflags, ldflags, tools)}"
 
 
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.MULTILINE)
+
+
+def source_files(source: Path) -> list[Path]:
+    """``source`` and the headers it includes from beside it (``#include "x.h"``, recursively), each once in
+    first-include order: what a build of it reads from this package, so what its key covers and its build
+    folder holds (a header's change must not load a stale library)."""
+    files: list[Path] = []
+    todo = [source]
+    while todo:
+        f = todo.pop(0)
+        if f not in files:
+            files.append(f)
+            todo += [f.parent / h for h in _LOCAL_INCLUDE.findall(f.read_text()) if (f.parent / h).is_file()]
+    return files
+
+
 def stable_source(directory: Path, source: Path) -> Path:
     """A copy of ``source`` inside its build folder (written only when missing or different): the path
     ninja sees is then the same from every checkout, and an unchanged copy keeps its mtime."""
@@ -189,7 +206,7 @@ def build_extension(name: str, source: Path, loader: Optional[Loader] = None) ->
 def _build(name: str, source: Path, loader: Optional[Loader]) -> ModuleType:
     cached = False
     try:
-        directory = build_dir(name, [source])
+        directory = build_dir(name, source_files(source))
         directory.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(directory)
         cached = any(directory.glob("*.so"))
@@ -237,7 +254,8 @@ def _load(name: str, source: Path, directory: Path, loader: Optional[Loader], fr
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            module = loader(name=name, sources=[str(stable_source(directory, source))], extra_cflags=list(CFLAGS),
+            copies = [stable_source(directory, f) for f in source_files(source)]  # headers beside the source
+            module = loader(name=name, sources=[str(copies[0])], extra_cflags=list(CFLAGS),
                             extra_ldflags=list(LDFLAGS), build_directory=str(directory), verbose=False)
     finally:
         torch_log.setLevel(level)

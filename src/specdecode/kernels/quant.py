@@ -53,7 +53,7 @@ from typing import Mapping, Optional
 import torch
 
 from . import Kernels, fast_linear_available, load_extension
-from .build import ExtensionBuildError, build_extension, source_key
+from .build import ExtensionBuildError, build_extension, source_files, source_key
 from .quant_b32 import B32_DTYPES, dequantize_b32, pack_b32
 from .quant_q4k import pack_q4k, unpack_q4k
 from .quant_q5k import dequantize_q5k, pack_q5k
@@ -455,7 +455,7 @@ def quantized_kernels(dense: Kernels, fmt: str) -> Kernels:
     # the source's hash in the label: the label keys the cost cache, and c measured with an older
     # build of this kernel would steer gamma="auto" by another kernel's speed
     return replace(dense, linear=linear, native=(int(ext.linear_address()), bf16_dot),
-                   mode=f"{fmt}-{ext.isa()}.{source_key([_SOURCE])[:8]}+{dense.mode}")
+                   mode=f"{fmt}-{ext.isa()}.{source_key(source_files(_SOURCE))[:8]}+{dense.mode}")
 
 
 def pack_draft(dense: Kernels, fmt: Optional[str], mats: Mapping[str, torch.Tensor], who: str
