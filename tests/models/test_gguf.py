@@ -17,7 +17,8 @@ from gguf_util import CHAT_TEMPLATE, greedy, tiny_gguf, write_gguf
 from specdecode import generate, load_model
 from specdecode.chat import ChatFormatter
 from specdecode.models import UnsupportedModelError
-from specdecode.models.gguf import GGUFError, is_gguf, load_tensors, read_gguf
+from specdecode.models.gguf import GGUFError, load_tensors, read_gguf
+from specdecode.models.gguf_file import is_gguf
 
 pytest.importorskip("gguf")
 

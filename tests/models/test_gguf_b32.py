@@ -17,6 +17,8 @@ from gguf_util import tiny_gguf
 from specdecode import generate, load_model
 from specdecode.kernels.quant import dequantize, load_quant_extension, packed_format
 from specdecode.models import gguf as gguf_mod
+from specdecode.models import gguf_load
+from specdecode.models.gguf_file import GGUFTensor
 from test_gguf_stored import _drafting_is_exact
 
 gguf = pytest.importorskip("gguf")
@@ -149,13 +151,14 @@ def test_a_q4_1_file_with_a_q8_0_table_as_smollm2_has(tmp: Path) -> None:
     _drafting_is_exact(model)
 
 
-def _parts(kinds: tuple[str, ...], rows: tuple[int, ...], cols: int) -> tuple[list[gguf_mod._Source], list[np.ndarray]]:
+def _parts(kinds: tuple[str, ...], rows: tuple[int, ...], cols: int
+           ) -> tuple[list[gguf_load._Source], list[np.ndarray]]:
     rng = np.random.default_rng(1)
     parts, raws = [], []
     for kind, r in zip(kinds, rows):
         qt = gguf.GGMLQuantizationType[kind]
         raw = gguf.quants.quantize(rng.standard_normal((r, cols)).astype(np.float32), qt)
-        parts.append(gguf_mod._Source(gguf_mod._Tensor("x", qt, [cols, r], raw), None))
+        parts.append(gguf_load._Source(GGUFTensor("x", qt, [cols, r], raw), None))
         raws.append(raw)
     return parts, raws
 
@@ -168,10 +171,10 @@ def test_a_stack_packed_as_stored_chunk_by_chunk_equals_it_packed_whole(monkeypa
     from specdecode.kernels.quant import pack_b32
 
     parts, raws = _parts((kind,) * 3, (40, 24, 24), 96)
-    monkeypatch.setattr(gguf_mod, "_CHUNK_ROWS", 32)
+    monkeypatch.setattr(gguf_load, "_CHUNK_ROWS", 32)
     whole = pack_b32(torch.from_numpy(np.concatenate(raws)), FORMAT[kind])
     for fmt in ("int8", "int4"):
-        assert torch.equal(gguf_mod._pack(parts, fmt), whole)
+        assert torch.equal(gguf_load._pack(parts, fmt), whole)
 
 
 def test_a_stack_of_mixed_types_is_rounded_chunk_by_chunk_as_whole(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,6 +186,6 @@ def test_a_stack_of_mixed_types_is_rounded_chunk_by_chunk_as_whole(monkeypatch: 
     parts, raws = _parts(kinds, (40, 24, 24), 64)
     dense = torch.cat([torch.from_numpy(gguf.quants.dequantize(r, gguf.GGMLQuantizationType[k]).astype(np.float32))
                        for k, r in zip(kinds, raws)])
-    monkeypatch.setattr(gguf_mod, "_CHUNK_ROWS", 32)
+    monkeypatch.setattr(gguf_load, "_CHUNK_ROWS", 32)
     for fmt in ("int8", "int4"):
-        assert torch.equal(gguf_mod._pack(parts, fmt), quantize(dense, fmt))
+        assert torch.equal(gguf_load._pack(parts, fmt), quantize(dense, fmt))

@@ -17,6 +17,8 @@ from gguf_util import tiny_gguf
 from specdecode import generate, load_model
 from specdecode.kernels.quant import dequantize, dequantize_rows, pack_blocks, quantize
 from specdecode.models import gguf as gguf_mod
+from specdecode.models import gguf_load
+from specdecode.models.gguf_file import GGUFTensor
 from specdecode.models.tables import StoredRows
 
 gguf = pytest.importorskip("gguf")
@@ -68,8 +70,8 @@ def test_rows_of_a_packed_table_are_its_dequantized_rows(fmt: str, n: int) -> No
 def _engine(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
     """"torch": the loader's own chunked packing, as where the C++ repack cannot build; "c++": the extension."""
     if engine == "torch":
-        monkeypatch.setattr(gguf_mod, "repack", lambda parts, k: None)
-        monkeypatch.setattr(gguf_mod, "round_int8", lambda parts, k: None)
+        monkeypatch.setattr(gguf_load, "repack", lambda parts, k: None)
+        monkeypatch.setattr(gguf_load, "round_int8", lambda parts, k: None)
 
 
 @pytest.mark.parametrize("engine", ["c++", "torch"])
@@ -82,12 +84,12 @@ def test_a_matrix_rounded_a_chunk_at_a_time_equals_it_rounded_whole(monkeypatch:
     parts, dense = [], []
     for rows in (40, 24, 24):
         raw = gguf.quants.quantize(rng.standard_normal((rows, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
-        t = gguf_mod._Tensor("x", gguf.GGMLQuantizationType.Q4_1, [64, rows], raw)
-        parts.append(gguf_mod._Source(t, None))
+        t = GGUFTensor("x", gguf.GGMLQuantizationType.Q4_1, [64, rows], raw)
+        parts.append(gguf_load._Source(t, None))
         dense.append(torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).astype(np.float32)))
-    monkeypatch.setattr(gguf_mod, "_CHUNK_ROWS", 32)
+    monkeypatch.setattr(gguf_load, "_CHUNK_ROWS", 32)
     for fmt in ("int8", "int4"):
-        assert torch.equal(gguf_mod._pack(parts, fmt, own_kinds=frozenset()), quantize(torch.cat(dense), fmt))
+        assert torch.equal(gguf_load._pack(parts, fmt, own_kinds=frozenset()), quantize(torch.cat(dense), fmt))
 
 
 @pytest.mark.parametrize("engine", ["c++", "torch"])
@@ -101,10 +103,10 @@ def test_blocks_packed_as_stored_chunk_by_chunk_equal_the_reference_packing(
     rng = np.random.default_rng(2)
     qtype = gguf.GGMLQuantizationType[kind]
     raws = [gguf.quants.quantize(rng.standard_normal((r, 96)).astype(np.float32), qtype) for r in rows]
-    parts = [gguf_mod._Source(gguf_mod._Tensor("x", qtype, [96, r.shape[0]], r), None) for r in raws]
+    parts = [gguf_load._Source(GGUFTensor("x", qtype, [96, r.shape[0]], r), None) for r in raws]
     blocks = gguf_mod._raw_blocks(torch.from_numpy(np.concatenate(raws)), fmt)
-    monkeypatch.setattr(gguf_mod, "_CHUNK_ROWS", 32)
-    assert torch.equal(gguf_mod._pack(parts, fmt, own_kinds=frozenset()), pack_blocks(blocks.q, blocks.d, fmt))
+    monkeypatch.setattr(gguf_load, "_CHUNK_ROWS", 32)
+    assert torch.equal(gguf_load._pack(parts, fmt, own_kinds=frozenset()), pack_blocks(blocks.q, blocks.d, fmt))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdecode import load_model
-from specdecode.models import gguf as gguf_mod
+from specdecode.models import gguf_load
 from specdecode.models import pack_cache
 
 from gguf_util import tiny_gguf
@@ -34,7 +34,7 @@ def no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*a: object, **k: object) -> None:
         raise AssertionError("repacked although the cache holds this file")
 
-    monkeypatch.setattr(gguf_mod, "_pack", refuse)
+    monkeypatch.setattr(gguf_load, "_pack", refuse)
 
 
 def test_every_packed_dtype_can_be_kept() -> None:

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from ..models.gguf import _parse
+from ..models.gguf_file import parse_gguf
 from ..models.loading import load_model, resolve_model_path
 from ..models.pack_cache import forget
 from ..sizing.costs import measure_costs, predicted_speedup
@@ -86,7 +86,7 @@ def write_f16(shape: Shape, tokenizer_gguf: Path, out: Path, seed: int = 0) -> N
     """An F16 GGUF of ``shape`` with random weights, written a tensor at a time (never the whole model in memory)."""
     import gguf  # lazy: the optional gguf package (~20 ms), for this command alone
 
-    meta, _ = _parse(tokenizer_gguf)
+    meta, _ = parse_gguf(tokenizer_gguf)
     vocab = len(meta["tokenizer.ggml.tokens"])
     tmp = out.with_suffix(".tmp")
     w = gguf.GGUFWriter(str(tmp), "llama")

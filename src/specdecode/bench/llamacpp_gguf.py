@@ -27,7 +27,8 @@ from typing import Any, Optional, Sequence
 
 from ..config import ConfigError, SamplingConfig
 from ..models import Model
-from ..models.gguf import is_gguf, read_gguf
+from ..models.gguf import read_gguf
+from ..models.gguf_file import is_gguf
 from . import llamacpp as lc
 from .runners import Method, Skipped
 

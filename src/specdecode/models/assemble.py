@@ -1,5 +1,5 @@
 """Build a ``Model`` from weights already in memory (whatever file they came from: ``loading.py`` reads
-safetensors, ``gguf.py`` GGUF), with the dtype rules and the quantized packing both share."""
+safetensors, ``gguf_load.py`` GGUF), with the dtype rules and the quantized packing both share."""
 
 from __future__ import annotations
 

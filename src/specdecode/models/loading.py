@@ -23,7 +23,8 @@ from ..threads import governor
 from .assemble import assemble_model, checked_quant_kernels, quantize_module, resolve_dtype
 from .catalog import resolve_named_model
 from .config import ModelConfig, ModelNotFoundError
-from .gguf import load_gguf_model, load_tensors, pack_layers, read_gguf
+from .gguf import load_tensors, read_gguf
+from .gguf_load import load_gguf_model, pack_layers
 from .gpt2 import GPT2Model
 from .graphs import PassGraphs
 from .llama import LlamaModel

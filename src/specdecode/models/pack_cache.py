@@ -43,7 +43,8 @@ HEADROOM = 1 << 30  # free disk a write must leave
 POPULATE_READ = 22  # MADV_POPULATE_READ, absent from older headers and Python's mmap module
 _MAGIC = b"SDPACK02"
 _PACKERS = ("kernels/repack.cpp", "kernels/quant.py", "kernels/quant_q4k.py", "kernels/quant_q5k.py",
-            "kernels/quant_b32.py", "models/gguf.py", "models/pack_cache.py")
+            "kernels/quant_b32.py", "models/gguf_file.py", "models/gguf.py", "models/gguf_load.py",
+            "models/pack_cache.py")
 log = logging.getLogger(__name__)
 
 
