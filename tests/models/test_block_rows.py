@@ -1,7 +1,7 @@
 """Qwen 3 and Gemma 3 on the fast CPU path give a token's row the same bits whatever the pass's width: the
 property exact speculation rests on (a verify pass of k tokens against k one-token decode steps). torch's
 SDPA does not promise it, and a greedy Gemma 3 270M answer once changed under layer skip; these blocks now
-run on the fused ops layer by layer (``LlamaModel._forward_blocks``)."""
+run on the fused ops layer by layer (``llama_fused.forward_blocks``)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_greedy_speculation_equals_plain_decoding(model: sd.Model) -> None:
 
 
 def test_the_one_call_stack_equals_the_layer_loop_bit_for_bit(model: sd.Model) -> None:
-    """``blocks_forward`` (one C++ call for the whole stack) against ``_forward_blocks``' Python loop over the same
+    """``blocks_forward`` (one C++ call for the whole stack) against ``forward_blocks``' Python loop over the same
     fused ops: the same logits to the bit, for a prefill, one-token steps, a wide pass past the window and a tree."""
     from dataclasses import replace
 
