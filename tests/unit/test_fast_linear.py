@@ -244,14 +244,20 @@ def test_rows_independent_of_m(ext, wdtype):
 
 
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_one_token_rows_one_stream_or_blocks_same_bits(ext, wdtype):
-    """A one-token call reads its weight rows as one stream where asked (blocks of rows by default): both walks,
-    on every path this CPU has and in bf16-dot mode, give the bits a 16-row call gives those rows."""
+def test_short_calls_one_stream_or_blocks_same_bits(ext, wdtype):
+    """A call of up to ``kOneStreamMaxRows`` token rows (a decode step, a short verification pass) reads its weight
+    rows as one stream where asked (blocks of rows by default): both walks, on every path this CPU has and in
+    bf16-dot mode, for calls of 1 to 7 rows (past the limit: blocks), give the bits a 16-row call gives those rows."""
     g = torch.Generator().manual_seed(9)
     k, n = 515, 1100  # over 1 MiB in bf16 too: the one-stream walk applies
     w = torch.randn(n, k, generator=g).to(wdtype)
     b = torch.randn(n, generator=g)
     x = torch.randn(16, k, generator=g)
+
+    def in_calls(m: int, isa: str, dot: bool, own: int = 0) -> torch.Tensor:
+        return torch.cat([ext.smallm_linear(x[i:i + m], w, b, bf16_dot=dot, isa=isa, streams=own)
+                          for i in range(0, 16, m)])
+
     before = ext.set_streams(4)
     try:
         for isa in ISAS[: _ISA_LEVEL[ext.best_isa()] + 1]:
@@ -259,13 +265,50 @@ def test_one_token_rows_one_stream_or_blocks_same_bits(ext, wdtype):
                 batch = ext.smallm_linear(x, w, b, bf16_dot=dot, isa=isa)
                 for streams in (1, 4, 0):
                     ext.set_streams(streams)
-                    rows = torch.cat([ext.smallm_linear(x[i:i + 1], w, b, bf16_dot=dot, isa=isa) for i in range(16)])
-                    assert torch.equal(rows, batch), (isa, dot, streams)
+                    for m in (1, 2, 3, 5, 6, 7):
+                        assert torch.equal(in_calls(m, isa, dot), batch), (isa, dot, streams, m)
+                        for own in (1, 4):  # a call's own choice (a model's) over the process setting
+                            assert torch.equal(in_calls(m, isa, dot, own), batch), (isa, dot, streams, m, own)
         assert kernels.set_kernel_streams(0) in (1, 4) and kernels.kernel_streams() == 4  # blocks unless asked
         with pytest.raises(RuntimeError, match="streams must be 1, 4 or 0"):
             ext.set_streams(2)
     finally:
         ext.set_streams(before)
+
+
+def test_a_model_past_the_last_level_cache_reads_one_stream_on_amd(ext, tmp_path, monkeypatch):
+    """``for_weights``: on an AMD CPU a model whose dense weights exceed the last-level cache runs the one-stream
+    linear (its decode steps read weights from memory), one held in cache keeps the blocks (bound by arithmetic,
+    where one row at a time is slower), and ``SPECDECODE_KERNEL_STREAMS`` sets every model's instead. The same
+    bits either way, through the fused stack's native call too (a head over 1 MiB, so the walk differs)."""
+    llc = kernels.last_level_cache_bytes()
+    if llc is None:
+        pytest.skip("no cache sizes in sysfs here")
+    monkeypatch.delenv("SPECDECODE_KERNEL_STREAMS", raising=False)
+    from specdecode.models import load_model
+
+    model = load_model(build_model(tmp_path / "m", vocab_size=9000, hidden=64))  # bf16 head: 1.1 MiB
+    base = model.kernels
+    assert base.streams == 0 and kernels.for_weights(base, llc // 2) is base
+    big = kernels.for_weights(base, llc + 1)
+    if not ext.is_amd():
+        assert big is base
+        return
+    assert big.streams == 1 and big.linear in (ext.linear_one, ext.linear_bf16_dot_one)
+    assert big.native is not None and base.native is not None and big.native[0] != base.native[0]
+    monkeypatch.setenv("SPECDECODE_KERNEL_STREAMS", "4")
+    assert kernels.for_weights(base, llc + 1) is base
+    ids = torch.tensor([[5, 17, 3, 99, 42]])
+    out = {}
+    for name, k in (("blocks", base), ("one", big)):
+        model.kernels = k
+        with torch.inference_mode():
+            cache = model.new_cache(1, 16)
+            steps = [model.forward(ids, cache)[0, -1]]
+            for t in (7, 8, 9):  # one-token calls: the walk the choice changes
+                steps.append(model.forward(torch.tensor([[t]]), cache)[0, -1])
+        out[name] = torch.stack(steps)
+    assert torch.equal(out["blocks"], out["one"])
 
 
 # ---------------------------------------------------------------- code paths (ISAs) and bf16-dot mode

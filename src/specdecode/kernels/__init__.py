@@ -23,10 +23,12 @@ kernel's AVX-VNNI path, means avx2 here) forces a code path, for
 comparisons and tests; ``set_kernel_isa`` changes it at runtime (for the whole
 process: it picks the extension's instructions, not a model's arithmetic). Paths
 agree to fp32 rounding, not bit for bit; ``supported_isas`` lists this CPU's.
-``SPECDECODE_KERNEL_STREAMS=1`` or ``set_kernel_streams(1)`` makes a one-token call on
-the AVX-512 paths read its weight rows one after another, one stream, which Zen's
-prefetchers follow best (1.3x on SmolLM2 in bf16); not the default yet (docs/cpu.md),
-and the same bits either way.
+A call of up to 6 token rows (a decode step, a short verification pass) on the AVX-512 paths
+can read its weight rows one after another, one stream, which Zen's prefetchers follow best
+(plain decoding 1.15-1.25x on SmolLM2 in bf16), the same bits either way: a model loaded on an
+AMD CPU whose weights exceed the last-level cache does so (``for_weights``; a model held in
+cache is bound by arithmetic, where it is slower); ``SPECDECODE_KERNEL_STREAMS=1|4`` or
+``set_kernel_streams`` sets it for every model instead.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension.load``
 and cached under ``$TORCH_EXTENSIONS_DIR`` if set, else
@@ -46,7 +48,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Optional, Protocol
@@ -59,7 +61,8 @@ from .build import BUILD_FAILED, ExtensionBuildError, build_extension, report_fa
 from .fused import fused_ops_available, load_fused_extension
 
 __all__ = [
-    "EAGER", "Kernels", "LinearFn", "fast_linear", "fast_linear_available", "fast_linear_bf16", "install_kernels",
+    "EAGER", "Kernels", "LinearFn", "fast_linear", "fast_linear_available", "fast_linear_bf16", "for_weights",
+    "install_kernels", "last_level_cache_bytes",
     "ISAS", "kernel_isa", "kernel_streams", "load_extension", "select_kernels", "set_kernel_isa",
     "set_kernel_streams", "supported_isas",
 ]
@@ -76,6 +79,7 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "SPECDECODE_FAST_LINEAR"
 ISA_ENV_VAR = "SPECDECODE_KERNEL_ISA"  # read by the extension itself when it loads
+STREAMS_ENV_VAR = "SPECDECODE_KERNEL_STREAMS"  # every model's weight streams (the extensions read it too)
 _SOURCE = Path(__file__).with_name("smallm_linear.cpp")
 EXTENSION = "specdecode_smallm_linear"
 
@@ -213,12 +217,15 @@ class Kernels:
     as C++ can call it, (function address, bf16_dot), with (0, False) meaning ``at::linear``;
     None when only Python can call it (then the fused path loops over layers in Python).
     ``mode``: "eager", "fp32" or "bf16_dot", what the cost cache and the bench record.
+    ``streams``: a one-token call's weight streams, 1 where the model chose one (``for_weights``), else 0 (the
+    process setting: ``kernel_streams``).
     """
 
     linear: LinearFn = F.linear
     fused: Optional[ModuleType] = None
     native: Optional[tuple[int, bool]] = (0, False)
     mode: str = "eager"
+    streams: int = 0
 
     @property
     def fast(self) -> bool:
@@ -246,7 +253,37 @@ def select_kernels(fast: bool, matmul: str, device: torch.device) -> Kernels:
     bf16_dot = matmul == "bf16"
     fused = load_fused_extension() if fused_ops_available() else None
     return Kernels(linear=_ext.linear_bf16_dot if bf16_dot else _ext.linear, fused=fused,
-                   native=(int(_ext.linear_address()), bf16_dot), mode="bf16_dot" if bf16_dot else "fp32")
+                   native=(int(_ext.linear_address(False)), bf16_dot), mode="bf16_dot" if bf16_dot else "fp32")
+
+
+def last_level_cache_bytes() -> Optional[int]:
+    """The largest CPU cache's size (Linux sysfs), None where unknown."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper() if f.is_file() else ""
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
+def for_weights(kernels: Kernels, weight_bytes: int) -> Kernels:
+    """``kernels`` for a model of ``weight_bytes`` dense weights: its decode steps and short verification passes
+    read one weight stream where that pays, on an AMD CPU (its prefetchers follow one stream best) when the weights
+    exceed the last-level cache, so that a step reads them from memory (plain decoding, Zen 5, 1 thread: SmolLM2-135M
+    bf16 1.15-1.25x, the bundled code model 1.35-1.5x). A model held in cache is bound by arithmetic, where one row
+    at a time pays a horizontal sum a row (the bundled 2-block draft model's steps 0.85-0.9x): it keeps the blocks.
+    Unchanged where ``SPECDECODE_KERNEL_STREAMS`` sets every model's, or the kernel is not the small-M one."""
+    if not kernels.fast or _ext is None or os.environ.get(STREAMS_ENV_VAR) or not _ext.is_amd():
+        return kernels
+    llc = last_level_cache_bytes()
+    if llc is None or weight_bytes <= llc or kernels.linear not in (_ext.linear, _ext.linear_bf16_dot):
+        return kernels
+    bf16_dot = kernels.linear == _ext.linear_bf16_dot
+    native = (int(_ext.linear_address(True)), bf16_dot) if kernels.native is not None else None
+    return replace(kernels, linear=_ext.linear_bf16_dot_one if bf16_dot else _ext.linear_one, native=native,
+                   streams=1)
 
 
 def install_kernels(module: nn.Module, kernels: Kernels) -> None:

@@ -211,11 +211,11 @@ template <> struct NBDotFor<8> { static constexpr int value = 3; };
 template <int MB, typename WT>
 SMALLM_AVX512 void mblock_avx512(const float* x, int64_t K, const WT* w, const float* bias, float* y,
                                  int64_t N, int64_t m0, int64_t n_begin, int64_t n_end, int64_t pf_rows,
-                                 int64_t pf_end, int64_t pk0, int64_t pk1) {
+                                 int64_t pf_end, int64_t pk0, int64_t pk1, bool one) {
   constexpr int NB = NB512For<MB>::value;
   int64_t n = n_begin;
   // a block prefetches the rows pf_rows further on (while they are below pf_end); one stream: all by the row loop
-  const int64_t blocks_end = one_stream(MB, N * K * int64_t(sizeof(WT))) ? n : n_end - (n_end - n) % NB;
+  const int64_t blocks_end = one_stream(one, N * K * int64_t(sizeof(WT))) ? n : n_end - (n_end - n) % NB;
   for (; n < blocks_end; n += NB)
     block_avx512<MB, NB, WT>(x, K, w, bias, y, N, m0, n,
                              pf_rows && n + pf_rows + NB <= pf_end ? w + (n + pf_rows) * K : nullptr, pk0, pk1);
@@ -227,10 +227,10 @@ SMALLM_AVX512 void mblock_avx512(const float* x, int64_t K, const WT* w, const f
 template <int MB>
 SMALLM_BF16 void mblock_bf16dot(const uint16_t* xb, int64_t Kp, int64_t K, const uint16_t* w, const float* bias,
                                 float* y, int64_t N, int64_t m0, int64_t n_begin, int64_t n_end,
-                                int64_t pf_rows, int64_t pf_end, int64_t pk0, int64_t pk1) {
+                                int64_t pf_rows, int64_t pf_end, int64_t pk0, int64_t pk1, bool one) {
   constexpr int NB = NBDotFor<MB>::value;
   int64_t n = n_begin;
-  const int64_t blocks_end = one_stream(MB, N * K * 2) ? n : n_end - (n_end - n) % NB;  // one stream: the row loop
+  const int64_t blocks_end = one_stream(one, N * K * 2) ? n : n_end - (n_end - n) % NB;  // one stream: the row loop
   for (; n < blocks_end; n += NB)
     block_bf16dot<MB, NB>(xb, Kp, K, w, bias, y, N, m0, n,
                           pf_rows && n + pf_rows + NB <= pf_end ? w + (n + pf_rows) * K : nullptr, pk0, pk1);
@@ -246,7 +246,7 @@ inline int64_t block_rows(int64_t M, int64_t m0, int64_t b, int64_t nblocks) {
 
 template <typename WT>
 SMALLM_AVX512 void rows_avx512(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y,
-                               int64_t N, int64_t n_begin, int64_t n_end) {
+                               int64_t N, int64_t n_begin, int64_t n_end, bool one) {
   const int64_t nblocks = (M + MAX_MB512 - 1) / MAX_MB512;
   for (int64_t t = n_begin; t < n_end; t += TILE_N512) {
     const int64_t te = std::min(n_end, t + TILE_N512);
@@ -257,14 +257,14 @@ SMALLM_AVX512 void rows_avx512(const float* x, int64_t M, int64_t K, const WT* w
       const int64_t pf_rows = kSpreadPrefetch || b == 0 ? kPrefetchRows512 : 0;
       const int64_t pk0 = kSpreadPrefetch ? K * b / nblocks : 0, pk1 = kSpreadPrefetch ? K * (b + 1) / nblocks : K;
       switch (mb) {
-        case 1: mblock_avx512<1, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 2: mblock_avx512<2, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 3: mblock_avx512<3, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 4: mblock_avx512<4, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 5: mblock_avx512<5, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 6: mblock_avx512<6, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 7: mblock_avx512<7, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        default: mblock_avx512<8, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
+        case 1: mblock_avx512<1, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 2: mblock_avx512<2, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 3: mblock_avx512<3, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 4: mblock_avx512<4, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 5: mblock_avx512<5, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 6: mblock_avx512<6, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 7: mblock_avx512<7, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        default: mblock_avx512<8, WT>(x, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
       }
       m0 += mb;
     }
@@ -272,7 +272,7 @@ SMALLM_AVX512 void rows_avx512(const float* x, int64_t M, int64_t K, const WT* w
 }
 
 SMALLM_BF16 void rows_bf16dot(const uint16_t* xb, int64_t Kp, int64_t M, int64_t K, const uint16_t* w,
-                              const float* bias, float* y, int64_t N, int64_t n_begin, int64_t n_end) {
+                              const float* bias, float* y, int64_t N, int64_t n_begin, int64_t n_end, bool one) {
   const int64_t nblocks = (M + MAX_MB512 - 1) / MAX_MB512;
   for (int64_t t = n_begin; t < n_end; t += TILE_N512) {
     const int64_t te = std::min(n_end, t + TILE_N512);
@@ -282,14 +282,14 @@ SMALLM_BF16 void rows_bf16dot(const uint16_t* xb, int64_t Kp, int64_t M, int64_t
       const int64_t pf_rows = kSpreadPrefetch || b == 0 ? kPrefetchRowsDot : 0;
       const int64_t pk0 = kSpreadPrefetch ? K * b / nblocks : 0, pk1 = kSpreadPrefetch ? K * (b + 1) / nblocks : K;
       switch (mb) {
-        case 1: mblock_bf16dot<1>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 2: mblock_bf16dot<2>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 3: mblock_bf16dot<3>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 4: mblock_bf16dot<4>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 5: mblock_bf16dot<5>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 6: mblock_bf16dot<6>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        case 7: mblock_bf16dot<7>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
-        default: mblock_bf16dot<8>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1); break;
+        case 1: mblock_bf16dot<1>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 2: mblock_bf16dot<2>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 3: mblock_bf16dot<3>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 4: mblock_bf16dot<4>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 5: mblock_bf16dot<5>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 6: mblock_bf16dot<6>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        case 7: mblock_bf16dot<7>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
+        default: mblock_bf16dot<8>(xb, Kp, K, w, bias, y, N, m0, t, te, pf_rows, n_end, pk0, pk1, one); break;
       }
       m0 += mb;
     }

@@ -19,10 +19,11 @@ constexpr int64_t kPrefetchRowsDot = TILE_N512;  // bf16-dot blocks
 
 enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3, ISA_AMX = 4 };
 
-// With SPECDECODE_KERNEL_STREAMS=1 a one-token call (a decode step) on the AVX-512 paths reads its weight rows one
-// after another, one sequential stream, which Zen's prefetchers follow best (Zen 5 EPYC, SmolLM2-135M with bf16
-// weights, a plain step against blocks of rows side by side: bf16-dot 1.3x, fp32-widening 1.3x at 1 thread,
-// 1.2-1.5x at 2; the bundled bf16 code model 1.1-1.4x). AVX2 keeps its blocks (one row at a time ran 0.6x there:
+// With SPECDECODE_KERNEL_STREAMS=1 (or a model's own choice: linear_one) a short call (a decode step, up to
+// kOneStreamMaxRows rows) on the AVX-512 paths reads its weight rows one after another, one sequential stream,
+// which Zen's prefetchers follow best (Zen 5 EPYC, SmolLM2-135M with bf16 weights, a plain step against blocks of
+// rows side by side: bf16-dot 1.3x, fp32-widening 1.3x at 1 thread, 1.2-1.5x at 2; the bundled bf16 code model
+// 1.1-1.4x). AVX2 keeps its blocks (one row at a time ran 0.6x there:
 // its horizontal sums). The same bits either way (each row's sum walks K in the same order whatever block).
 std::atomic<bool> g_one_stream{false};
 
@@ -31,9 +32,21 @@ std::atomic<bool> g_one_stream{false};
 // DRAM: 1.03 against 1.72 ms). A small model's whole step is such (the tests' tiny models ran slower).
 constexpr int64_t kOneStreamMinBytes = int64_t(1) << 20;
 
-inline bool one_stream(int mb, int64_t weight_bytes) {
-  return mb == 1 && weight_bytes >= kOneStreamMinBytes && g_one_stream.load(std::memory_order_relaxed);
+// Token rows up to which a call reads one stream: a short verification pass too, else a one-stream decode step
+// makes every draft look dear (the bundled code model, bf16: one token 1.2 ms, 2-6 tokens in blocks 1.4-1.9 ms,
+// so v(1) ~1.4 and a near break-even draft was switched off). Zen 5 EPYC, 1 thread, every matrix of a model once,
+// one stream against blocks: SmolLM2-135M bf16 2 / 4 / 6 rows 6.3-6.6 / 6.7-6.9 / 6.9-7.2 ms against 8.3-8.8 /
+// 9.0 / 8.5-8.6, 7 rows 7.5-7.7 / 8.1, 8 rows 8.3-8.6 / 7.4-7.6; the code model 2-5 rows 1.22-1.43 against
+// 1.4-1.9 ms; 9+ rows (two register blocks, each re-reading the weights from cache by rows) 2.2 against 1.6-1.8.
+constexpr int64_t kOneStreamMaxRows = 6;
+
+// A call's choice: one stream (1), the measured blocks (4), or the process setting (0: g_one_stream); only a call
+// of at most kOneStreamMaxRows token rows on a matrix past kOneStreamMinBytes reads one stream.
+inline bool one_stream_call(int64_t M, int streams) {
+  return M <= kOneStreamMaxRows && (streams == 1 || (streams == 0 && g_one_stream.load(std::memory_order_relaxed)));
 }
+
+inline bool one_stream(bool one, int64_t weight_bytes) { return one && weight_bytes >= kOneStreamMinBytes; }
 
 const char* isa_name(int isa) {
   switch (isa) {

@@ -181,7 +181,8 @@ std::string set_isa(const std::string& name) {
 }
 
 template <typename WT>
-void run(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y, int64_t N, int isa) {
+void run(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, float* y, int64_t N, int isa,
+         bool one) {
   const int64_t tile = isa >= ISA_AVX512 ? TILE_N512 : TILE_N;
   const int64_t ntiles = (N + tile - 1) / tile;
   // At least ~32k multiply-adds per task so tiny layers do not pay for a thread wake-up.
@@ -190,7 +191,7 @@ void run(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, f
     const int64_t nb = tb * tile, ne = std::min(N, te * tile);
 #if SMALLM_X86
     if (isa >= ISA_AVX512) {
-      rows_avx512<WT>(x, M, K, w, bias, y, N, nb, ne);
+      rows_avx512<WT>(x, M, K, w, bias, y, N, nb, ne, one);
       return;
     }
     if (isa == ISA_AVX2) {
@@ -204,7 +205,7 @@ void run(const float* x, int64_t M, int64_t K, const WT* w, const float* bias, f
 
 // bf16-dot mode (bf16 weights): x rounded to bf16, exact products, fp32 sums.
 void run_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias, float* y, int64_t N,
-                 int isa) {
+                 int isa, bool one) {
 #if SMALLM_X86
   if (isa >= ISA_AVX512BF16) {
     const int64_t Kp = (K + 31) & ~int64_t(31);
@@ -229,7 +230,7 @@ void run_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w, const 
           default: amx_rows<4>(packed, M, K, w, bias, y, N, nb, ne); break;
         }
       });
-      if (n16 < N) rows_bf16dot(xb, Kp, M, K, w, bias, y, N, n16, N);  // the last rows: the same path at any M
+      if (n16 < N) rows_bf16dot(xb, Kp, M, K, w, bias, y, N, n16, N, one);  // the last rows: the same path at any M
       return;
     }
 #endif
@@ -237,7 +238,7 @@ void run_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w, const 
     // vdpbf16ps does twice the work of an fp32 FMA: twice the grain
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, TILE_N512 * K * M));
     at::parallel_for(0, ntiles, grain, [&](int64_t tb, int64_t te) {
-      rows_bf16dot(xb, Kp, M, K, w, bias, y, N, tb * TILE_N512, std::min(N, te * TILE_N512));
+      rows_bf16dot(xb, Kp, M, K, w, bias, y, N, tb * TILE_N512, std::min(N, te * TILE_N512), one);
     });
     return;
   }
@@ -246,12 +247,14 @@ void run_bf16dot(const float* x, int64_t M, int64_t K, const uint16_t* w, const 
   at::Tensor xr_t = at::empty({M * K}, at::TensorOptions().dtype(at::kFloat));
   float* xr = xr_t.data_ptr<float>();
   for (int64_t i = 0; i < M * K; ++i) xr[i] = round_to_bf16(x[i]);
-  run<uint16_t>(xr, M, K, w, bias, y, N, isa);
+  run<uint16_t>(xr, M, K, w, bias, y, N, isa, one);
 }
 
 // The kernel proper on 2-D fp32 x [M, K]; checks everything, never falls back.
 at::Tensor smallm_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                         bool force_scalar, bool bf16_dot, const std::optional<std::string>& isa_arg) {
+                         bool force_scalar, bool bf16_dot, const std::optional<std::string>& isa_arg,
+                         int64_t streams = 0) {
+  TORCH_CHECK(streams == 0 || streams == 1 || streams == 4, "smallm_linear: streams must be 0, 1 or 4, got ", streams);
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "smallm_linear: CPU tensors only");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "smallm_linear: x must be a contiguous fp32 [M, K] tensor");
@@ -279,14 +282,15 @@ at::Tensor smallm_linear(const at::Tensor& x, const at::Tensor& w, const std::op
   at::Tensor y = at::empty({M, N}, x.options());
   if (M * N == 0) return y;
   if (K == 0) return bp ? y.copy_(bias->unsqueeze(0).expand({M, N})) : y.zero_();
+  const bool one = one_stream_call(M, static_cast<int>(streams));
   if (w.scalar_type() == at::kFloat) {
-    run<float>(x.data_ptr<float>(), M, K, w.data_ptr<float>(), bp, y.data_ptr<float>(), N, isa);
+    run<float>(x.data_ptr<float>(), M, K, w.data_ptr<float>(), bp, y.data_ptr<float>(), N, isa, one);
   } else {
     const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
     if (bf16_dot) {
-      run_bf16dot(x.data_ptr<float>(), M, K, wp, bp, y.data_ptr<float>(), N, isa);
+      run_bf16dot(x.data_ptr<float>(), M, K, wp, bp, y.data_ptr<float>(), N, isa, one);
     } else {
-      run<uint16_t>(x.data_ptr<float>(), M, K, wp, bp, y.data_ptr<float>(), N, isa);
+      run<uint16_t>(x.data_ptr<float>(), M, K, wp, bp, y.data_ptr<float>(), N, isa, one);
     }
   }
   return y;
@@ -307,8 +311,9 @@ at::Tensor eager_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   return at::linear(xc, wc, bc);
 }
 
-// Drop-in for F.linear(x, weight, bias): the kernel when it applies, else eager.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, bool bf16_dot) {
+// Drop-in for F.linear(x, weight, bias): the kernel when it applies, else eager (streams: smallm_linear's).
+at::Tensor linear_streams(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                          bool bf16_dot, int64_t streams) {
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t K = x.dim() >= 1 ? x.size(-1) : 0;
   bool ok = kHasAvx2 && x.dim() >= 1 && x.device().is_cpu() && w.device().is_cpu() &&
@@ -334,12 +339,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   at::Tensor x2 = x.reshape({M, K}).contiguous();
   at::Tensor y;
   if (M <= MAX_M) {
-    y = smallm_linear(x2, w, bias, false, bf16_dot, std::nullopt);
+    y = smallm_linear(x2, w, bias, false, bf16_dot, std::nullopt, streams);
   } else {
     y = at::empty({M, w.size(0)}, x2.options());
     for (int64_t m0 = 0; m0 < M; m0 += MAX_M) {
       const int64_t n = std::min(MAX_M, M - m0);
-      y.narrow(0, m0, n).copy_(smallm_linear(x2.narrow(0, m0, n), w, bias, false, bf16_dot, std::nullopt));
+      y.narrow(0, m0, n).copy_(smallm_linear(x2.narrow(0, m0, n), w, bias, false, bf16_dot, std::nullopt, streams));
     }
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -347,8 +352,22 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   return y.view(shape);
 }
 
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, bool bf16_dot) {
+  return linear_streams(x, w, bias, bf16_dot, 0);
+}
+
+// A model whose weights a decode step reads from memory (past the last-level cache) on a CPU that follows one
+// stream best: its calls of up to kOneStreamMaxRows rows read one stream whatever the process setting.
+at::Tensor linear_one(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, bool bf16_dot) {
+  return linear_streams(x, w, bias, bf16_dot, 1);
+}
+
 at::Tensor linear_bf16_dot(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
   return linear(x, w, bias, true);
+}
+
+at::Tensor linear_bf16_dot_one(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
+  return linear_one(x, w, bias, true);
 }
 
 }  // namespace
@@ -358,6 +377,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "F.linear drop-in: the small-M kernel when it applies, else eager",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("bf16_dot") = false, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("linear_one", &linear_one, "linear with one weight stream for calls of up to 6 token rows (a model's own)",
+        pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
+        pybind11::arg("bf16_dot") = false, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("linear_bf16_dot_one", &linear_bf16_dot_one, "linear_bf16_dot with linear_one's one weight stream",
+        pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("linear_bf16_dot", &linear_bf16_dot,
         "linear(..., bf16_dot=True): a bf16 weight meets x rounded to bf16 (exact products, fp32 sums)",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
@@ -367,7 +392,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "'auto', 'scalar', 'avx2', 'avx512', 'avx512bf16'",
         pybind11::arg("input"), pybind11::arg("weight"), pybind11::arg("bias") = pybind11::none(),
         pybind11::arg("force_scalar") = false, pybind11::arg("bf16_dot") = false,
-        pybind11::arg("isa") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+        pybind11::arg("isa") = pybind11::none(), pybind11::arg("streams") = 0,
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("has_avx2", []() { return kHasAvx2; }, "whether this CPU has AVX2/FMA");
   m.def("has_avx512", []() { return kCpu.avx512; }, "whether this CPU has AVX-512 F/BW/VL/DQ");
   m.def("has_avx512_bf16", []() { return kCpu.avx512bf16; }, "whether this CPU has AVX512_BF16 (vdpbf16ps)");
@@ -383,8 +409,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MAX_M") = MAX_M;
   // For other extensions (the fused decode ops' whole-forward loop): the address of ``linear`` as a
   // plain function pointer, so C++ can call the kernel without a round trip through Python.
-  m.def("linear_address", []() {
+  m.def("linear_address", [](bool one) {
     using Fn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, bool);
-    return reinterpret_cast<uintptr_t>(static_cast<Fn>(&linear));
-  }, "address of linear(input, weight, bias, bf16_dot) as a C++ function pointer");
+    return reinterpret_cast<uintptr_t>(static_cast<Fn>(one ? &linear_one : &linear));
+  }, "address of linear(input, weight, bias, bf16_dot) (one: linear_one's) as a C++ function pointer",
+  pybind11::arg("one") = false);
 }

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..config import ConfigError
-from ..kernels import Kernels, install_kernels, select_kernels
+from ..kernels import Kernels, for_weights, install_kernels, select_kernels
 from ..kernels.quant import QUANT_FORMATS, QuantUnavailableError, quantize, quantized_kernels
 from .config import ModelConfig
 from .gpt2 import GPT2Model
@@ -134,6 +134,8 @@ def assemble_model(cfg: ModelConfig, raw: dict[str, torch.Tensor], path: str, to
     wdt = resolve_weight_dtype("auto" if fmt else weight_dtype, dt, stored, dev, kernels.fast)
     sd = cls.convert_hf_state_dict(raw, cfg)
     sd = {k: v.to(device=dev, dtype=wdt if v.dim() == 2 else dt) for k, v in sd.items()}
+    if fmt is None:  # dense weights: where a decode step reads them from, the kernel's stream layout
+        kernels = for_weights(kernels, sum(v.numel() * v.element_size() for v in sd.values() if v.dim() == 2))
     module.load_state_dict(sd, strict=False, assign=True)
     missing = [n for n, p in module.named_parameters() if p.is_meta]
     if missing:

@@ -132,9 +132,10 @@ def stream_layout(models: Sequence[Optional["Model"]]) -> str:
     """The CPU kernels' weight-stream layouts for a decode step where a model runs them (the dense kernel's, and
     ``SPECDECODE_KERNEL_STREAMS``, which with the CPU's vendor sets the quantized kernel's): speed only, not bits,
     so part of the cost key and not of the kernels' label. Read only where the kernel is loaded already."""
-    fast = any(m is not None and m.kernels.fast for m in models)
+    fast = [m for m in models if m is not None and m.kernels.fast]
     env = os.environ.get("SPECDECODE_KERNEL_STREAMS", "auto")
-    return f"streams {kernel_streams()}/{env}" if fast else "streams -"
+    own = ",".join(str(m.kernels.streams or kernel_streams()) for m in fast)  # a model's own choice, else the process's
+    return f"streams {own}/{env}" if fast else "streams -"
 
 
 def cpu_name() -> str:
