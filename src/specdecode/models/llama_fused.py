@@ -7,16 +7,40 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
+from typing import Any, Optional, Protocol, Sequence, cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..cache import AttentionMeta, KVCache
-from .eager_pass import project_qkv
+from .eager_pass import Block, Stack, project_qkv
+from .tables import StoredRows
 
-if TYPE_CHECKING:
-    from .llama import LlamaBlock, LlamaModel
+
+class FusedModel(Stack, Protocol):
+    """What the fused passes read of the model (``llama.LlamaModel``; a protocol, so this module needs not import
+    the one that calls it): ``eager_pass.Stack`` and the parameters, tables and RoPE buffers themselves."""
+
+    rope_local_cos: torch.Tensor  # moved to the CPU here where the loader left them elsewhere
+    rope_local_sin: torch.Tensor
+
+    @property
+    def embed(self) -> torch.Tensor: ...
+    @property
+    def lm_head(self) -> Optional[torch.Tensor]: ...
+    @property
+    def layers(self) -> nn.ModuleList: ...
+    @property
+    def tables(self) -> dict[str, StoredRows]: ...
+    @property
+    def _parameters(self) -> dict[str, Optional[nn.Parameter]]: ...
+    @property
+    def _buffers(self) -> dict[str, Optional[torch.Tensor]]: ...
+
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+    def output_matrix(self) -> torch.Tensor: ...
 
 
 @dataclass
@@ -37,7 +61,7 @@ class FusedPlan:
     # plans over layer subsets, keyed by (layers, identities of the extra blocks' weights)
     subsets: dict[tuple[tuple[int, ...], tuple[int, ...]], "FusedPlan"] = field(default_factory=dict)
 
-    def subset(self, layers: tuple[int, ...], blocks: Sequence["LlamaBlock"] = ()) -> "FusedPlan":
+    def subset(self, layers: tuple[int, ...], blocks: Sequence["Block"] = ()) -> "FusedPlan":
         """The plan over some of the layers (a layer-skip draft), then ``blocks`` (an exit adapter's
         layers, each on its own cache layer ``block.layer``), built once per subset: each layer's
         residual add is fused into the norm of the next layer *run*, and the C++ Stack is made of the
@@ -62,7 +86,7 @@ class FusedPlan:
 
 
 
-def fused_plan(model: LlamaModel) -> FusedPlan:
+def fused_plan(model: FusedModel) -> FusedPlan:
     """What a fused forward reads from the module, gathered once: nn.Module attribute lookups
     cost ~1 µs each, a measurable share of a small draft's ~70 µs step. Rebuilt when a weight
     was reassigned (an identity check per call; in-place updates need nothing)."""
@@ -71,7 +95,7 @@ def fused_plan(model: LlamaModel) -> FusedPlan:
     if (plan is None or first["wqkv"] is not plan.wqkv0 or params["embed"] is not plan.embed
             or params["norm"] is not plan.norm or params.get("lm_head") is not plan.lm_head
             or model._buffers["rope_cos"] is not plan.rope_cos):
-        layers = cast("list[LlamaBlock]", list(model.layers))
+        layers = cast("list[Block]", list(model.layers))
         nexts = [layer.attn_norm for layer in layers[1:]] + [model.norm]
         per_layer = [(lay.wqkv, lay.bqkv, lay.wo, lay.w13, lay.w2, lay.mlp_norm, lay.wv, nxt)
                      for lay, nxt in zip(layers, nexts)]
@@ -92,7 +116,7 @@ def fused_head(plan: FusedPlan, head: Optional[torch.Tensor]) -> torch.Tensor:
     return plan.head
 
 
-def forward_fused(model: LlamaModel, ext: Any, plan: FusedPlan, tokens: torch.Tensor, meta: AttentionMeta,
+def forward_fused(model: FusedModel, ext: Any, plan: FusedPlan, tokens: torch.Tensor, meta: AttentionMeta,
                   cache: KVCache, last_only: bool, head: torch.Tensor) -> torch.Tensor:
     """The same layer math with the fused CPU ops (``kernels/decode_ops.cpp``): per layer four
     projections plus three ops, each residual add fused into the norm that follows it; the whole
@@ -158,7 +182,7 @@ def forward_fused(model: LlamaModel, ext: Any, plan: FusedPlan, tokens: torch.Te
     return linear(h, head)
 
 
-def forward_blocks(model: LlamaModel, ext: Any, run: list[LlamaBlock], tokens: torch.Tensor, meta: AttentionMeta,
+def forward_blocks(model: FusedModel, ext: Any, run: Sequence[Block], tokens: torch.Tensor, meta: AttentionMeta,
                    cache: KVCache, last_only: bool, head: torch.Tensor) -> torch.Tensor:
     """Blocks the whole-stack C++ call does not implement (Qwen 3's and Gemma 3's), layer by layer on the
     fused CPU ops: the small-M linear and the C++ attention, which sums each query's keys one by one
@@ -225,7 +249,7 @@ def forward_blocks(model: LlamaModel, ext: Any, run: list[LlamaBlock], tokens: t
     return linear(h, head)
 
 
-def _block_stack(model: LlamaModel, ext: Any, run: list[LlamaBlock]) -> object:
+def _block_stack(model: FusedModel, ext: Any, run: Sequence[Block]) -> object:
     """The C++ BlockStack of these blocks, built once per run of layers (a reassigned weight: a new one)."""
     cfg = model.cfg
     key = tuple((id(b), id(b.wqkv), id(b.w13)) for b in run)
