@@ -41,13 +41,20 @@ def _run(models: Models, junk: int) -> dict[str, int]:
     raise AssertionError("server did not start")
 
 
+def _best(models: Models, junk: int) -> dict[str, int]:
+    """The better of two servers' runs: γ follows live pass timings, so one server in ten or so runs slow by
+    load alone, fresh or after junk alike (10 pairs in one process on a 2-core EPYC: 104-131 accepted in 62-88
+    passes fresh, 111-132 in 60-81 after junk; CI once saw 12% fewer accepted, 24% more passes). What junk
+    would do if it switched speculation off is systematic: both of its runs would take ~190 passes."""
+    return max((_run(models, junk) for _ in range(2)), key=lambda r: r["accepted"])
+
+
 def test_junk_requests_do_not_switch_speculation_off(bundled: Models) -> None:
-    fresh = _run(bundled, junk=0)
-    after = _run(bundled, junk=3)
+    fresh = _best(bundled, junk=0)
+    after = _best(bundled, junk=3)
     assert fresh["accepted"] > 0
-    # within 10% of a fresh server (issue 49; 131-132 against 132-133 accepted on a loaded 2-core EPYC). γ
-    # follows live pass timings, so two servers differ by load noise (seen in CI once: 12% fewer accepted, 24%
-    # more passes). Switched off, the 3 × 64 tokens would take ~190 passes against ~65. The bounded effect of
-    # junk on a row's prior is pinned exactly in tests/unit/test_policy_poisoning.py.
+    # within 10% of a fresh server (issue 49; 131-132 against 132-133 accepted on a loaded 2-core EPYC).
+    # Switched off, the 3 × 64 tokens would take ~190 passes against ~65. The bounded effect of junk on a row's
+    # prior is pinned exactly in tests/unit/test_policy_poisoning.py.
     assert after["accepted"] >= 0.9 * fresh["accepted"], (fresh, after)
     assert after["target_passes"] <= 1.4 * fresh["target_passes"], (fresh, after)
