@@ -43,7 +43,7 @@ def _run(models: Models, junk: int) -> dict[str, int]:
 
 def _best(models: Models, junk: int) -> dict[str, int]:
     """The better of two servers' runs: γ follows live pass timings, so one server in ten or so runs slow by
-    load alone, fresh or after junk alike (10 pairs in one process on a 2-core EPYC: 104-131 accepted in 62-88
+    load alone, fresh or after junk alike (10 pairs in one process on a 2-core EPYC: 104-131 accepted in 61-88
     passes fresh, 111-132 in 60-81 after junk; CI once saw 12% fewer accepted, 24% more passes). What junk
     would do if it switched speculation off is systematic: both of its runs would take ~190 passes."""
     return max((_run(models, junk) for _ in range(2)), key=lambda r: r["accepted"])
