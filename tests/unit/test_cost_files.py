@@ -4,7 +4,7 @@ passed ``c < 0``, reached /health's JSON and made it answer 500."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,18 @@ def test_a_sound_file_loads(cache: Path) -> None:
 def test_a_file_no_measurement_can_give_is_treated_as_absent(cache: Path, changes: dict[str, Any]) -> None:
     _write(cache, "bad", **changes)
     assert cached_costs("bad") is None  # the caller measures again and overwrites it
+
+
+def test_the_measurement_behind_refined_costs_is_kept(cache: Path) -> None:
+    """A refined table carries the measurement it was refined from (``Costs.measured``), so that the next
+    process refines from the measurement too, not from a refinement (``sizing.live.refined_v``)."""
+    refined = replace(GOOD, v=(1.0, 1.05, 1.2), measured=GOOD.v)
+    store_costs(refined)
+    cm._MEMO.clear()
+    assert cached_costs("k0") == refined and refined.measured_v == GOOD.v and GOOD.measured_v == GOOD.v
+    _write(cache, "short", measured=[1.0, 1.1])  # not one figure a width
+    _write(cache, "low", measured=[1.0, 0.5, 1.2])
+    assert cached_costs("short") is None and cached_costs("low") is None
 
 
 def test_costs_are_written_as_strict_json_and_insane_ones_not_at_all(cache: Path) -> None:

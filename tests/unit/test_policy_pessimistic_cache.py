@@ -23,10 +23,14 @@ def _quiet_passes(p: GammaPolicy, widths: range) -> None:
         p.record_draft("model", 1, 1, T1 * LOADED.c)
 
 
-def test_the_worst_overstatement_seen_scales_the_rest() -> None:
+def test_the_median_overstatement_seen_scales_the_rest() -> None:
     assert overstated([1.0, 3.0, 3.3], [1.0, 1.1, None]) == pytest.approx(1.1 / 3.0)
     assert overstated([1.0, 1.0, 1.1], [1.0, 1.5, None]) == 1.0  # an optimistic cache is left as it is
     assert overstated([1.0, 3.0], [None, None]) == 1.0
+    # one low reading among sound ones is noise, not an overstated cache; nor is a median within FOLLOW (10%)
+    assert overstated([1.0, 1.2, 1.3, 1.4, 1.5], [1.0, 1.2, 1.3, 1.0, None]) == 1.0
+    assert overstated([1.0, 1.2, 1.3], [1.0, 1.14, 1.24]) == 1.0
+    assert overstated([1.0, 3.0, 3.0, 3.0], [1.0, 1.0, 1.5, 3.0]) == pytest.approx(0.5)
 
 
 def test_untried_widths_follow_the_measured_ones() -> None:

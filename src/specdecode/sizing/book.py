@@ -37,7 +37,7 @@ QUICK_REPS = 3  # timed rounds of the first-start measurement (the policy refine
 QUICK_WARMUP = 0  # its untimed rounds: none, its minimum already drops a slow first call (w1 and w0 agree)
 QUICK_WIDTHS = (1, 2, 4, 8, 16)  # widths it times; the others interpolated (SmolLM2: within 3.2% VNNI, 2.1% AVX2)
 QUICK_DRAFT_RUNS = 8  # single draft steps it times per round: 24 samples, so some are clean of load
-COST_FORMAT = 7  # part of every cache key: other schemes' files are ignored (7: one weight stream on AMD, faster steps)
+COST_FORMAT = 8  # part of every cache key: other schemes' files are ignored (8: refinements no longer compound)
 log = logging.getLogger(__name__)
 
 
@@ -98,7 +98,8 @@ def get_costs(target: "Model", spec: CostSpec) -> Costs:
         costs = measure_steps(steps, target, QUICK_REPS, min, QUICK_WARMUP)
         if steps.target_v:
             shared = get_costs(target, target_spec(target))
-            costs = replace(costs, v=shared.v, target_s=tuple(costs.target_s[0] * v for v in shared.v))
+            costs = replace(costs, v=shared.v, measured=shared.measured,
+                            target_s=tuple(costs.target_s[0] * v for v in shared.v))
         log.info("measured %s step costs in %.1f s (once per machine, model and drafter shape; refined from "
                  "the live passes)", spec.label, time.perf_counter() - t0)
     else:
@@ -168,7 +169,8 @@ def cached_costs(key: str) -> Optional[Costs]:
         costs = Costs(c=float(d["c"]), v=tuple(float(x) for x in d["v"]),
                       target_s=tuple(float(x) for x in d.get("target_s", ())), draft_s=d.get("draft_s"),
                       context_len=int(d.get("context_len", 0)), repeats=int(d.get("repeats", 0)), key=key,
-                      extras=tuple((str(k), float(x)) for k, x in d.get("extras", ())))
+                      extras=tuple((str(k), float(x)) for k, x in d.get("extras", ())),
+                      measured=tuple(float(x) for x in d.get("measured", ())))
     except (OSError, ValueError, KeyError, TypeError, OverflowError):
         return None  # a corrupt cache file is re-measured
     if not sane_costs(costs):
@@ -183,12 +185,14 @@ def sane_costs(costs: Costs) -> bool:
     """Whether ``costs`` could come from a measurement: every figure finite (a NaN passes ``c < 0`` and then
     reaches /health's JSON), c >= 0, v(0) = 1 and v >= 1 (v is not monotonic: see ``Costs.from_times``),
     positive times."""
-    figures = [costs.c, *costs.v, *costs.target_s, *(x for _, x in costs.extras)]
+    figures = [costs.c, *costs.v, *costs.measured, *costs.target_s, *(x for _, x in costs.extras)]
     if costs.draft_s is not None:
         figures.append(costs.draft_s)
     if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in figures):
         return False
-    return (bool(costs.v) and costs.v[0] == 1.0 and costs.c >= 0 and all(x >= 1.0 for x in costs.v)
+    measured_ok = not costs.measured or (len(costs.measured) == len(costs.v) and costs.measured[0] == 1.0
+                                         and all(x >= 1.0 for x in costs.measured))
+    return (bool(costs.v) and costs.v[0] == 1.0 and costs.c >= 0 and all(x >= 1.0 for x in costs.v) and measured_ok
             and all(t > 0 for t in costs.target_s) and (costs.draft_s is None or costs.draft_s > 0)
             and all(x >= 0 for _, x in costs.extras) and costs.context_len >= 0 and costs.repeats >= 0)
 

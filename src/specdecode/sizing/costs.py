@@ -69,6 +69,14 @@ class Costs:
     key: str = ""  # the cost cache entry these came from ("" for costs not cached), for ``book.store_costs``
     # a drafter's own steps (``CostSteps.draft`` other than "draft"), each over a one-token target pass
     extras: tuple[tuple[str, float], ...] = ()
+    # v as measured (``measure_costs``), before any live refinement; () = v. A refinement starts from it, never
+    # from an earlier refinement, so that refinements do not compound (``sizing.live.refined_v``)
+    measured: tuple[float, ...] = ()
+
+    @property
+    def measured_v(self) -> tuple[float, ...]:
+        """v as measured (``measured``): what every live refinement starts from."""
+        return self.measured or self.v
 
     @classmethod
     def from_times(cls, target_s: Sequence[float], draft_s: Optional[float], context_len: int,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from .costs import MAX_GAMMA, Costs, expected_tokens, plausible
-from .live import DISAGREE, MIN_DELTA_C, TRUST, Timings, overstated
+from .live import DISAGREE, MIN_DELTA_C, TRUST, Timings, overstated, refined_v
 from .pricer import DEFAULT_PRICER, Pricer
 
 ALPHA_BUCKETS = 1024  # α resolution of the memoised single-row choice
@@ -124,17 +124,16 @@ class GammaPolicy:
             return None
         t1 = trusted.get(1) or min(s / costs.v_at(w - 1) for w, s in trusted.items())
         d = self._trusted(self._draft.get((name, 1)))
-        v = list(costs.v)
+        v, measured = list(costs.v), costs.measured
         if 1 in trusted:  # v(k) needs the one-token pass itself; else only c can be checked
             known: list[Optional[float]] = [None] * len(v)
             for w, s in trusted.items():
                 if w - 1 < len(v):
                     known[w - 1] = max(1.0, s / t1)
-            scale = overstated(v, known)
-            v = [k if k is not None else max(1.0, x * scale) for x, k in zip(v, known)]
+            v, measured = refined_v(costs, known)
         elif d is None:
             return None
-        return replace(costs, v=tuple(v), c=d / t1 if d is not None else costs.c,
+        return replace(costs, v=tuple(v), c=d / t1 if d is not None else costs.c, measured=measured,
                        target_s=tuple(t1 * x for x in v), draft_s=d if d is not None else costs.draft_s)
 
     def trusted_passes(self) -> dict[int, float]:
