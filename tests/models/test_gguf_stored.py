@@ -15,7 +15,7 @@ import torch
 
 from gguf_util import tiny_gguf
 from specdecode import generate, load_model
-from specdecode.kernels.quant import dequantize, dequantize_rows, pack_blocks, quantize
+from specdecode.kernels.quant import dequantize, dequantize_rows, dequantize_rows_torch, pack_blocks, quantize
 from specdecode.models import gguf as gguf_mod
 from specdecode.models import gguf_load
 from specdecode.models.gguf_file import GGUFTensor
@@ -65,6 +65,9 @@ def test_rows_of_a_packed_table_are_its_dequantized_rows(fmt: str, n: int) -> No
     packed = quantize(w, fmt)
     ids = torch.tensor([0, n - 1, n // 2, 3 % n, n - 1])
     assert torch.equal(dequantize_rows(packed, ids, 96), dequantize(packed, 96)[ids])
+    assert torch.equal(dequantize_rows_torch(packed, ids, 96), dequantize(packed, 96)[ids])  # no kernel to build
+    with pytest.raises(RuntimeError, match="outside the matrix"):
+        dequantize_rows(packed, torch.tensor([n]), 96)
 
 
 def _engine(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:

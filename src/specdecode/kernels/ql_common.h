@@ -217,6 +217,22 @@ struct Layout {
       std::memcpy(&h, w + n * rb + qb + 2 * b, 2);
     return h;
   }
+  // weight (n, k) in fp32 as kernels/quant.py's ``dequantize`` computes it (a packed table's rows looked up). Where
+  // an addition follows, the product is exact (at most 22 bits), so a fused multiply-add rounds as the two do
+  float weight(const uint8_t* w, int64_t n, int64_t k) const {
+    const int64_t b = k / 32;
+    if (k4_fmt(fmt)) {
+      float ds, dm;
+      q4k_scales(w, n, b, ds, dm);
+      return static_cast<float>(q4k_v(w, n, k)) * ds - dm;
+    }
+    if (fmt == FMT_Q6K) return q6k_ds(w, n, k / 16) * static_cast<float>(q6k_q(w, n, k) - 32);
+    if (b32_fmt(fmt)) {
+      const float d = half_to_float(b32_half(w, n, b, false)), q = static_cast<float>(b32_q(w, n, k));
+      return b32_min(fmt) ? d * q + half_to_float(b32_half(w, n, b, true)) : d * (q - 16.f);
+    }
+    return static_cast<float>(wq(w, n, k)) * half_to_float(scale(w, n, b));
+  }
 };
 
 // Quantized activations: per row, Kp int8 values, nb float scales and nb integer corrections

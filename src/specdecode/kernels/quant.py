@@ -63,6 +63,7 @@ __all__ = [
     "QuantUnavailableError",
     "dequantize",
     "dequantize_rows",
+    "dequantize_rows_torch",
     "is_packed",
     "load_quant_extension",
     "pack_b32",
@@ -394,10 +395,18 @@ def dequantize(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def dequantize_rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
-    """fp32 rows ``ids`` (1-D) of the [N, k] matrix a packed weight stands for: a table kept packed, looked up.
+    """fp32 rows ``ids`` (1-D int64) of the [N, k] matrix a packed weight stands for: a table kept packed, looked up
+    (by the kernel extension, row by row; where it cannot build, ``dequantize_rows_torch``)."""
+    try:
+        ext = load_quant_extension()
+    except QuantUnavailableError:
+        return dequantize_rows_torch(packed, ids, k)
+    return ext.dequantize_rows(packed.contiguous(), ids, k)
 
-    Rows are interleaved in groups of 16, so each wanted row's whole group is decoded (16 rows for one:
-    a few microseconds for a decode step's handful of tokens)."""
+
+def dequantize_rows_torch(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """``dequantize_rows`` in torch: rows are interleaved in groups of 16, so each wanted row's whole group is
+    decoded (0.36 ms a step at Gemma 3 270M's 640-wide table, 3% of its decode step)."""
     n, rb = packed.shape
     full = n // GROUP * GROUP
     out = torch.empty(ids.numel(), k, dtype=torch.float32)
