@@ -175,6 +175,14 @@ void b32_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const 
   }
 }
 
+// One token row over the full groups [g0, g1) as one stream, sums stored straight into y (no bias):
+// b32_vnni_mb<1, 1> inlined into the loop (groups_vnni_m1_run's note: the per-group call at short rows)
+template <bool HI, bool MIN>
+__attribute__((target(QL_512), flatten)) void b32_vnni_m1_run(const Layout& L, const QX& qx, const uint8_t* w,
+                                                             float* y, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) b32_vnni_mb<1, 1, HI, MIN>(L, qx, 0, w, g, y + g * G);
+}
+
 // ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
 template <bool HI, bool MIN>
 void b32_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
@@ -357,6 +365,12 @@ void b32_units_t(const Layout& L, const QX& qx, const uint8_t* w, const float* b
       continue;
     }
 #if QL_X86
+    if (isa == ISA_VNNI512 && qx.M == 1 && streams == 1 && bias == nullptr) {  // a decode step, one stream
+      const int64_t ge = std::min(u1, L.ng);
+      b32_vnni_m1_run<HI, MIN>(L, qx, w, y, u, ge);
+      u = ge - 1;
+      continue;
+    }
     if (isa == ISA_VNNI512) {
       const int ns = streams > 1 && u + kStreams <= std::min(u1, L.ng) ? kStreams : 1;
       b32_groups_vnni<HI, MIN>(L, qx, w, bias, y, u, ns);
