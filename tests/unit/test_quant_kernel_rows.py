@@ -88,8 +88,8 @@ def test_every_call_reads_one_or_four_streams_to_the_same_bits(fmt: str) -> None
     g = torch.Generator().manual_seed(11)
     p = random_packed(149, 512, fmt, g)
     x, b = torch.randn(17, 512, generator=g), torch.randn(149, generator=g)
-    for m in (1, 5, 9, 17):
-        for bias in (b, None):  # without one, a one-row call stores its sums straight (groups_vnni_m1_run)
+    for m in (1, 2, 5, 8, 9, 17):
+        for bias in (b, None):  # without one, calls of up to 8 rows store their sums straight (groups_vnni_run)
             ref = ext.quant_linear(x[:m], p, bias, "scalar")
             for isa in ISAS[1:]:
                 for streams in (0, 1, 4):

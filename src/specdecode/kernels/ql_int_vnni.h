@@ -275,40 +275,61 @@ __attribute__((target(QL_512))) void groups_vnni_mb(const Layout& L, const QX& q
     for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * ostride + j) * G, acc[i][j]);
 }
 
-// One token row over the full groups [g0, g1) read as one stream (a decode step on AMD), each group's 16 sums
-// stored straight into y (no bias): groups_vnni_mb<1, 1>'s arithmetic and prefetches in a loop of its own. At short
-// rows the per-group call, stack buffer and scalar write-back of groups_vnni were a large share: Gemma 3's 262,144
-// x 640 output matrix (20 blocks a group) read 28-29 GB/s where long rows read 40 (now 1.08-1.12x faster).
-template <int FMT>
-__attribute__((target(QL_512))) void groups_vnni_m1_fmt(const Layout& L, const QX& qx, const uint8_t* w, int64_t g0,
-                                                       int64_t g1, float* y) {
+// MB token rows (one register block) over the full groups [g0, g1) read as one stream (a decode step or a short
+// verification pass on AMD), each group's sums stored straight into y (no bias): groups_vnni_mb<MB, 1>'s arithmetic
+// and prefetches in a loop of its own. At short rows the per-group call, stack buffer and scalar write-back of
+// groups_vnni were a large share: Gemma 3's 262,144 x 640 output matrix (20 blocks a group) read 28-29 GB/s at one
+// row where long rows read 40 (now 1.08-1.12x faster).
+template <int FMT, int MB>
+__attribute__((target(QL_512))) void groups_vnni_run_fmt(const Layout& L, const QX& qx, const uint8_t* w, int64_t g0,
+                                                        int64_t g1, float* y) {
   constexpr int64_t block_bytes = FMT == FMT_Q8 ? 512 : 256;
-  const int64_t nb = qx.nb, gbytes = G * L.rb, sahead = scale_ahead(FMT);
+  constexpr int64_t ahead = stream_ahead<1, MB>(kStreamPrefetch, kOneStreamPrefetch);
+  const int64_t nb = qx.nb, gbytes = G * L.rb, sahead = MB > 1 ? ahead / block_bytes : scale_ahead(FMT);
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* grp = L.group(w, g);
     const uint16_t* ws = reinterpret_cast<const uint16_t*>(grp + G * L.qb);
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[MB];
+    for (int j = 0; j < MB; ++j) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       prefetch_scales(reinterpret_cast<const uint8_t*>(ws), b, nb, sahead, gbytes);
       const uint8_t* wb = grp + b * block_bytes;
-      __m512i isum;
+      __m512i isum[MB];
       if (FMT == FMT_Q8)
-        q8_block_dots<1>(wb, wb + kOneStreamPrefetch, qx, 0, b, &isum);
+        q8_block_dots<MB>(wb, wb + ahead, qx, 0, b, isum);
       else
-        q4_block_dots<1>(wb, wb + kOneStreamPrefetch, qx, 0, b, &isum);
+        q4_block_dots<MB>(wb, wb + ahead, qx, 0, b, isum);
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + b * G)));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[b])), acc);
+      for (int j = 0; j < MB; ++j)
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[j * nb + b])),
+                                 acc[j]);
     }
-    _mm512_storeu_ps(y + g * G, acc);
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(y + j * L.N + g * G, acc[j]);
   }
 }
 
-__attribute__((target(QL_512))) void groups_vnni_m1_run(const Layout& L, const QX& qx, const uint8_t* w, int64_t g0,
-                                                       int64_t g1, float* y) {
+template <int FMT>
+__attribute__((target(QL_512))) void groups_vnni_run_rows(const Layout& L, const QX& qx, const uint8_t* w,
+                                                         int64_t g0, int64_t g1, float* y) {
+  switch (qx.M) {
+    case 1: groups_vnni_run_fmt<FMT, 1>(L, qx, w, g0, g1, y); break;
+    case 2: groups_vnni_run_fmt<FMT, 2>(L, qx, w, g0, g1, y); break;
+    case 3: groups_vnni_run_fmt<FMT, 3>(L, qx, w, g0, g1, y); break;
+    case 4: groups_vnni_run_fmt<FMT, 4>(L, qx, w, g0, g1, y); break;
+    case 5: groups_vnni_run_fmt<FMT, 5>(L, qx, w, g0, g1, y); break;
+    case 6: groups_vnni_run_fmt<FMT, 6>(L, qx, w, g0, g1, y); break;
+    case 7: groups_vnni_run_fmt<FMT, 7>(L, qx, w, g0, g1, y); break;
+    default: groups_vnni_run_fmt<FMT, 8>(L, qx, w, g0, g1, y); break;
+  }
+}
+
+// up to 8 token rows (qx.M), int8 or int4, over the full groups [g0, g1), one stream, no bias
+__attribute__((target(QL_512))) void groups_vnni_run(const Layout& L, const QX& qx, const uint8_t* w, int64_t g0,
+                                                    int64_t g1, float* y) {
   if (L.fmt == FMT_Q8)
-    groups_vnni_m1_fmt<FMT_Q8>(L, qx, w, g0, g1, y);
+    groups_vnni_run_rows<FMT_Q8>(L, qx, w, g0, g1, y);
   else
-    groups_vnni_m1_fmt<FMT_Q4>(L, qx, w, g0, g1, y);
+    groups_vnni_run_rows<FMT_Q4>(L, qx, w, g0, g1, y);
 }
 
 template <int NS>

@@ -437,7 +437,7 @@ void q4k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const 
 }
 
 // One token row over the full groups [g0, g1) as one stream, sums stored straight into y (no bias):
-// q4k_vnni_mb<1, 1> inlined into the loop (groups_vnni_m1_run's note: the per-group call at short rows)
+// q4k_vnni_mb<1, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
 template <bool HI>
 __attribute__((target(QL_512), flatten)) void q4k_vnni_m1_run(const Layout& L, const QX& qx, const uint8_t* w,
                                                              float* y, int64_t g0, int64_t g1) {

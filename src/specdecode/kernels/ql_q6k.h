@@ -175,7 +175,7 @@ void q6k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const 
 }
 
 // One token row over the full groups [g0, g1) as one stream, sums stored straight into y (no bias):
-// q6k_vnni_mb<1, 1> inlined into the loop (groups_vnni_m1_run's note: the per-group call at short rows)
+// q6k_vnni_mb<1, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
 __attribute__((target(QL_512), flatten)) void q6k_vnni_m1_run(const Layout& L, const QX& qx, const uint8_t* w,
                                                              float* y, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) q6k_vnni_mb<1, 1>(L, qx, 0, w, g, y + g * G);

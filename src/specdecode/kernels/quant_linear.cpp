@@ -331,9 +331,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, const std::opt
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
 #if QL_X86
-      if (isa == ISA_VNNI512 && u < L.ng && M == 1 && streams == 1 && bp == nullptr) {  // a decode step, one stream
+      if (isa == ISA_VNNI512 && u < L.ng && M <= 8 && streams == 1 && bp == nullptr) {  // one stream, one block
         const int64_t ge = std::min(u1, L.ng);
-        groups_vnni_m1_run(L, qx, wp, u, ge, yp);
+        groups_vnni_run(L, qx, wp, u, ge, yp);
         u = ge - 1;
         continue;
       }
