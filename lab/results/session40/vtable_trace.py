@@ -19,7 +19,7 @@ if which == "truth":
 
     for r in range(2):
         c = measure_costs(target, None, max_gamma=15, reps=25)
-        print("truth median v(1..16):", fmt(c.v), flush=True)
+        print("truth median v(1..16):", fmt(c.v), "| ms:", " ".join(f"{x * 1e3:.2f}" for x in c.target_s[:9]), flush=True)
     sys.exit()
 d = specdecode.build_drafter(which, specdecode.DrafterOptions())
 def table():

@@ -107,7 +107,7 @@ __attribute__((always_inline)) inline void prefetch_b32(const uint8_t* grp, int6
 // q4_1: int4's nibbles (the high ones in place, their chain shifted back once per block).
 template <int MB, int NS, bool HI, bool MIN>
 __attribute__((target(QL_512))) void b32_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
-                                                int64_t g0, float* out) {
+                                                int64_t g0, float* out, int64_t rstride = G) {
   const int64_t nb = qx.nb, xstride = qx.Kp / 4;
   const int64_t hoff = G * L.qb, doff = hoff + (HI ? 64 * nb : 0), moff = doff + 32 * nb;
   const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
@@ -158,7 +158,7 @@ __attribute__((target(QL_512))) void b32_vnni_mb(const Layout& L, const QX& qx, 
     }
   }
   for (int i = 0; i < NS; ++i)
-    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + i * 8 * G + j * rstride, acc[i][j]);
 }
 
 template <int NS, bool HI, bool MIN>
@@ -175,13 +175,18 @@ void b32_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const 
   }
 }
 
-// One token row over the full groups [g0, g1) as one stream, sums stored straight into y (no bias):
-// b32_vnni_mb<1, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
+// Up to 8 token rows (one register block) over the full groups [g0, g1) as one stream, sums stored straight into
+// y (no bias): b32_vnni_mb<MB, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
 template <bool HI, bool MIN>
-__attribute__((target(QL_512), flatten)) void b32_vnni_m1_run(const Layout& L, const QX& qx, const uint8_t* w,
-                                                             float* y, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g) b32_vnni_mb<1, 1, HI, MIN>(L, qx, 0, w, g, y + g * G);
-}
+struct B32Run {
+  template <int MB>
+  struct Rows {
+    __attribute__((target(QL_512), flatten)) static void run(const Layout& L, const QX& qx, const uint8_t* w, float* y,
+                                                             int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) b32_vnni_mb<MB, 1, HI, MIN>(L, qx, 0, w, g, y + g * G, L.N);
+    }
+  };
+};
 
 // ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
 template <bool HI, bool MIN>
@@ -365,9 +370,9 @@ void b32_units_t(const Layout& L, const QX& qx, const uint8_t* w, const float* b
       continue;
     }
 #if QL_X86
-    if (isa == ISA_VNNI512 && qx.M == 1 && streams == 1 && bias == nullptr) {  // a decode step, one stream
+    if (isa == ISA_VNNI512 && qx.M <= 8 && streams == 1 && bias == nullptr) {  // one stream, one register block
       const int64_t ge = std::min(u1, L.ng);
-      b32_vnni_m1_run<HI, MIN>(L, qx, w, y, u, ge);
+      by_rows<B32Run<HI, MIN>::template Rows>(qx.M, L, qx, w, y, u, ge);
       u = ge - 1;
       continue;
     }

@@ -309,27 +309,22 @@ __attribute__((target(QL_512))) void groups_vnni_run_fmt(const Layout& L, const 
 }
 
 template <int FMT>
-__attribute__((target(QL_512))) void groups_vnni_run_rows(const Layout& L, const QX& qx, const uint8_t* w,
-                                                         int64_t g0, int64_t g1, float* y) {
-  switch (qx.M) {
-    case 1: groups_vnni_run_fmt<FMT, 1>(L, qx, w, g0, g1, y); break;
-    case 2: groups_vnni_run_fmt<FMT, 2>(L, qx, w, g0, g1, y); break;
-    case 3: groups_vnni_run_fmt<FMT, 3>(L, qx, w, g0, g1, y); break;
-    case 4: groups_vnni_run_fmt<FMT, 4>(L, qx, w, g0, g1, y); break;
-    case 5: groups_vnni_run_fmt<FMT, 5>(L, qx, w, g0, g1, y); break;
-    case 6: groups_vnni_run_fmt<FMT, 6>(L, qx, w, g0, g1, y); break;
-    case 7: groups_vnni_run_fmt<FMT, 7>(L, qx, w, g0, g1, y); break;
-    default: groups_vnni_run_fmt<FMT, 8>(L, qx, w, g0, g1, y); break;
-  }
-}
+struct IntRun {
+  template <int MB>
+  struct Rows {
+    static void run(const Layout& L, const QX& qx, const uint8_t* w, int64_t g0, int64_t g1, float* y) {
+      groups_vnni_run_fmt<FMT, MB>(L, qx, w, g0, g1, y);
+    }
+  };
+};
 
 // up to 8 token rows (qx.M), int8 or int4, over the full groups [g0, g1), one stream, no bias
 __attribute__((target(QL_512))) void groups_vnni_run(const Layout& L, const QX& qx, const uint8_t* w, int64_t g0,
                                                     int64_t g1, float* y) {
   if (L.fmt == FMT_Q8)
-    groups_vnni_run_rows<FMT_Q8>(L, qx, w, g0, g1, y);
+    by_rows<IntRun<FMT_Q8>::template Rows>(qx.M, L, qx, w, g0, g1, y);
   else
-    groups_vnni_run_rows<FMT_Q4>(L, qx, w, g0, g1, y);
+    by_rows<IntRun<FMT_Q4>::template Rows>(qx.M, L, qx, w, g0, g1, y);
 }
 
 template <int NS>

@@ -347,7 +347,7 @@ void q4k_groups_256(const Layout& L, const QX& qx, const uint8_t* w, const float
 // A group's d and dmin are converted once per super-block (kept in registers).
 template <int MB, int NS, bool HI>
 __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
-                                                int64_t g0, float* out) {
+                                                int64_t g0, float* out, int64_t rstride = G) {
   const int64_t nb = qx.nb, xstride = qx.Kp / 4;
   const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8(static_cast<char>(0xf0));
   const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
@@ -419,7 +419,7 @@ __attribute__((target(QL_512))) void q4k_vnni_mb(const Layout& L, const QX& qx, 
     }
   }
   for (int i = 0; i < NS; ++i)
-    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + i * 8 * G + j * rstride, acc[i][j]);
 }
 
 template <int NS, bool HI>
@@ -436,13 +436,18 @@ void q4k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const 
   }
 }
 
-// One token row over the full groups [g0, g1) as one stream, sums stored straight into y (no bias):
-// q4k_vnni_mb<1, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
+// Up to 8 token rows (one register block) over the full groups [g0, g1) as one stream, sums stored straight into
+// y (no bias): q4k_vnni_mb<MB, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
 template <bool HI>
-__attribute__((target(QL_512), flatten)) void q4k_vnni_m1_run(const Layout& L, const QX& qx, const uint8_t* w,
-                                                             float* y, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g) q4k_vnni_mb<1, 1, HI>(L, qx, 0, w, g, y + g * G);
-}
+struct Q4kRun {
+  template <int MB>
+  struct Rows {
+    __attribute__((target(QL_512), flatten)) static void run(const Layout& L, const QX& qx, const uint8_t* w, float* y,
+                                                             int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) q4k_vnni_mb<MB, 1, HI>(L, qx, 0, w, g, y + g * G, L.N);
+    }
+  };
+};
 
 // ns (kStreams or 1) full groups from g0, all token rows (register blocks of up to 8)
 template <bool HI>
@@ -469,9 +474,9 @@ void k4_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bias
       continue;
     }
 #if QL_X86
-    if (isa == ISA_VNNI512 && qx.M == 1 && streams == 1 && bias == nullptr) {  // a decode step, one stream
+    if (isa == ISA_VNNI512 && qx.M <= 8 && streams == 1 && bias == nullptr) {  // one stream, one register block
       const int64_t ge = std::min(u1, L.ng);
-      q4k_vnni_m1_run<HI>(L, qx, w, y, u, ge);
+      by_rows<Q4kRun<HI>::template Rows>(qx.M, L, qx, w, y, u, ge);
       u = ge - 1;
       continue;
     }

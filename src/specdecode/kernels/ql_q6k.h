@@ -96,7 +96,7 @@ __attribute__((always_inline)) inline void prefetch_q6k_spread(const uint8_t* ba
 // (high nibbles) as bytes 0..63; vpdpbusd chains start at -32 * S_lo / -32 * S_hi.
 template <int MB, int NS>
 __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, int64_t m0, const uint8_t* w,
-                                                int64_t g0, float* out) {
+                                                int64_t g0, float* out, int64_t rstride = G) {
   const int64_t nb = qx.nb, xstride = qx.Kp / 4;
   const __m512i low4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
   const int32_t* xq32 = reinterpret_cast<const int32_t*>(qx.q.data() + m0 * qx.Kp);
@@ -157,7 +157,7 @@ __attribute__((target(QL_512))) void q6k_vnni_mb(const Layout& L, const QX& qx, 
     }
   }
   for (int i = 0; i < NS; ++i)
-    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (i * 8 + j) * G, acc[i][j]);
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + i * 8 * G + j * rstride, acc[i][j]);
 }
 
 template <int NS>
@@ -174,12 +174,15 @@ void q6k_vnni_rows(const Layout& L, const QX& qx, int64_t m0, int64_t mb, const 
   }
 }
 
-// One token row over the full groups [g0, g1) as one stream, sums stored straight into y (no bias):
-// q6k_vnni_mb<1, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
-__attribute__((target(QL_512), flatten)) void q6k_vnni_m1_run(const Layout& L, const QX& qx, const uint8_t* w,
-                                                             float* y, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g) q6k_vnni_mb<1, 1>(L, qx, 0, w, g, y + g * G);
-}
+// Up to 8 token rows (one register block) over the full groups [g0, g1) as one stream, sums stored straight into
+// y (no bias): q6k_vnni_mb<MB, 1> inlined into the loop (groups_vnni_run_fmt's note: the per-group call at short rows)
+template <int MB>
+struct Q6kRows {
+  __attribute__((target(QL_512), flatten)) static void run(const Layout& L, const QX& qx, const uint8_t* w, float* y,
+                                                           int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) q6k_vnni_mb<MB, 1>(L, qx, 0, w, g, y + g * G, L.N);
+  }
+};
 
 void q6k_groups_vnni(const Layout& L, const QX& qx, const uint8_t* w, const float* bias, float* y, int64_t g0,
                      int ns) {
@@ -364,9 +367,9 @@ void q6k_units(const Layout& L, const QX& qx, const uint8_t* w, const float* bia
       continue;
     }
 #if QL_X86
-    if (isa == ISA_VNNI512 && qx.M == 1 && streams == 1 && bias == nullptr) {  // a decode step, one stream
+    if (isa == ISA_VNNI512 && qx.M <= 8 && streams == 1 && bias == nullptr) {  // one stream, one register block
       const int64_t ge = std::min(u1, L.ng);
-      q6k_vnni_m1_run(L, qx, w, y, u, ge);
+      by_rows<Q6kRows>(qx.M, L, qx, w, y, u, ge);
       u = ge - 1;
       continue;
     }

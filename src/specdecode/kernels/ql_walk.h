@@ -17,6 +17,21 @@ inline int64_t block_rows(int64_t M, int64_t m0, int64_t cap) {
   return m0 < extra * (base + 1) ? base + 1 : base;
 }
 
+// F<MB>::run(args...) for MB = m (1..8; more: 8), the register block a call of m token rows takes as one
+template <template <int> class F, typename... A>
+void by_rows(int64_t m, const A&... a) {
+  switch (m) {
+    case 1: F<1>::run(a...); break;
+    case 2: F<2>::run(a...); break;
+    case 3: F<3>::run(a...); break;
+    case 4: F<4>::run(a...); break;
+    case 5: F<5>::run(a...); break;
+    case 6: F<6>::run(a...); break;
+    case 7: F<7>::run(a...); break;
+    default: F<8>::run(a...); break;
+  }
+}
+
 inline void write_groups(const Layout& L, const float* out, int64_t row_stride, int ns, int64_t m0, int64_t mb,
                          int64_t g0, const float* bias, float* y) {
   for (int i = 0; i < ns; ++i)
