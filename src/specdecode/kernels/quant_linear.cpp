@@ -78,7 +78,8 @@
 //   vnni512  AVX-512F/BW/VL + AVX512_VNNI: vpdpbusd(unsigned weights, broadcast signed activation
 //            bytes) with the block sum starting at -128 * sum(x) (int8, weights q ^ 0x80 = q + 128)
 //            or -8 * sum(x) (int4 nibbles), so it is the exact signed dot; it reads 4 groups side by
-//            side (groups_vnni: more DRAM streams in flight)
+//            side (groups_vnni: more DRAM streams in flight), or one stream (AMD), where a call of up to
+//            8 rows with no bias walks its groups in one loop (groups_vnni_run; every format likewise)
 //   avxvnni  AVX2 + AVX-VNNI (Alder Lake and later client cores, no AVX-512 needed): the avx2 layout
 //            with 256-bit vpdpbusd as vnni512 uses it (one instruction per 4 inputs and token row)
 // On a CPU with both VNNI kinds vnni512 is the default; SPECDECODE_KERNEL_ISA=avxvnni forces the other.

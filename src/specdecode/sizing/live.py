@@ -62,7 +62,7 @@ def overstated(offline: Sequence[float], live: Sequence[Optional[float]]) -> flo
     makes look dear is never run, so never measured: with every width from 2 tokens cached 3x too dear, γ stays at
     1 for good on the bundled pair (59% of a fresh core's accepted tokens; with the scaling, 92% from the first
     request). The median ratio over the widths past the unit (width 1 is the unit, 1 by definition), and none
-    within ``FOLLOW`` of 1: the lowest ratio, as this once took, let one noisy reading scale every other width."""
+    within ``FOLLOW`` of 1: with the lowest ratio, one noisy reading scaled every other width."""
     ratios = [x / o for o, x in list(zip(offline, live))[1:] if x is not None and o > 0]
     if not ratios:
         return 1.0
